@@ -1,0 +1,11 @@
+//! Overload-control policies for the `mongodb-overload` fork of the MongoDB Rust driver.
+//!
+//! The fork's driver (`driver/`, upstream `mongodb` plus the patch series) depends on this crate
+//! and only wires its types into the retry loop. Everything here is plain Rust with explicit
+//! inputs (time is passed in, randomness is injectable), so each policy is tested without a
+//! server. Keeping the logic out of upstream's files keeps the patch series small enough to
+//! rebase onto new upstream releases.
+
+pub mod identity;
+
+pub use identity::ForkIdentity;
