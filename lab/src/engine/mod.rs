@@ -1,0 +1,1 @@
+//! The emulator's in-memory document store: catalog, query matching, updates and aggregation.
