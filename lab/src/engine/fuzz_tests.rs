@@ -1,0 +1,1 @@
+//! Randomized no-panic tests over matching, updates and pipelines.

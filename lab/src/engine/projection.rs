@@ -1,0 +1,1 @@
+//! Projections for find and $project.

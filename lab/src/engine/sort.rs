@@ -1,0 +1,1 @@
+//! Sorting by sort specifications.
