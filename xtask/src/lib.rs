@@ -1,0 +1,11 @@
+//! Fork tooling for mongodb-overload. The binary (`cargo xtask ...`) is a thin CLI over this
+//! library so the workflow can be tested against temporary projects.
+
+pub mod fork;
+pub mod git;
+pub mod pristine;
+pub mod project;
+pub mod rebase;
+pub mod series;
+pub mod sync_spec;
+pub mod testrun;

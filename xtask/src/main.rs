@@ -1,0 +1,137 @@
+//! `cargo xtask`: the fork workflow (see docs/patch-workflow.md).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+use xtask::fork::{DriverOutcome, Workspace};
+use xtask::git::Git;
+use xtask::pristine::{CargoRegistry, CrateSource, LocalMirror};
+use xtask::project::Project;
+use xtask::rebase::PatchFate;
+use xtask::{sync_spec, testrun};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Fork tooling for mongodb-overload")]
+struct Cli {
+    /// Take upstream `.crate` archives from this directory (named `<crate>-<version>.crate`)
+    /// instead of downloading them through cargo; checksums are still verified.
+    #[arg(long, global = true, value_name = "DIR")]
+    mirror: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build driver/: pristine upstream from crates.io plus patches/series.
+    Driver {
+        /// Replace driver/ even if it holds work that patches/ does not.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Rewrite patches/ from driver/'s commits (upstream..HEAD).
+    Export,
+    /// Fail when driver/ and patches/ disagree or a patch lacks its why or DEP-3 fields.
+    Check,
+    /// Try the series on another upstream version; report each patch.
+    Rebase {
+        /// The upstream version to try, e.g. 3.10.0.
+        version: String,
+    },
+    /// Run every test (xtask, workspace, spec suites, patch-app); uses SPEC_DIR.
+    Test,
+    /// Copy the spec suites the project runs from a specifications checkout into spec-tests/data.
+    SyncSpec {
+        /// A checkout of the specifications repository (it has a `source/` directory).
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    let source: Box<dyn CrateSource> = match cli.mirror {
+        Some(dir) => Box::new(LocalMirror(dir)),
+        None => Box::new(CargoRegistry::default()),
+    };
+    let ws = Workspace {
+        project: Project::from_build(),
+        git: Git::default(),
+        source,
+    };
+    match cli.command {
+        Cmd::Driver { force } => match ws.build_driver(force)? {
+            DriverOutcome::UpToDate => {
+                println!("driver/ already matches patches/series; nothing to do")
+            }
+            DriverOutcome::Built { patches } => {
+                println!("driver/ built: pristine upstream + {patches} patches")
+            }
+        },
+        Cmd::Export => {
+            let changes = ws.export()?;
+            if changes.is_empty() {
+                println!("patches/ already matches driver/");
+            }
+            for change in changes {
+                println!("{change}");
+            }
+        }
+        Cmd::Check => {
+            ws.check()?;
+            println!("ok: patches/ and driver/ agree, and the series applies to pristine upstream");
+        }
+        Cmd::Rebase { version } => {
+            let report = ws.rebase(&version)?;
+            for (file, fate) in &report.results {
+                match fate {
+                    PatchFate::Applied => println!("applied      {file}"),
+                    PatchFate::AlreadyUpstream => println!("upstream has {file} (empty, dropped)"),
+                    PatchFate::Conflicting(files) => {
+                        println!("CONFLICTING  {file}: {}", files.join(", "))
+                    }
+                }
+            }
+            println!(
+                "{} of {} patches conflict with {}; trial repository: {}",
+                report.conflicts(),
+                report.results.len(),
+                report.target,
+                report.repo.display()
+            );
+            if report.conflicts() > 0 {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Cmd::Test => {
+            let spec_dir =
+                testrun::resolve_spec_dir(ws.project.root(), std::env::var_os("SPEC_DIR"))?;
+            let tally = ws.test(&spec_dir)?;
+            println!(
+                "{} passed, {} failed, {} skipped",
+                tally.passed, tally.failed, tally.skipped
+            );
+            if tally.failed > 0 {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Cmd::SyncSpec { dir } => {
+            let copied = sync_spec::sync_spec(&ws.project, &dir)?;
+            println!("copied {copied} spec files into spec-tests/data");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
