@@ -1,11 +1,937 @@
-//! Aggregation expression evaluation.
+//! Aggregation expression evaluation (`$project`, `$addFields`, `$group`, `$expr`, ...).
+
+use std::cmp::Ordering;
 
 use bson::{Bson, Document};
 
+use super::compare::{compare_bson, Num};
+use super::limits::check_value_depth;
 use super::{EngineError, EngineResult};
 
-/// Evaluates the aggregation expression `expr` against `root` (`$$ROOT`/`$$CURRENT`).
+/// Evaluates the aggregation expression `expr` with `root` as `$$ROOT` and `$$CURRENT`.
+///
+/// Supports field paths (`"$a.b"`, mapped over arrays), system variables (`$$ROOT`,
+/// `$$CURRENT`, `$$REMOVE`, `$$NOW`), `$let`/`$map`/`$filter` variables, literals, `$literal`,
+/// object and array literals, and the operators `$add $subtract $multiply $divide $mod $abs
+/// $concat $toUpper $toLower $strLenCP $eq $ne $gt $gte $lt $lte $cmp $and $or $not $cond
+/// $ifNull $size $arrayElemAt $first $last $in $concatArrays $isArray $type $toString $sum $avg
+/// $min $max $mergeObjects $let $map $filter`. A missing value evaluates to `null`. Unknown
+/// operators fail with 168 InvalidPipelineOperator.
 pub fn evaluate(expr: &Bson, root: &Document) -> EngineResult<Bson> {
-    let _ = (expr, root);
-    Err(EngineError::illegal_operation("not implemented yet"))
+    check_value_depth(expr)?;
+    Ok(eval_opt(expr, root)?.unwrap_or(Bson::Null))
+}
+
+/// Evaluates without the depth check; `None` means "missing" (the field is then omitted by
+/// `$project`/`$addFields`, and `$$REMOVE` evaluates to it).
+pub(crate) fn eval_opt(expr: &Bson, root: &Document) -> EngineResult<Option<Bson>> {
+    let mut ctx = Ctx {
+        root,
+        vars: Vec::new(),
+    };
+    ctx.eval(expr)
+}
+
+/// Truthiness as `$cond`, `$and`, `$expr` use it: false, null, undefined, missing and numeric
+/// zero are false.
+pub(crate) fn is_truthy(v: &Bson) -> bool {
+    match v {
+        Bson::Boolean(b) => *b,
+        Bson::Null | Bson::Undefined => false,
+        other => match Num::of(other) {
+            Some(Num::Int(i)) => i != 0,
+            Some(Num::Float(f)) => f != 0.0,
+            None => true,
+        },
+    }
+}
+
+/// Numeric binary operations shared by expressions, `$inc`/`$mul` and `$sum`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arith {
+    Add,
+    Sub,
+    Mul,
+}
+
+/// `a op b` with mongod's type promotion: int32 stays int32 unless it overflows (then int64),
+/// int64 overflows to double, and any double makes a double. `None` if either is not a number.
+pub(crate) fn arith(op: Arith, a: &Bson, b: &Bson) -> Option<Bson> {
+    let (x, y) = (Num::of(a)?, Num::of(b)?);
+    let both_i32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));
+    let as_double = |p: f64, q: f64| match op {
+        Arith::Add => p + q,
+        Arith::Sub => p - q,
+        Arith::Mul => p * q,
+    };
+    match (x, y) {
+        (Num::Int(p), Num::Int(q))
+            if !matches!(a, Bson::Decimal128(_)) && !matches!(b, Bson::Decimal128(_)) =>
+        {
+            let exact = match op {
+                Arith::Add => p.checked_add(q),
+                Arith::Sub => p.checked_sub(q),
+                Arith::Mul => p.checked_mul(q),
+            };
+            match exact {
+                Some(r) if both_i32 => {
+                    Some(i32::try_from(r).map(Bson::Int32).unwrap_or(Bson::Int64(r)))
+                }
+                Some(r) => Some(Bson::Int64(r)),
+                None => Some(Bson::Double(as_double(p as f64, q as f64))),
+            }
+        }
+        _ => Some(Bson::Double(as_double(x.as_f64(), y.as_f64()))),
+    }
+}
+
+fn type_name(v: &Bson) -> &'static str {
+    match v {
+        Bson::Double(_) => "double",
+        Bson::String(_) => "string",
+        Bson::Document(_) => "object",
+        Bson::Array(_) => "array",
+        Bson::Binary(_) => "binData",
+        Bson::Undefined => "undefined",
+        Bson::ObjectId(_) => "objectId",
+        Bson::Boolean(_) => "bool",
+        Bson::DateTime(_) => "date",
+        Bson::Null => "null",
+        Bson::RegularExpression(_) => "regex",
+        Bson::DbPointer(_) => "dbPointer",
+        Bson::JavaScriptCode(_) => "javascript",
+        Bson::Symbol(_) => "symbol",
+        Bson::JavaScriptCodeWithScope(_) => "javascriptWithScope",
+        Bson::Int32(_) => "int",
+        Bson::Timestamp(_) => "timestamp",
+        Bson::Int64(_) => "long",
+        Bson::Decimal128(_) => "decimal",
+        Bson::MinKey => "minKey",
+        Bson::MaxKey => "maxKey",
+    }
+}
+
+/// mongod's type alias for `v` (as `$type` reports it), also used in error messages.
+pub(crate) fn bson_type_name(v: &Bson) -> &'static str {
+    type_name(v)
+}
+
+struct Ctx<'a> {
+    root: &'a Document,
+    vars: Vec<(String, Bson)>,
+}
+
+fn path_value(v: &Bson, parts: &[&str]) -> Option<Bson> {
+    let Some((first, rest)) = parts.split_first() else {
+        return Some(v.clone());
+    };
+    match v {
+        Bson::Document(d) => path_value(d.get(*first)?, rest),
+        Bson::Array(items) => Some(Bson::Array(
+            items
+                .iter()
+                .filter(|i| matches!(i, Bson::Document(_) | Bson::Array(_)))
+                .filter_map(|i| path_value(i, parts))
+                .collect(),
+        )),
+        _ => None,
+    }
+}
+
+fn is_nullish(v: &Option<Bson>) -> bool {
+    matches!(v, None | Some(Bson::Null) | Some(Bson::Undefined))
+}
+
+impl Ctx<'_> {
+    fn eval(&mut self, expr: &Bson) -> EngineResult<Option<Bson>> {
+        match expr {
+            Bson::String(s) if s.starts_with("$$") => self.variable(&s[2..]),
+            Bson::String(s) if s.starts_with('$') => {
+                let path = &s[1..];
+                if path.is_empty() {
+                    return Err(EngineError::location(
+                        16872,
+                        "'$' by itself is not a valid FieldPath",
+                    ));
+                }
+                let parts: Vec<&str> = path.split('.').collect();
+                Ok(path_value(&Bson::Document(self.root.clone()), &parts))
+            }
+            Bson::Array(items) => {
+                let mut out = Vec::with_capacity(items.len());
+                for item in items {
+                    out.push(self.eval(item)?.unwrap_or(Bson::Null));
+                }
+                Ok(Some(Bson::Array(out)))
+            }
+            Bson::Document(d) => {
+                let mut keys = d.keys();
+                match keys.next() {
+                    Some(k) if k.starts_with('$') => {
+                        if d.len() != 1 {
+                            return Err(EngineError::location(
+                                15983,
+                                format!("an expression specification must contain exactly one field, the name of the expression. Found {} fields", d.len()),
+                            ));
+                        }
+                        let arg = d.get(k).unwrap_or(&Bson::Null);
+                        self.operator(k, arg)
+                    }
+                    _ => {
+                        let mut out = Document::new();
+                        for (k, v) in d {
+                            if k.starts_with('$') {
+                                return Err(EngineError::location(16410, format!("FieldPath field names may not start with '$'. Consider using $getField or $setField. Found: {k}")));
+                            }
+                            if let Some(val) = self.eval(v)? {
+                                out.insert(k.clone(), val);
+                            }
+                        }
+                        Ok(Some(Bson::Document(out)))
+                    }
+                }
+            }
+            other => Ok(Some(other.clone())),
+        }
+    }
+
+    fn variable(&mut self, spec: &str) -> EngineResult<Option<Bson>> {
+        let (name, rest) = match spec.split_once('.') {
+            Some((n, r)) => (n, Some(r)),
+            None => (spec, None),
+        };
+        let base = match name {
+            "ROOT" | "CURRENT" => Bson::Document(self.root.clone()),
+            "REMOVE" => return Ok(None),
+            "NOW" => Bson::DateTime(bson::DateTime::now()),
+            _ => match self.vars.iter().rev().find(|(n, _)| n == name) {
+                Some((_, v)) => v.clone(),
+                None => {
+                    return Err(EngineError::location(
+                        17276,
+                        format!("Use of undefined variable: {name}"),
+                    ));
+                }
+            },
+        };
+        match rest {
+            None => Ok(Some(base)),
+            Some(r) => {
+                let parts: Vec<&str> = r.split('.').collect();
+                Ok(path_value(&base, &parts))
+            }
+        }
+    }
+
+    /// Evaluates an operator's argument list (a single non-array argument counts as one).
+    fn args(&mut self, arg: &Bson) -> EngineResult<Vec<Option<Bson>>> {
+        match arg {
+            Bson::Array(items) => items.iter().map(|i| self.eval(i)).collect(),
+            other => Ok(vec![self.eval(other)?]),
+        }
+    }
+
+    fn exact_args(&mut self, op: &str, arg: &Bson, n: usize) -> EngineResult<Vec<Option<Bson>>> {
+        let args = self.args(arg)?;
+        if args.len() != n {
+            return Err(EngineError::location(
+                16020,
+                format!(
+                    "Expression {op} takes exactly {n} arguments. {} were passed in.",
+                    args.len()
+                ),
+            ));
+        }
+        Ok(args)
+    }
+
+    fn operator(&mut self, op: &str, arg: &Bson) -> EngineResult<Option<Bson>> {
+        let value = match op {
+            "$literal" => arg.clone(),
+            "$add" | "$multiply" => {
+                let args = self.args(arg)?;
+                let is_add = op == "$add";
+                let mut acc = if is_add {
+                    Bson::Int32(0)
+                } else {
+                    Bson::Int32(1)
+                };
+                let mut date: Option<i64> = None;
+                for a in args {
+                    let Some(a) = a.filter(|v| !matches!(v, Bson::Null | Bson::Undefined)) else {
+                        return Ok(Some(Bson::Null));
+                    };
+                    if let (true, Bson::DateTime(dt)) = (is_add, &a) {
+                        if date.is_some() {
+                            return Err(EngineError::location(
+                                16612,
+                                "only one date allowed in an $add expression",
+                            ));
+                        }
+                        date = Some(dt.timestamp_millis());
+                        continue;
+                    }
+                    acc = arith(if is_add { Arith::Add } else { Arith::Mul }, &acc, &a)
+                        .ok_or_else(|| {
+                            EngineError::type_mismatch(format!(
+                                "{op} only supports numeric{} types, not {}",
+                                if is_add { " or date" } else { "" },
+                                type_name(&a)
+                            ))
+                        })?;
+                }
+                match date {
+                    Some(ms) => {
+                        let delta = Num::of(&acc).map(|n| n.as_f64()).unwrap_or(0.0);
+                        Bson::DateTime(bson::DateTime::from_millis(
+                            ms.saturating_add(delta.round() as i64),
+                        ))
+                    }
+                    None => acc,
+                }
+            }
+            "$subtract" => {
+                let args = self.exact_args(op, arg, 2)?;
+                let (Some(a), Some(b)) = (&args[0], &args[1]) else {
+                    return Ok(Some(Bson::Null));
+                };
+                if is_nullish(&args[0]) || is_nullish(&args[1]) {
+                    return Ok(Some(Bson::Null));
+                }
+                match (a, b) {
+                    (Bson::DateTime(x), Bson::DateTime(y)) => {
+                        Bson::Int64(x.timestamp_millis().saturating_sub(y.timestamp_millis()))
+                    }
+                    (Bson::DateTime(x), n) if Num::of(n).is_some() => {
+                        let delta = Num::of(n).map(|n| n.as_f64()).unwrap_or(0.0);
+                        Bson::DateTime(bson::DateTime::from_millis(
+                            x.timestamp_millis().saturating_sub(delta.round() as i64),
+                        ))
+                    }
+                    _ => arith(Arith::Sub, a, b).ok_or_else(|| {
+                        EngineError::type_mismatch(format!(
+                            "can't $subtract {} from {}",
+                            type_name(b),
+                            type_name(a)
+                        ))
+                    })?,
+                }
+            }
+            "$divide" | "$mod" => {
+                let args = self.exact_args(op, arg, 2)?;
+                if is_nullish(&args[0]) || is_nullish(&args[1]) {
+                    return Ok(Some(Bson::Null));
+                }
+                let (a, b) = (
+                    args[0].clone().unwrap_or(Bson::Null),
+                    args[1].clone().unwrap_or(Bson::Null),
+                );
+                let (Some(x), Some(y)) = (Num::of(&a), Num::of(&b)) else {
+                    return Err(EngineError::type_mismatch(format!(
+                        "{op} only supports numeric types, not {} and {}",
+                        type_name(&a),
+                        type_name(&b)
+                    )));
+                };
+                if y.as_f64() == 0.0 {
+                    return Err(EngineError::bad_value(if op == "$divide" {
+                        "can't $divide by zero"
+                    } else {
+                        "can't $mod by zero"
+                    }));
+                }
+                if op == "$divide" {
+                    Bson::Double(x.as_f64() / y.as_f64())
+                } else {
+                    match (x, y, &a, &b) {
+                        (Num::Int(p), Num::Int(q), Bson::Int32(_), Bson::Int32(_)) => {
+                            Bson::Int32(p.wrapping_rem(q) as i32)
+                        }
+                        (Num::Int(p), Num::Int(q), _, _) => Bson::Int64(p.wrapping_rem(q)),
+                        _ => Bson::Double(x.as_f64() % y.as_f64()),
+                    }
+                }
+            }
+            "$abs" => {
+                let args = self.exact_args(op, arg, 1)?;
+                match &args[0] {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Null,
+                    Some(Bson::Int32(i)) => i
+                        .checked_abs()
+                        .map(Bson::Int32)
+                        .unwrap_or(Bson::Int64(i64::from(*i).abs())),
+                    Some(Bson::Int64(i)) => i
+                        .checked_abs()
+                        .map(Bson::Int64)
+                        .unwrap_or(Bson::Double((*i as f64).abs())),
+                    Some(v) => match Num::of(v) {
+                        Some(n) => Bson::Double(n.as_f64().abs()),
+                        None => {
+                            return Err(EngineError::location(
+                                28765,
+                                format!("$abs only supports numeric types, not {}", type_name(v)),
+                            ))
+                        }
+                    },
+                }
+            }
+            "$concat" => {
+                let mut out = String::new();
+                for a in self.args(arg)? {
+                    match a {
+                        None | Some(Bson::Null) | Some(Bson::Undefined) => {
+                            return Ok(Some(Bson::Null))
+                        }
+                        Some(Bson::String(s)) => out.push_str(&s),
+                        Some(other) => {
+                            return Err(EngineError::location(
+                                16702,
+                                format!("$concat only supports strings, not {}", type_name(&other)),
+                            ));
+                        }
+                    }
+                }
+                Bson::String(out)
+            }
+            "$toUpper" | "$toLower" | "$strLenCP" | "$toString" => {
+                let args = self.exact_args(op, arg, 1)?;
+                let v = args.into_iter().next().flatten().unwrap_or(Bson::Null);
+                let text = match &v {
+                    Bson::Null | Bson::Undefined if op == "$toString" => {
+                        return Ok(Some(Bson::Null))
+                    }
+                    Bson::Null | Bson::Undefined => String::new(),
+                    Bson::String(s) | Bson::Symbol(s) => s.clone(),
+                    Bson::Int32(i) => i.to_string(),
+                    Bson::Int64(i) => i.to_string(),
+                    Bson::Double(f) => f.to_string(),
+                    Bson::Boolean(b) => b.to_string(),
+                    Bson::ObjectId(o) => o.to_hex(),
+                    Bson::DateTime(d) => d.try_to_rfc3339_string().unwrap_or_default(),
+                    Bson::Decimal128(d) => d.to_string(),
+                    other => {
+                        return Err(EngineError::location(
+                            16007,
+                            format!(
+                                "can't convert from BSON type {} to String",
+                                type_name(other)
+                            ),
+                        ))
+                    }
+                };
+                match op {
+                    "$toUpper" => Bson::String(text.to_uppercase()),
+                    "$toLower" => Bson::String(text.to_lowercase()),
+                    "$strLenCP" => {
+                        Bson::Int32(i32::try_from(text.chars().count()).unwrap_or(i32::MAX))
+                    }
+                    _ => Bson::String(text),
+                }
+            }
+            "$eq" | "$ne" | "$gt" | "$gte" | "$lt" | "$lte" | "$cmp" => {
+                let args = self.exact_args(op, arg, 2)?;
+                // Missing compares as lower than null, as in mongod's expression comparison.
+                let ord = match (&args[0], &args[1]) {
+                    (None, None) => Ordering::Equal,
+                    (None, Some(_)) => Ordering::Less,
+                    (Some(_), None) => Ordering::Greater,
+                    (Some(a), Some(b)) => compare_bson(a, b),
+                };
+                match op {
+                    "$eq" => Bson::Boolean(ord == Ordering::Equal),
+                    "$ne" => Bson::Boolean(ord != Ordering::Equal),
+                    "$gt" => Bson::Boolean(ord == Ordering::Greater),
+                    "$gte" => Bson::Boolean(ord != Ordering::Less),
+                    "$lt" => Bson::Boolean(ord == Ordering::Less),
+                    "$lte" => Bson::Boolean(ord != Ordering::Greater),
+                    _ => Bson::Int32(match ord {
+                        Ordering::Less => -1,
+                        Ordering::Equal => 0,
+                        Ordering::Greater => 1,
+                    }),
+                }
+            }
+            "$and" | "$or" => {
+                let items: Vec<Bson> = match arg {
+                    Bson::Array(items) => items.clone(),
+                    other => vec![other.clone()],
+                };
+                let want = op == "$or";
+                for item in &items {
+                    let v = self.eval(item)?;
+                    if v.as_ref().is_some_and(is_truthy) == want {
+                        return Ok(Some(Bson::Boolean(want)));
+                    }
+                }
+                Bson::Boolean(!want)
+            }
+            "$not" => {
+                let args = self.exact_args(op, arg, 1)?;
+                Bson::Boolean(!args[0].as_ref().is_some_and(is_truthy))
+            }
+            "$cond" => {
+                let (cond, then, otherwise) = match arg {
+                    Bson::Array(items) if items.len() == 3 => (&items[0], &items[1], &items[2]),
+                    Bson::Document(d) => match (d.get("if"), d.get("then"), d.get("else")) {
+                        (Some(i), Some(t), Some(e)) if d.len() == 3 => (i, t, e),
+                        _ => {
+                            return Err(EngineError::location(
+                                17080,
+                                "Missing 'if', 'then' or 'else' parameter to $cond",
+                            ))
+                        }
+                    },
+                    _ => {
+                        return Err(EngineError::location(
+                            16020,
+                            "Expression $cond takes exactly 3 arguments.",
+                        ))
+                    }
+                };
+                let c = self.eval(cond)?;
+                return if c.as_ref().is_some_and(is_truthy) {
+                    self.eval(then)
+                } else {
+                    self.eval(otherwise)
+                };
+            }
+            "$ifNull" => {
+                let Bson::Array(items) = arg else {
+                    return Err(EngineError::location(
+                        1257300,
+                        "$ifNull needs at least two arguments",
+                    ));
+                };
+                if items.len() < 2 {
+                    return Err(EngineError::location(
+                        1257300,
+                        "$ifNull needs at least two arguments",
+                    ));
+                }
+                let last = items.len() - 1;
+                for item in &items[..last] {
+                    let v = self.eval(item)?;
+                    if !is_nullish(&v) {
+                        return Ok(v);
+                    }
+                }
+                return self.eval(&items[last]);
+            }
+            "$size" => {
+                let args = self.exact_args(op, arg, 1)?;
+                match &args[0] {
+                    Some(Bson::Array(a)) => Bson::Int32(i32::try_from(a.len()).unwrap_or(i32::MAX)),
+                    other => {
+                        let name = other.as_ref().map(type_name).unwrap_or("missing");
+                        return Err(EngineError::location(
+                            17124,
+                            format!(
+                                "The argument to $size must be an array. Type of argument: {name}"
+                            ),
+                        ));
+                    }
+                }
+            }
+            "$arrayElemAt" => {
+                let args = self.exact_args(op, arg, 2)?;
+                if is_nullish(&args[0]) || is_nullish(&args[1]) {
+                    return Ok(Some(Bson::Null));
+                }
+                let Some(Bson::Array(items)) = &args[0] else {
+                    return Err(EngineError::location(
+                        28689,
+                        "$arrayElemAt's first argument must be an array",
+                    ));
+                };
+                let idx = match args[1].as_ref().and_then(Num::of) {
+                    Some(Num::Int(i)) => i,
+                    Some(Num::Float(f)) if f.fract() == 0.0 => f as i64,
+                    _ => {
+                        return Err(EngineError::location(
+                            28690,
+                            "$arrayElemAt's second argument must be a numeric value",
+                        ))
+                    }
+                };
+                let len = items.len() as i64;
+                let pos = if idx < 0 { len + idx } else { idx };
+                return Ok(usize::try_from(pos)
+                    .ok()
+                    .and_then(|p| items.get(p))
+                    .cloned());
+            }
+            "$first" | "$last" => {
+                let args = self.exact_args(op, arg, 1)?;
+                match &args[0] {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Null,
+                    Some(Bson::Array(items)) => {
+                        let item = if op == "$first" {
+                            items.first()
+                        } else {
+                            items.last()
+                        };
+                        return Ok(item.cloned());
+                    }
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            28689,
+                            format!(
+                                "{op}'s argument must be an array, but is {}",
+                                type_name(other)
+                            ),
+                        ));
+                    }
+                }
+            }
+            "$in" => {
+                let args = self.exact_args(op, arg, 2)?;
+                let Some(Bson::Array(items)) = &args[1] else {
+                    return Err(EngineError::location(
+                        40081,
+                        "$in requires an array as a second argument",
+                    ));
+                };
+                let needle = args[0].clone().unwrap_or(Bson::Null);
+                Bson::Boolean(
+                    items
+                        .iter()
+                        .any(|i| compare_bson(i, &needle) == Ordering::Equal),
+                )
+            }
+            "$concatArrays" => {
+                let mut out = Vec::new();
+                for a in self.args(arg)? {
+                    match a {
+                        None | Some(Bson::Null) | Some(Bson::Undefined) => {
+                            return Ok(Some(Bson::Null))
+                        }
+                        Some(Bson::Array(items)) => out.extend(items),
+                        Some(other) => {
+                            return Err(EngineError::location(
+                                28664,
+                                format!(
+                                    "$concatArrays only supports arrays, not {}",
+                                    type_name(&other)
+                                ),
+                            ));
+                        }
+                    }
+                }
+                Bson::Array(out)
+            }
+            "$isArray" => {
+                let args = self.exact_args(op, arg, 1)?;
+                Bson::Boolean(matches!(args[0], Some(Bson::Array(_))))
+            }
+            "$type" => {
+                let args = self.exact_args(op, arg, 1)?;
+                Bson::String(
+                    args[0]
+                        .as_ref()
+                        .map(type_name)
+                        .unwrap_or("missing")
+                        .to_owned(),
+                )
+            }
+            "$sum" | "$avg" | "$min" | "$max" => {
+                let args = self.args(arg)?;
+                // With one array argument the operator folds over the array's elements.
+                let values: Vec<Bson> = match args.as_slice() {
+                    [Some(Bson::Array(items))] => items.clone(),
+                    _ => args.into_iter().flatten().collect(),
+                };
+                fold_values(op, &values)
+            }
+            "$mergeObjects" => {
+                let mut out = Document::new();
+                for a in self.args(arg)? {
+                    match a {
+                        None | Some(Bson::Null) | Some(Bson::Undefined) => {}
+                        Some(Bson::Document(d)) => out.extend(d),
+                        Some(other) => {
+                            return Err(EngineError::location(
+                                40400,
+                                format!(
+                                    "$mergeObjects requires object inputs, but input is of type {}",
+                                    type_name(&other)
+                                ),
+                            ));
+                        }
+                    }
+                }
+                Bson::Document(out)
+            }
+            "$let" => {
+                let Bson::Document(spec) = arg else {
+                    return Err(EngineError::location(
+                        16874,
+                        "$let only supports an object as its argument",
+                    ));
+                };
+                let (Some(Bson::Document(vars)), Some(body)) = (spec.get("vars"), spec.get("in"))
+                else {
+                    return Err(EngineError::location(
+                        16876,
+                        "Missing 'vars' or 'in' parameter to $let",
+                    ));
+                };
+                let mut bound = Vec::with_capacity(vars.len());
+                for (name, e) in vars {
+                    bound.push((name.clone(), self.eval(e)?.unwrap_or(Bson::Null)));
+                }
+                let depth = self.vars.len();
+                self.vars.extend(bound);
+                let result = self.eval(body);
+                self.vars.truncate(depth);
+                return result;
+            }
+            "$map" | "$filter" => {
+                let Bson::Document(spec) = arg else {
+                    return Err(EngineError::location(
+                        16878,
+                        format!("{op} only supports an object as its argument"),
+                    ));
+                };
+                let body_key = if op == "$map" { "in" } else { "cond" };
+                let (Some(input), Some(body)) = (spec.get("input"), spec.get(body_key)) else {
+                    return Err(EngineError::location(
+                        16880,
+                        format!("Missing 'input' or '{body_key}' parameter to {op}"),
+                    ));
+                };
+                let name = match spec.get("as") {
+                    Some(Bson::String(s)) => s.clone(),
+                    None => "this".to_owned(),
+                    Some(_) => {
+                        return Err(EngineError::bad_value(format!(
+                            "{op}: 'as' must be a string"
+                        )))
+                    }
+                };
+                let items = match self.eval(input)? {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(Some(Bson::Null)),
+                    Some(Bson::Array(items)) => items,
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            16883,
+                            format!("input to {op} must be an array not {}", type_name(&other)),
+                        ));
+                    }
+                };
+                let mut out = Vec::with_capacity(items.len());
+                for item in items {
+                    self.vars.push((name.clone(), item.clone()));
+                    let r = self.eval(body);
+                    self.vars.pop();
+                    let r = r?;
+                    if op == "$map" {
+                        out.push(r.unwrap_or(Bson::Null));
+                    } else if r.as_ref().is_some_and(is_truthy) {
+                        out.push(item);
+                    }
+                }
+                Bson::Array(out)
+            }
+            _ => {
+                return Err(EngineError::invalid_pipeline_operator(format!(
+                    "Unrecognized expression '{op}'"
+                )));
+            }
+        };
+        Ok(Some(value))
+    }
+}
+
+/// `$sum`, `$avg`, `$min` or `$max` over already evaluated values (shared with `$group`).
+pub(crate) fn fold_values(op: &str, values: &[Bson]) -> Bson {
+    match op {
+        "$sum" | "$avg" => {
+            let mut total = Bson::Int32(0);
+            let mut count = 0u64;
+            for v in values {
+                if let Some(t) = arith(Arith::Add, &total, v) {
+                    total = t;
+                    count += 1;
+                }
+            }
+            if op == "$sum" {
+                total
+            } else if count == 0 {
+                Bson::Null
+            } else {
+                Bson::Double(Num::of(&total).map(|n| n.as_f64()).unwrap_or(0.0) / count as f64)
+            }
+        }
+        _ => {
+            let want = if op == "$min" {
+                Ordering::Less
+            } else {
+                Ordering::Greater
+            };
+            let mut best: Option<&Bson> = None;
+            for v in values
+                .iter()
+                .filter(|v| !matches!(v, Bson::Null | Bson::Undefined))
+            {
+                if best.is_none_or(|b| compare_bson(v, b) == want) {
+                    best = Some(v);
+                }
+            }
+            best.cloned().unwrap_or(Bson::Null)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    fn ev(expr: Bson, root: Document) -> Bson {
+        evaluate(&expr, &root).expect("valid expression")
+    }
+
+    #[test]
+    fn field_paths_map_over_arrays() {
+        let d = doc! {"a": [{"b": 1}, {"c": 2}, {"b": 3}], "x": {"y": "z"}};
+        assert_eq!(
+            ev(Bson::String("$a.b".into()), d.clone()),
+            Bson::Array(vec![1.into(), 3.into()])
+        );
+        assert_eq!(
+            ev(Bson::String("$x.y".into()), d.clone()),
+            Bson::String("z".into())
+        );
+        assert_eq!(ev(Bson::String("$missing".into()), d), Bson::Null);
+    }
+
+    #[test]
+    fn arithmetic_promotes_types() {
+        assert_eq!(ev(bson::bson!({"$add": [1, 2]}), doc! {}), Bson::Int32(3));
+        assert_eq!(
+            ev(bson::bson!({"$add": [i32::MAX, 1]}), doc! {}),
+            Bson::Int64(i64::from(i32::MAX) + 1)
+        );
+        assert_eq!(
+            ev(bson::bson!({"$add": [1, 2.5]}), doc! {}),
+            Bson::Double(3.5)
+        );
+        assert_eq!(
+            ev(bson::bson!({"$multiply": ["$a", 3]}), doc! {"a": 2i64}),
+            Bson::Int64(6)
+        );
+        assert_eq!(
+            ev(bson::bson!({"$subtract": [10, "$a"]}), doc! {"a": 4}),
+            Bson::Int32(6)
+        );
+        assert_eq!(
+            ev(bson::bson!({"$divide": [9, 2]}), doc! {}),
+            Bson::Double(4.5)
+        );
+        assert_eq!(ev(bson::bson!({"$add": [1, null]}), doc! {}), Bson::Null);
+        let err = evaluate(&bson::bson!({"$divide": [1, 0]}), &doc! {}).expect_err("div by zero");
+        assert_eq!(err.code, 2);
+        let err = evaluate(&bson::bson!({"$add": [1, "x"]}), &doc! {}).expect_err("type");
+        assert_eq!(err.code, 14);
+    }
+
+    #[test]
+    fn strings_comparisons_and_conditions() {
+        assert_eq!(
+            ev(bson::bson!({"$concat": ["a", "$s"]}), doc! {"s": "b"}),
+            Bson::String("ab".into())
+        );
+        assert_eq!(
+            ev(bson::bson!({"$toUpper": "$s"}), doc! {"s": "ab"}),
+            Bson::String("AB".into())
+        );
+        assert_eq!(
+            ev(bson::bson!({"$gt": ["$a", 1]}), doc! {"a": 2}),
+            Bson::Boolean(true)
+        );
+        assert_eq!(
+            ev(bson::bson!({"$eq": ["$a", 2.0]}), doc! {"a": 2}),
+            Bson::Boolean(true)
+        );
+        assert_eq!(
+            ev(
+                bson::bson!({"$cond": {"if": "$f", "then": "y", "else": "n"}}),
+                doc! {"f": 0}
+            ),
+            Bson::String("n".into())
+        );
+        assert_eq!(
+            ev(bson::bson!({"$cond": [true, 1, 2]}), doc! {}),
+            Bson::Int32(1)
+        );
+        assert_eq!(
+            ev(bson::bson!({"$ifNull": ["$m", "d"]}), doc! {}),
+            Bson::String("d".into())
+        );
+        assert_eq!(
+            ev(bson::bson!({"$and": [1, "$t"]}), doc! {"t": true}),
+            Bson::Boolean(true)
+        );
+        assert_eq!(
+            ev(bson::bson!({"$or": [0, false]}), doc! {}),
+            Bson::Boolean(false)
+        );
+        assert_eq!(ev(bson::bson!({"$not": [0]}), doc! {}), Bson::Boolean(true));
+    }
+
+    #[test]
+    fn array_operators() {
+        let d = doc! {"a": [1, 2, 3]};
+        assert_eq!(ev(bson::bson!({"$size": "$a"}), d.clone()), Bson::Int32(3));
+        assert_eq!(
+            ev(bson::bson!({"$arrayElemAt": ["$a", -1]}), d.clone()),
+            Bson::Int32(3)
+        );
+        assert_eq!(ev(bson::bson!({"$sum": "$a"}), d.clone()), Bson::Int32(6));
+        assert_eq!(ev(bson::bson!({"$max": "$a"}), d.clone()), Bson::Int32(3));
+        assert_eq!(
+            ev(
+                bson::bson!({"$map": {"input": "$a", "as": "x", "in": {"$multiply": ["$$x", 2]}}}),
+                d.clone()
+            ),
+            bson::bson!([2, 4, 6])
+        );
+        assert_eq!(
+            ev(
+                bson::bson!({"$filter": {"input": "$a", "cond": {"$gt": ["$$this", 1]}}}),
+                d
+            ),
+            bson::bson!([2, 3])
+        );
+        assert_eq!(
+            evaluate(&bson::bson!({"$size": 1}), &doc! {}).map_err(|e| e.code),
+            Err(17124)
+        );
+    }
+
+    #[test]
+    fn literals_and_object_expressions() {
+        assert_eq!(
+            ev(bson::bson!({"$literal": "$a"}), doc! {"a": 1}),
+            Bson::String("$a".into())
+        );
+        assert_eq!(
+            ev(bson::bson!({"x": "$a", "y": "$missing"}), doc! {"a": 1}),
+            bson::bson!({"x": 1})
+        );
+        assert_eq!(
+            ev(
+                bson::bson!({"$let": {"vars": {"v": 5}, "in": "$$v"}}),
+                doc! {}
+            ),
+            Bson::Int32(5)
+        );
+    }
+
+    #[test]
+    fn unknown_operators_are_rejected() {
+        let err = evaluate(&bson::bson!({"$nope": 1}), &doc! {}).expect_err("unknown");
+        assert_eq!((err.code, err.code_name), (168, "InvalidPipelineOperator"));
+        assert!(evaluate(&Bson::String("$$undefinedVar".into()), &doc! {}).is_err());
+    }
 }
