@@ -473,6 +473,21 @@ fn set_node(node: &Node, target: &mut Document, root: &Document) -> EngineResult
     Ok(())
 }
 
+/// `$replaceRoot`'s `newRoot` / `$replaceWith`: the expression must evaluate to a document.
+pub(crate) fn replace_root(doc: &Document, expr: &Bson) -> EngineResult<Document> {
+    match eval_opt(expr, doc)? {
+        Some(Bson::Document(d)) => Ok(d),
+        other => Err(EngineError::location(
+            40228,
+            format!(
+                "'newRoot' expression must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'.",
+                other.as_ref().map(|v| v.to_string()).unwrap_or_else(|| "MISSING".into()),
+                other.as_ref().map(super::expression::bson_type_name).unwrap_or("missing")
+            ),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
