@@ -187,6 +187,22 @@ impl ServerBaseBackoff {
         Ok(Self(Duration::from_millis(ms)))
     }
 
+    /// Validates a base already converted to a [`Duration`].
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidServerBase::NotPositive`] for zero, [`InvalidServerBase::Absurd`] above
+    /// [`MAX_SERVER_BASE`].
+    pub fn from_duration(base: Duration) -> Result<Self, InvalidServerBase> {
+        if base.is_zero() {
+            return Err(InvalidServerBase::NotPositive(0.0));
+        }
+        if base > MAX_SERVER_BASE {
+            return Err(InvalidServerBase::Absurd(base.as_secs_f64() * 1000.0));
+        }
+        Ok(Self(base))
+    }
+
     pub fn as_duration(self) -> Duration {
         self.0
     }
@@ -262,6 +278,13 @@ mod tests {
             let d = b.delay(attempt, None, &mut jitter);
             assert!(d <= b.ceiling(attempt, None), "attempt {attempt}: {d:?}");
         }
+    }
+
+    #[test]
+    fn durations_are_validated_like_millis() {
+        assert_eq!(ServerBaseBackoff::from_duration(ms(250)).unwrap().as_duration(), ms(250));
+        assert!(ServerBaseBackoff::from_duration(Duration::ZERO).is_err());
+        assert!(ServerBaseBackoff::from_duration(Duration::MAX).is_err());
     }
 
     #[test]

@@ -8,5 +8,6 @@
 
 pub mod backoff;
 pub mod identity;
+pub mod trace;
 
 pub use identity::ForkIdentity;
