@@ -1,0 +1,84 @@
+//! One task per connection: read a request, handle it, write the reply, repeat.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::commands::{self, ConnCtx, Outcome};
+use super::{Member, Shared};
+use crate::wire::{self, WireError};
+
+/// Serves one client connection until it closes, sends a bad frame, or the emulator stops.
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    member: Arc<Member>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    serial: u64,
+) {
+    let connection_id = shared.next_connection_id.fetch_add(1, Ordering::Relaxed);
+    shared
+        .counters
+        .connections_current
+        .fetch_add(1, Ordering::Relaxed);
+    shared
+        .counters
+        .connections_total
+        .fetch_add(1, Ordering::Relaxed);
+    let _ = stream.set_nodelay(true);
+    tracing::debug!(member = member.index, conn = connection_id, %peer, "connection accepted");
+    let mut ctx = ConnCtx {
+        serial,
+        connection_id,
+        app_name: None,
+        handshaken: false,
+        peer,
+    };
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    let mut shutdown = shared.shutdown.clone();
+    let mut next_reply_id: i32 = 1;
+    let reason: String = loop {
+        let msg = tokio::select! {
+            m = wire::read_message(&mut rd) => m,
+            _ = shutdown.changed() => break "emulator shutting down".into(),
+        };
+        let msg = match msg {
+            Ok(Some(m)) => m,
+            Ok(None) => break "client closed the connection".into(),
+            Err(WireError::Io(e)) => break format!("i/o error: {e}"),
+            Err(e) => {
+                tracing::warn!(member = member.index, conn = connection_id, %peer, error = %e, "closing connection: bad frame");
+                break format!("bad frame: {e}");
+            }
+        };
+        let request_id = msg.header.request_id;
+        let more_to_come = msg.more_to_come();
+        match commands::handle(&shared, &member, &mut ctx, msg).await {
+            Outcome::Close => break "closed by failCommand closeConnection".into(),
+            Outcome::Reply(_) if more_to_come => continue,
+            Outcome::Reply(reply) => {
+                let bytes = match wire::encode_op_msg(next_reply_id, request_id, 0, &reply) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::error!(conn = connection_id, error = %e, "could not encode reply");
+                        break format!("reply encoding failed: {e}");
+                    }
+                };
+                next_reply_id = next_reply_id.wrapping_add(1);
+                if let Err(e) = wr.write_all(&bytes).await {
+                    break format!("write failed: {e}");
+                }
+            }
+        }
+    };
+    tracing::debug!(member = member.index, conn = connection_id, %peer, %reason, "connection closed");
+    shared.state().cursors.close_connection(serial);
+    shared
+        .counters
+        .connections_current
+        .fetch_sub(1, Ordering::Relaxed);
+}

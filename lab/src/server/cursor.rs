@@ -1,0 +1,325 @@
+//! Server-side cursors: ids, batches, getMore, killCursors, idle timeout and ownership cleanup.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson, Document};
+use rand::Rng;
+
+use super::error::{codes, CommandError};
+use super::session::SessionKey;
+
+/// Default number of documents in a first batch (mongod's 101).
+pub(crate) const DEFAULT_FIRST_BATCH: usize = 101;
+/// Byte budget of one batch (a little under 16 MiB, leaving room for the reply envelope).
+const BATCH_BYTES: usize = 16 * 1024 * 1024 - 64 * 1024;
+
+/// What kind of cursor this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CursorKind {
+    /// A plain result set.
+    Normal,
+    /// A change stream: never exhausted, always empty, reports a resume token.
+    ChangeStream,
+}
+
+pub(crate) struct Cursor {
+    pub(crate) ns: String,
+    docs: VecDeque<Document>,
+    pub(crate) kind: CursorKind,
+    pub(crate) owner_conn: u64,
+    pub(crate) lsid: Option<SessionKey>,
+    last_used: Instant,
+}
+
+/// All open cursors.
+#[derive(Default)]
+pub(crate) struct Cursors {
+    map: HashMap<i64, Cursor>,
+}
+
+/// How a batch is requested.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchLimit {
+    /// `batchSize` (None: default for first batch, everything for getMore).
+    pub(crate) size: Option<usize>,
+}
+
+/// Takes up to `limit` documents (and the byte budget) off the front of `docs`.
+fn take_batch(docs: &mut VecDeque<Document>, limit: usize) -> Vec<Bson> {
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    while out.len() < limit {
+        let Some(d) = docs.front() else { break };
+        let size = bson::to_vec(d).map(|v| v.len()).unwrap_or(0);
+        if !out.is_empty() && bytes + size > BATCH_BYTES {
+            break;
+        }
+        bytes += size;
+        if let Some(d) = docs.pop_front() {
+            out.push(Bson::Document(d));
+        }
+    }
+    out
+}
+
+/// Reads `batchSize` from a number.
+pub(crate) fn batch_size(v: Option<&Bson>) -> Result<Option<usize>, CommandError> {
+    let n = match v {
+        None | Some(Bson::Null) => return Ok(None),
+        Some(Bson::Int32(i)) => i64::from(*i),
+        Some(Bson::Int64(i)) => *i,
+        Some(Bson::Double(d)) if d.is_finite() => *d as i64,
+        Some(_) => return Err(CommandError::type_mismatch("batchSize must be a number")),
+    };
+    if n < 0 {
+        return Err(CommandError::bad_value("batchSize must be non-negative"));
+    }
+    Ok(Some(n as usize))
+}
+
+impl Cursors {
+    /// Builds a cursor reply for `docs`: the first batch goes out at once; when documents remain
+    /// (or the cursor is a change stream) a cursor is registered and its id returned.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn open(
+        &mut self,
+        ns: String,
+        docs: Vec<Document>,
+        kind: CursorKind,
+        limit: BatchLimit,
+        single_batch: bool,
+        owner_conn: u64,
+        lsid: Option<SessionKey>,
+        max_per_conn: usize,
+        max_total: usize,
+    ) -> Result<Document, CommandError> {
+        let mut docs: VecDeque<Document> = docs.into();
+        let batch = take_batch(&mut docs, limit.size.unwrap_or(DEFAULT_FIRST_BATCH));
+        let keep = kind == CursorKind::ChangeStream || (!docs.is_empty() && !single_batch);
+        let mut id = 0i64;
+        if keep {
+            let owned = self
+                .map
+                .values()
+                .filter(|c| c.owner_conn == owner_conn)
+                .count();
+            if owned >= max_per_conn || self.map.len() >= max_total {
+                return Err(CommandError::new(
+                    codes::TOO_MANY_CURSORS,
+                    format!("too many open cursors (limit {max_per_conn} per connection, {max_total} in total)"),
+                ));
+            }
+            let mut rng = rand::rng();
+            loop {
+                id = rng.random_range(1..i64::MAX);
+                if !self.map.contains_key(&id) {
+                    break;
+                }
+            }
+            self.map.insert(
+                id,
+                Cursor {
+                    ns: ns.clone(),
+                    docs,
+                    kind,
+                    owner_conn,
+                    lsid,
+                    last_used: Instant::now(),
+                },
+            );
+        }
+        let mut cursor = doc! { "firstBatch": batch, "id": id, "ns": ns };
+        if kind == CursorKind::ChangeStream {
+            cursor.insert("postBatchResumeToken", resume_token());
+        }
+        Ok(doc! { "cursor": cursor, "ok": 1.0 })
+    }
+
+    /// The cursor's kind and namespace, if it exists.
+    pub(crate) fn peek(&self, id: i64) -> Option<(CursorKind, &str)> {
+        self.map.get(&id).map(|c| (c.kind, c.ns.as_str()))
+    }
+
+    /// `getMore`: the next batch. `collection` must match the cursor's namespace.
+    pub(crate) fn get_more(
+        &mut self,
+        id: i64,
+        ns: &str,
+        limit: BatchLimit,
+    ) -> Result<Document, CommandError> {
+        let Some(cursor) = self.map.get_mut(&id) else {
+            return Err(CommandError::new(
+                codes::CURSOR_NOT_FOUND,
+                format!("cursor id {id} not found"),
+            ));
+        };
+        if cursor.ns != ns {
+            return Err(CommandError::new(
+                codes::UNAUTHORIZED,
+                format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", cursor.ns),
+            ));
+        }
+        cursor.last_used = Instant::now();
+        let batch = take_batch(
+            &mut cursor.docs,
+            limit.size.filter(|&n| n > 0).unwrap_or(usize::MAX),
+        );
+        let kind = cursor.kind;
+        let exhausted = kind == CursorKind::Normal && cursor.docs.is_empty();
+        let ns = cursor.ns.clone();
+        if exhausted {
+            self.map.remove(&id);
+        }
+        let mut c = doc! { "nextBatch": batch, "id": if exhausted { 0i64 } else { id }, "ns": ns };
+        if kind == CursorKind::ChangeStream {
+            c.insert("postBatchResumeToken", resume_token());
+        }
+        Ok(doc! { "cursor": c, "ok": 1.0 })
+    }
+
+    /// `killCursors` on `ns`: `(killed, not_found)`.
+    pub(crate) fn kill(&mut self, ns: &str, ids: &[i64]) -> (Vec<i64>, Vec<i64>) {
+        let mut killed = Vec::new();
+        let mut not_found = Vec::new();
+        for &id in ids {
+            if self.map.get(&id).is_some_and(|c| c.ns == ns) {
+                self.map.remove(&id);
+                killed.push(id);
+            } else {
+                not_found.push(id);
+            }
+        }
+        (killed, not_found)
+    }
+
+    /// Closes cursors idle for longer than `timeout`.
+    pub(crate) fn reap(&mut self, timeout: Duration) {
+        let now = Instant::now();
+        self.map.retain(|id, c| {
+            let keep = now.duration_since(c.last_used) < timeout;
+            if !keep {
+                tracing::debug!(cursor = id, ns = %c.ns, "idle cursor timed out");
+            }
+            keep
+        });
+    }
+
+    /// Closes the session-less cursors opened on connection `conn`.
+    pub(crate) fn close_connection(&mut self, conn: u64) {
+        self.map
+            .retain(|_, c| !(c.lsid.is_none() && c.owner_conn == conn));
+    }
+
+    /// Closes the cursors of a session.
+    pub(crate) fn close_session(&mut self, key: &SessionKey) {
+        self.map.retain(|_, c| c.lsid.as_ref() != Some(key));
+    }
+
+    /// Closes every cursor that belongs to some session.
+    pub(crate) fn close_all_sessions(&mut self) {
+        self.map.retain(|_, c| c.lsid.is_none());
+    }
+
+    /// Number of open cursors.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// A resume token for the (always empty) change streams.
+pub(crate) fn resume_token() -> Document {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    doc! { "_data": format!("82{now:08X}000000012B0429296E1404") }
+}
+
+/// The `ids` of a killCursors command.
+pub(crate) fn ids_of(v: Option<&Bson>) -> Result<Vec<i64>, CommandError> {
+    match v {
+        Some(Bson::Array(a)) => a
+            .iter()
+            .map(|x| match x {
+                Bson::Int64(i) => Ok(*i),
+                Bson::Int32(i) => Ok(i64::from(*i)),
+                _ => Err(CommandError::type_mismatch(
+                    "cursor ids must be 64-bit integers",
+                )),
+            })
+            .collect(),
+        _ => Err(CommandError::failed_to_parse(
+            "killCursors requires a 'cursors' array",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn docs(n: i32) -> Vec<Document> {
+        (0..n).map(|i| doc! {"_id": i}).collect()
+    }
+
+    #[test]
+    fn batches_and_exhaustion() {
+        let mut c = Cursors::default();
+        let r = c
+            .open(
+                "d.c".into(),
+                docs(5),
+                CursorKind::Normal,
+                BatchLimit { size: Some(2) },
+                false,
+                1,
+                None,
+                10,
+                10,
+            )
+            .unwrap();
+        let cur = r.get_document("cursor").unwrap();
+        assert_eq!(cur.get_array("firstBatch").unwrap().len(), 2);
+        let id = cur.get_i64("id").unwrap();
+        assert_ne!(id, 0);
+        let r = c.get_more(id, "d.c", BatchLimit { size: Some(2) }).unwrap();
+        assert_eq!(r.get_document("cursor").unwrap().get_i64("id").unwrap(), id);
+        let r = c.get_more(id, "d.c", BatchLimit { size: None }).unwrap();
+        let cur = r.get_document("cursor").unwrap();
+        assert_eq!(cur.get_array("nextBatch").unwrap().len(), 1);
+        assert_eq!(cur.get_i64("id").unwrap(), 0);
+        assert_eq!(
+            c.get_more(id, "d.c", BatchLimit { size: None })
+                .unwrap_err()
+                .code,
+            43
+        );
+    }
+
+    #[test]
+    fn ownership_cleanup_and_limits() {
+        let mut c = Cursors::default();
+        let open = |c: &mut Cursors, conn| {
+            c.open(
+                "d.c".into(),
+                docs(3),
+                CursorKind::Normal,
+                BatchLimit { size: Some(1) },
+                false,
+                conn,
+                None,
+                2,
+                10,
+            )
+        };
+        open(&mut c, 1).unwrap();
+        open(&mut c, 1).unwrap();
+        assert_eq!(open(&mut c, 1).unwrap_err().code, codes::TOO_MANY_CURSORS);
+        open(&mut c, 2).unwrap();
+        c.close_connection(1);
+        assert_eq!(c.len(), 1);
+        c.reap(Duration::ZERO);
+        assert_eq!(c.len(), 0);
+    }
+}

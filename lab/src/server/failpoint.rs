@@ -1,0 +1,428 @@
+//! The `failCommand` fail point with mongod's semantics.
+
+use std::time::Duration;
+
+use bson::{Bson, Document};
+use rand::Rng;
+
+use super::error::{codes, CommandError};
+
+/// Longest `blockTimeMS` honoured, so every wait has a deadline.
+pub const MAX_BLOCK: Duration = Duration::from_secs(300);
+
+/// How often a configured fail point fires.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    /// Never.
+    Off,
+    /// Always.
+    AlwaysOn,
+    /// The next `n` matching commands (mongod fires once even for `{times: 0}`).
+    Times(i64),
+    /// Not for the next `n` matching commands, then always.
+    Skip(i64),
+    /// Each matching command with this probability.
+    Probability(f64),
+}
+
+/// One fail point's configuration and counter.
+#[derive(Debug, Clone)]
+pub struct FailPoint {
+    /// Current mode.
+    pub mode: Mode,
+    /// The `data` document.
+    pub data: Document,
+    /// How many times the fail point fired since it was configured.
+    pub times_entered: i64,
+}
+
+impl Default for FailPoint {
+    fn default() -> Self {
+        FailPoint {
+            mode: Mode::Off,
+            data: Document::new(),
+            times_entered: 0,
+        }
+    }
+}
+
+/// What a fired `failCommand` does to the command.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FailAction {
+    /// `errorLabels`: exactly these labels on the error (or on the write concern error).
+    pub labels: Option<Vec<String>>,
+    /// `blockConnection` + `blockTimeMS`.
+    pub block: Option<Duration>,
+    /// `closeConnection`: close the socket without replying.
+    pub close: bool,
+    /// `errorCode`: fail with this code.
+    pub error_code: Option<i32>,
+    /// `writeConcernError`: run the command, then append this document.
+    pub write_concern_error: Option<Document>,
+}
+
+impl FailAction {
+    /// The error a fired `errorCode` produces.
+    pub fn error(&self) -> Option<CommandError> {
+        self.error_code.map(|code| {
+            let mut e = CommandError::new(code, "Failing command via 'failCommand' failpoint");
+            e.labels = self.labels.clone();
+            e
+        })
+    }
+}
+
+fn as_i64(v: &Bson) -> Option<i64> {
+    match v {
+        Bson::Int32(i) => Some(i64::from(*i)),
+        Bson::Int64(i) => Some(*i),
+        Bson::Double(d) if d.fract() == 0.0 && d.is_finite() => Some(*d as i64),
+        _ => None,
+    }
+}
+
+fn as_bool(v: Option<&Bson>) -> bool {
+    match v {
+        Some(Bson::Boolean(b)) => *b,
+        Some(other) => as_i64(other).is_some_and(|i| i != 0),
+        None => false,
+    }
+}
+
+/// Parses `mode` of a `configureFailPoint` command.
+pub fn parse_mode(mode: Option<&Bson>) -> Result<Mode, CommandError> {
+    let Some(mode) = mode else {
+        return Err(CommandError::new(
+            codes::ILLEGAL_OPERATION,
+            "When setting a failpoint, you must supply a 'mode'",
+        ));
+    };
+    match mode {
+        Bson::String(s) if s == "off" => Ok(Mode::Off),
+        Bson::String(s) if s == "alwaysOn" => Ok(Mode::AlwaysOn),
+        Bson::String(s) => Err(CommandError::bad_value(format!("unknown mode: {s}"))),
+        Bson::Document(d) => {
+            let Some((key, value)) = d.iter().next() else {
+                return Err(CommandError::bad_value("empty mode document"));
+            };
+            match key.as_str() {
+                "times" | "skip" => {
+                    let n = as_i64(value).ok_or_else(|| {
+                        CommandError::type_mismatch(format!("'{key}' must be a number"))
+                    })?;
+                    if n < 0 {
+                        return Err(CommandError::bad_value(format!("'{key}' must be >= 0")));
+                    }
+                    Ok(if key == "times" {
+                        Mode::Times(n)
+                    } else {
+                        Mode::Skip(n)
+                    })
+                }
+                "activationProbability" => {
+                    let p = match value {
+                        Bson::Double(d) => *d,
+                        other => as_i64(other).map(|i| i as f64).ok_or_else(|| {
+                            CommandError::type_mismatch("'activationProbability' must be a number")
+                        })?,
+                    };
+                    if !(0.0..=1.0).contains(&p) {
+                        return Err(CommandError::bad_value(
+                            "'activationProbability' must be between 0 and 1",
+                        ));
+                    }
+                    Ok(Mode::Probability(p))
+                }
+                other => Err(CommandError::bad_value(format!("unknown mode: {other}"))),
+            }
+        }
+        _ => Err(CommandError::type_mismatch(
+            "'mode' must be a string or a document",
+        )),
+    }
+}
+
+/// Validates a `failCommand` `data` document.
+pub fn validate_data(data: &Document) -> Result<(), CommandError> {
+    if let Some(v) = data.get("failCommands") {
+        match v {
+            Bson::Array(a) if a.iter().all(|x| matches!(x, Bson::String(_))) => {}
+            _ => {
+                return Err(CommandError::type_mismatch(
+                    "'failCommands' must be an array of strings",
+                ))
+            }
+        }
+    }
+    if as_bool(data.get("blockConnection")) {
+        match data.get("blockTimeMS").and_then(as_i64) {
+            Some(ms) if ms >= 0 => {}
+            _ => {
+                return Err(CommandError::bad_value(
+                    "'blockTimeMS' must be a non-negative number with blockConnection",
+                ))
+            }
+        }
+    }
+    if let Some(v) = data.get("errorCode") {
+        if as_i64(v).and_then(|c| i32::try_from(c).ok()).is_none() {
+            return Err(CommandError::type_mismatch(
+                "'errorCode' must be a 32-bit integer",
+            ));
+        }
+    }
+    if let Some(v) = data.get("errorLabels") {
+        match v {
+            Bson::Array(a) if a.iter().all(|x| matches!(x, Bson::String(_))) => {}
+            _ => {
+                return Err(CommandError::type_mismatch(
+                    "'errorLabels' must be an array of strings",
+                ))
+            }
+        }
+    }
+    if let Some(v) = data.get("writeConcernError") {
+        if !matches!(v, Bson::Document(_)) {
+            return Err(CommandError::type_mismatch(
+                "'writeConcernError' must be a document",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Names under which a command may be listed in `failCommands`.
+fn aliases(name: &str) -> &'static [&'static str] {
+    match name {
+        "hello" | "isMaster" | "ismaster" => &["hello", "isMaster", "ismaster"],
+        _ => &[],
+    }
+}
+
+/// The facts about one command that the predicate checks.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandFacts<'a> {
+    /// Command name (first key of the body).
+    pub name: &'a str,
+    /// `db.coll` (or `db.$cmd` for commands without a collection).
+    pub namespace: &'a str,
+    /// The connection's application name from its handshake.
+    pub app_name: Option<&'a str>,
+}
+
+impl FailPoint {
+    /// Replaces mode and data; resets the counter. Returns the previous `times_entered`.
+    pub fn configure(&mut self, mode: Mode, data: Document) -> i64 {
+        let before = self.times_entered;
+        self.mode = mode;
+        self.data = data;
+        self.times_entered = 0;
+        before
+    }
+
+    fn predicate(&self, facts: &CommandFacts<'_>) -> bool {
+        if facts.name == "configureFailPoint" {
+            return false;
+        }
+        let data = &self.data;
+        if let Some(Bson::String(app)) = data.get("appName") {
+            if facts.app_name != Some(app.as_str()) {
+                return false;
+            }
+        }
+        if let Some(Bson::String(ns)) = data.get("namespace") {
+            if ns != facts.namespace {
+                return false;
+            }
+        }
+        let listed = if data.contains_key("failAllCommands") {
+            true
+        } else if let Some(Bson::Array(list)) = data.get("failCommands") {
+            list.iter().any(|c| match c {
+                Bson::String(c) => c == facts.name || aliases(facts.name).contains(&c.as_str()),
+                _ => false,
+            })
+        } else {
+            false
+        };
+        if !listed {
+            return false;
+        }
+        as_bool(data.get("closeConnection"))
+            || as_bool(data.get("blockConnection"))
+            || data.contains_key("errorCode")
+            || data.contains_key("errorExtraInfo")
+            || data.contains_key("writeConcernError")
+    }
+
+    fn fire_by_mode<R: Rng>(&mut self, rng: &mut R) -> bool {
+        match &mut self.mode {
+            Mode::Off => false,
+            Mode::AlwaysOn => true,
+            Mode::Times(n) => {
+                *n -= 1;
+                if *n <= 0 {
+                    self.mode = Mode::Off;
+                }
+                true
+            }
+            Mode::Skip(n) => {
+                if *n > 0 {
+                    *n -= 1;
+                    false
+                } else {
+                    true
+                }
+            }
+            Mode::Probability(p) => rng.random_bool(p.clamp(0.0, 1.0)),
+        }
+    }
+
+    /// Evaluates the fail point for one command: predicate first (a miss consumes nothing), then
+    /// the mode. Returns what to do when it fires.
+    pub fn evaluate<R: Rng>(
+        &mut self,
+        facts: &CommandFacts<'_>,
+        rng: &mut R,
+    ) -> Option<FailAction> {
+        if self.mode == Mode::Off || !self.predicate(facts) {
+            return None;
+        }
+        if !self.fire_by_mode(rng) {
+            return None;
+        }
+        self.times_entered += 1;
+        let data = &self.data;
+        let labels = match data.get("errorLabels") {
+            Some(Bson::Array(a)) => Some(
+                a.iter()
+                    .filter_map(|l| l.as_str().map(str::to_string))
+                    .collect(),
+            ),
+            _ => None,
+        };
+        let block = if as_bool(data.get("blockConnection")) {
+            let ms = data.get("blockTimeMS").and_then(as_i64).unwrap_or(0).max(0) as u64;
+            Some(Duration::from_millis(ms).min(MAX_BLOCK))
+        } else {
+            None
+        };
+        let error_code = data
+            .get("errorCode")
+            .and_then(as_i64)
+            .and_then(|c| i32::try_from(c).ok());
+        let write_concern_error = match data.get("writeConcernError") {
+            Some(Bson::Document(d)) => Some(d.clone()),
+            _ => None,
+        };
+        Some(FailAction {
+            labels,
+            block,
+            close: as_bool(data.get("closeConnection")),
+            error_code,
+            write_concern_error,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    fn facts<'a>(name: &'a str, app: Option<&'a str>) -> CommandFacts<'a> {
+        CommandFacts {
+            name,
+            namespace: "db.coll",
+            app_name: app,
+        }
+    }
+
+    #[test]
+    fn times_counts_only_matching_commands() {
+        let mut fp = FailPoint::default();
+        fp.configure(
+            Mode::Times(2),
+            doc! { "failCommands": ["find"], "errorCode": 462 },
+        );
+        let mut rng = rand::rng();
+        assert!(fp.evaluate(&facts("insert", None), &mut rng).is_none());
+        assert_eq!(
+            fp.evaluate(&facts("find", None), &mut rng)
+                .unwrap()
+                .error_code,
+            Some(462)
+        );
+        assert!(fp.evaluate(&facts("find", None), &mut rng).is_some());
+        assert!(fp.evaluate(&facts("find", None), &mut rng).is_none());
+        assert_eq!(fp.times_entered, 2);
+    }
+
+    #[test]
+    fn skip_then_always_and_app_name_filter() {
+        let mut fp = FailPoint::default();
+        fp.configure(
+            Mode::Skip(1),
+            doc! { "failCommands": ["isMaster"], "appName": "a", "closeConnection": true },
+        );
+        let mut rng = rand::rng();
+        assert!(fp.evaluate(&facts("hello", Some("b")), &mut rng).is_none());
+        assert!(fp.evaluate(&facts("hello", Some("a")), &mut rng).is_none());
+        assert!(
+            fp.evaluate(&facts("hello", Some("a")), &mut rng)
+                .unwrap()
+                .close
+        );
+        assert!(fp
+            .evaluate(&facts("ismaster", Some("a")), &mut rng)
+            .is_some());
+    }
+
+    #[test]
+    fn never_for_configure_fail_point_and_needs_an_effect() {
+        let mut fp = FailPoint::default();
+        fp.configure(
+            Mode::AlwaysOn,
+            doc! { "failAllCommands": true, "errorCode": 2 },
+        );
+        let mut rng = rand::rng();
+        assert!(fp
+            .evaluate(&facts("configureFailPoint", None), &mut rng)
+            .is_none());
+        fp.configure(Mode::AlwaysOn, doc! { "failCommands": ["ping"] });
+        assert!(fp.evaluate(&facts("ping", None), &mut rng).is_none());
+    }
+
+    #[test]
+    fn times_zero_fires_once() {
+        let mut fp = FailPoint::default();
+        fp.configure(
+            Mode::Times(0),
+            doc! { "failCommands": ["ping"], "errorCode": 2 },
+        );
+        let mut rng = rand::rng();
+        assert!(fp.evaluate(&facts("ping", None), &mut rng).is_some());
+        assert!(fp.evaluate(&facts("ping", None), &mut rng).is_none());
+    }
+
+    #[test]
+    fn parse_modes() {
+        assert_eq!(
+            parse_mode(Some(&Bson::String("off".into()))).unwrap(),
+            Mode::Off
+        );
+        assert_eq!(
+            parse_mode(Some(&Bson::Document(doc! {"times": 3}))).unwrap(),
+            Mode::Times(3)
+        );
+        assert_eq!(
+            parse_mode(Some(&Bson::Document(doc! {"skip": 1i64}))).unwrap(),
+            Mode::Skip(1)
+        );
+        assert!(parse_mode(Some(&Bson::Document(doc! {"activationProbability": 2.0}))).is_err());
+        assert!(parse_mode(Some(&Bson::Document(doc! {"times": -1}))).is_err());
+        assert!(parse_mode(None).is_err());
+        assert!(validate_data(&doc! {"blockConnection": true}).is_err());
+        assert!(validate_data(&doc! {"errorCode": "x"}).is_err());
+    }
+}

@@ -1,0 +1,414 @@
+//! The network server: listeners, personas (standalone, replica set, mongos) and the
+//! [`Emulator`] handle.
+//!
+//! Every member of the emulated deployment listens on its own loopback port; all members share
+//! one document [`Store`](crate::engine::Store), one session table and one cursor table, so
+//! "replication" is instantaneous. Fail points are per member, like mongod's.
+
+mod commands;
+mod conn;
+mod cursor;
+mod data;
+pub mod error;
+pub mod failpoint;
+mod hello;
+mod session;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::engine::Store;
+use cursor::Cursors;
+use failpoint::FailPoint;
+use session::Sessions;
+
+/// Shape of the emulated deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One mongod without replication: no transactions, no retryable writes.
+    Standalone,
+    /// A replica set of `members` mongods; member 0 is the primary.
+    ReplicaSet {
+        /// `setName`.
+        name: String,
+        /// Number of members (at least 1).
+        members: usize,
+    },
+    /// `routers` mongos processes in front of one shared store.
+    Sharded {
+        /// Number of mongos (at least 1).
+        routers: usize,
+    },
+}
+
+/// Configuration of an [`Emulator`].
+#[derive(Debug, Clone)]
+pub struct EmulatorConfig {
+    /// Deployment shape.
+    pub topology: Topology,
+    /// Version reported by `buildInfo` (e.g. `"8.2.0"`).
+    pub server_version: String,
+    /// `maxWireVersion` reported by hello.
+    pub max_wire_version: i32,
+    /// Port of the first member (the others follow consecutively); `None` = ephemeral ports.
+    pub port: Option<u16>,
+    /// Address to bind.
+    pub bind: IpAddr,
+    /// Idle cursors are closed after this long (mongod's `cursorTimeoutMillis`, 10 minutes).
+    pub cursor_timeout: Duration,
+    /// `logicalSessionTimeoutMinutes` in hello.
+    pub logical_session_timeout_minutes: i32,
+    /// Report `topologyVersion` in hello and support awaitable hello (makes the driver stream).
+    pub topology_version: bool,
+    /// Upper bound on an awaitable hello's wait, whatever `maxAwaitTimeMS` says.
+    pub max_await_time: Duration,
+    /// Most cursors open at once, per connection.
+    pub max_cursors_per_connection: usize,
+    /// Most cursors open at once in total.
+    pub max_cursors: usize,
+    /// Most sessions tracked at once (older idle ones are forgotten).
+    pub max_sessions: usize,
+    /// Most handshake records kept for [`Emulator::client_metadata`].
+    pub max_metadata_records: usize,
+}
+
+impl Default for EmulatorConfig {
+    fn default() -> Self {
+        EmulatorConfig {
+            topology: Topology::Standalone,
+            server_version: "8.2.0".to_string(),
+            max_wire_version: 25,
+            port: None,
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            cursor_timeout: Duration::from_secs(600),
+            logical_session_timeout_minutes: 30,
+            topology_version: true,
+            max_await_time: Duration::from_secs(60),
+            max_cursors_per_connection: 1000,
+            max_cursors: 20_000,
+            max_sessions: 10_000,
+            max_metadata_records: 10_000,
+        }
+    }
+}
+
+/// What a member is in the emulated deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Standalone,
+    Primary,
+    Secondary,
+    Mongos,
+}
+
+/// One listening member (a mongod or mongos).
+pub(crate) struct Member {
+    pub(crate) index: usize,
+    pub(crate) role: Role,
+    pub(crate) addr: SocketAddr,
+    /// `host:port` as advertised (and as listed in the URI).
+    pub(crate) host: String,
+    pub(crate) process_id: ObjectId,
+    pub(crate) fail_point: Mutex<FailPoint>,
+}
+
+/// Server parameters readable with getParameter and settable with setParameter.
+#[derive(Debug, Clone)]
+pub(crate) struct Params {
+    pub(crate) values: Document,
+}
+
+/// State that every command may touch, guarded by one lock (commands are short and never await
+/// while holding it).
+pub(crate) struct State {
+    pub(crate) store: Store,
+    pub(crate) sessions: Sessions,
+    pub(crate) cursors: Cursors,
+    pub(crate) params: Params,
+    /// Bumped by every write to `store` (transactions commit by swapping in their copy when
+    /// nothing else wrote meanwhile).
+    pub(crate) write_version: u64,
+    cluster_time: Timestamp,
+}
+
+impl State {
+    /// Advances and returns the cluster time (seconds since the epoch, increment).
+    pub(crate) fn tick(&mut self) -> Timestamp {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0) as u32;
+        if now > self.cluster_time.time {
+            self.cluster_time = Timestamp {
+                time: now,
+                increment: 1,
+            };
+        } else {
+            self.cluster_time.increment = self.cluster_time.increment.wrapping_add(1).max(1);
+        }
+        self.cluster_time
+    }
+}
+
+/// Counters for serverStatus.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) connections_current: AtomicI64,
+    pub(crate) connections_total: AtomicI64,
+    pub(crate) commands: AtomicI64,
+    pub(crate) inserts: AtomicI64,
+    pub(crate) queries: AtomicI64,
+    pub(crate) updates: AtomicI64,
+    pub(crate) deletes: AtomicI64,
+    pub(crate) getmores: AtomicI64,
+}
+
+/// Everything shared by the listeners and connection tasks.
+pub(crate) struct Shared {
+    pub(crate) config: EmulatorConfig,
+    pub(crate) members: Vec<Arc<Member>>,
+    pub(crate) state: Mutex<State>,
+    pub(crate) metadata: Mutex<std::collections::VecDeque<Document>>,
+    pub(crate) counters: Counters,
+    pub(crate) next_connection_id: AtomicI64,
+    pub(crate) next_conn_serial: AtomicU64,
+    pub(crate) election_id: ObjectId,
+    pub(crate) started: Instant,
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+/// Locks a mutex, recovering the data if a previous holder panicked.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    pub(crate) fn is_replicated(&self) -> bool {
+        !matches!(self.config.topology, Topology::Standalone)
+    }
+
+    pub(crate) fn set_name(&self) -> Option<&str> {
+        match &self.config.topology {
+            Topology::ReplicaSet { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn record_metadata(&self, record: Document) {
+        let mut md = lock(&self.metadata);
+        while md.len() >= self.config.max_metadata_records.max(1) {
+            md.pop_front();
+        }
+        md.push_back(record);
+    }
+}
+
+/// A running emulator. Dropping it without [`Emulator::shutdown`] stops the listeners too (the
+/// tasks notice the closed shutdown channel).
+pub struct Emulator {
+    shared: Arc<Shared>,
+    shutdown_tx: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+fn default_params() -> Document {
+    doc! {
+        "externalClientBaseBackoffMS": 0i32,
+        "featureCompatibilityVersion": { "version": "8.0" },
+        "requireApiVersion": false,
+        "enableTestCommands": 1i32,
+        "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
+        "transactionLifetimeLimitSeconds": 60i32,
+        "cursorTimeoutMillis": 600_000i64,
+        "logicalSessionRefreshMillis": 300_000i32,
+        "maxTransactionLockRequestTimeoutMillis": 5i32,
+    }
+}
+
+impl Emulator {
+    /// Binds one listener per member and starts serving.
+    pub async fn start(config: EmulatorConfig) -> std::io::Result<Emulator> {
+        let roles: Vec<Role> = match &config.topology {
+            Topology::Standalone => vec![Role::Standalone],
+            Topology::ReplicaSet { members, .. } => (0..(*members).max(1))
+                .map(|i| {
+                    if i == 0 {
+                        Role::Primary
+                    } else {
+                        Role::Secondary
+                    }
+                })
+                .collect(),
+            Topology::Sharded { routers } => vec![Role::Mongos; (*routers).max(1)],
+        };
+        let mut listeners = Vec::new();
+        for i in 0..roles.len() {
+            let port = match config.port {
+                Some(p) => p.checked_add(i as u16).ok_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, "port range overflows")
+                })?,
+                None => 0,
+            };
+            listeners.push(TcpListener::bind(SocketAddr::new(config.bind, port)).await?);
+        }
+        let advertised_ip = if config.bind.is_unspecified() {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            config.bind
+        };
+        let mut members = Vec::new();
+        for (index, (listener, role)) in listeners.iter().zip(roles).enumerate() {
+            let addr = listener.local_addr()?;
+            let host = SocketAddr::new(advertised_ip, addr.port()).to_string();
+            members.push(Arc::new(Member {
+                index,
+                role,
+                addr,
+                host,
+                process_id: ObjectId::new(),
+                fail_point: Mutex::new(FailPoint::default()),
+            }));
+        }
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let mut params = default_params();
+        params.insert(
+            "cursorTimeoutMillis",
+            config.cursor_timeout.as_millis() as i64,
+        );
+        let version: Vec<&str> = config.server_version.split('.').collect();
+        if version.len() >= 2 {
+            params.insert(
+                "featureCompatibilityVersion",
+                doc! { "version": format!("{}.{}", version[0], version[1]) },
+            );
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                store: Store::new(),
+                sessions: Sessions::default(),
+                cursors: Cursors::default(),
+                params: Params { values: params },
+                write_version: 0,
+                cluster_time: Timestamp {
+                    time: 0,
+                    increment: 0,
+                },
+            }),
+            members,
+            metadata: Mutex::new(Default::default()),
+            counters: Counters::default(),
+            next_connection_id: AtomicI64::new(1),
+            next_conn_serial: AtomicU64::new(1),
+            election_id: ObjectId::parse_str("7fffffff0000000000000001")
+                .unwrap_or_else(|_| ObjectId::new()),
+            started: Instant::now(),
+            shutdown: shutdown_rx,
+            config,
+        });
+        let mut tasks = JoinSet::new();
+        for (listener, member) in listeners.into_iter().zip(shared.members.clone()) {
+            tasks.spawn(accept_loop(shared.clone(), member, listener));
+        }
+        tasks.spawn(reaper(shared.clone()));
+        tracing::info!(uri = %uri_for(&shared), "emulator started");
+        Ok(Emulator {
+            shared,
+            shutdown_tx,
+            tasks,
+        })
+    }
+
+    /// The connection string of the deployment.
+    pub fn uri(&self) -> String {
+        uri_for(&self.shared)
+    }
+
+    /// The address of every member, in member order.
+    pub fn addresses(&self) -> Vec<SocketAddr> {
+        self.shared.members.iter().map(|m| m.addr).collect()
+    }
+
+    /// The `client` document of every handshake so far (oldest first, bounded), each with the
+    /// handshake's `backpressure` value added under the key `backpressure` when it was sent.
+    pub fn client_metadata(&self) -> Vec<Document> {
+        lock(&self.shared.metadata).iter().cloned().collect()
+    }
+
+    /// Closes the listeners and all connections and waits for every task to finish.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown_tx.send(true);
+        while self.tasks.join_next().await.is_some() {}
+        tracing::info!("emulator stopped");
+    }
+}
+
+fn uri_for(shared: &Shared) -> String {
+    let hosts: Vec<&str> = shared.members.iter().map(|m| m.host.as_str()).collect();
+    let mut uri = format!("mongodb://{}/", hosts.join(","));
+    if let Some(name) = shared.set_name() {
+        uri.push_str(&format!("?replicaSet={name}"));
+    }
+    uri
+}
+
+async fn accept_loop(shared: Arc<Shared>, member: Arc<Member>, listener: TcpListener) {
+    let mut shutdown = shared.shutdown.clone();
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            res = listener.accept() => match res {
+                Ok((stream, peer)) => {
+                    let serial = shared.next_conn_serial.fetch_add(1, Ordering::Relaxed);
+                    conns.spawn(conn::serve(shared.clone(), member.clone(), stream, peer, serial));
+                }
+                Err(e) => {
+                    tracing::warn!(member = member.index, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
+}
+
+/// Closes idle cursors periodically.
+async fn reaper(shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.clone();
+    let period =
+        (shared.config.cursor_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {
+                let mut st = shared.state();
+                st.cursors.reap(shared.config.cursor_timeout);
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+/// `$clusterTime` document for a reply.
+pub(crate) fn cluster_time_doc(ts: Timestamp) -> Bson {
+    Bson::Document(doc! {
+        "clusterTime": ts,
+        "signature": {
+            "hash": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0u8; 20] },
+            "keyId": 0i64,
+        },
+    })
+}

@@ -1,0 +1,337 @@
+//! MongoDB wire protocol framing: message headers, OP_MSG decoding and encoding.
+//!
+//! Only OP_MSG (2013) is served; the 3.9.1 driver never sends anything else unless compression
+//! was negotiated, and the emulator never offers compression. Every decoding failure is a
+//! [`WireError`] (never a panic), after which the server closes that one connection.
+
+use bson::Document;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// `maxMessageSizeBytes` advertised in hello and enforced on requests.
+pub const MAX_MESSAGE_SIZE_BYTES: i32 = 48_000_000;
+/// `maxBsonObjectSize` advertised in hello and enforced on every document of a request.
+pub const MAX_BSON_OBJECT_SIZE: i32 = 16 * 1024 * 1024;
+/// Extra room mongod allows for a command body over `maxBsonObjectSize` (16 KiB).
+pub const BSON_OBJECT_SIZE_SLACK: i32 = 16 * 1024;
+
+/// Legacy reply opcode.
+pub const OP_REPLY: i32 = 1;
+/// Legacy query opcode.
+pub const OP_QUERY: i32 = 2004;
+/// Compressed message opcode.
+pub const OP_COMPRESSED: i32 = 2012;
+/// OP_MSG opcode.
+pub const OP_MSG: i32 = 2013;
+
+/// OP_MSG flag: a CRC-32C checksum follows the sections.
+pub const FLAG_CHECKSUM_PRESENT: u32 = 1;
+/// OP_MSG flag: another message follows without a request.
+pub const FLAG_MORE_TO_COME: u32 = 1 << 1;
+/// OP_MSG flag: the client accepts exhaust replies.
+pub const FLAG_EXHAUST_ALLOWED: u32 = 1 << 16;
+/// Flags a client may legally set (the other required bits 2..15 must be zero).
+const KNOWN_FLAGS: u32 = FLAG_CHECKSUM_PRESENT | FLAG_MORE_TO_COME | FLAG_EXHAUST_ALLOWED;
+
+/// Size of the standard message header.
+pub const HEADER_LEN: usize = 16;
+
+/// Why a frame could not be decoded. The connection that sent it is closed.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The peer closed the socket, or an I/O error occurred.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The stream ended in the middle of a message.
+    #[error("truncated message: {0}")]
+    Truncated(&'static str),
+    /// `messageLength` is below the header size or above `maxMessageSizeBytes`.
+    #[error("invalid message length {0} (allowed {min}..={max})", min = HEADER_LEN, max = MAX_MESSAGE_SIZE_BYTES)]
+    BadLength(i32),
+    /// An opcode the emulator does not serve.
+    #[error("unsupported opcode {0}")]
+    UnsupportedOpcode(i32),
+    /// Structurally invalid OP_MSG.
+    #[error("malformed OP_MSG: {0}")]
+    Malformed(String),
+    /// A document that is not valid BSON.
+    #[error("invalid BSON: {0}")]
+    InvalidBson(String),
+}
+
+/// The standard 16-byte header of every wire message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Total message length including the header.
+    pub message_length: i32,
+    /// Identifier chosen by the sender.
+    pub request_id: i32,
+    /// For replies: the `request_id` being answered.
+    pub response_to: i32,
+    /// Opcode.
+    pub op_code: i32,
+}
+
+impl Header {
+    /// Parses a header from exactly 16 little-endian bytes.
+    pub fn parse(bytes: &[u8; HEADER_LEN]) -> Header {
+        let field =
+            |i: usize| i32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        Header {
+            message_length: field(0),
+            request_id: field(4),
+            response_to: field(8),
+            op_code: field(12),
+        }
+    }
+
+    /// Appends the header's 16 bytes to `out`.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.message_length.to_le_bytes());
+        out.extend_from_slice(&self.request_id.to_le_bytes());
+        out.extend_from_slice(&self.response_to.to_le_bytes());
+        out.extend_from_slice(&self.op_code.to_le_bytes());
+    }
+}
+
+/// A decoded OP_MSG request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpMsg {
+    /// The request's header.
+    pub header: Header,
+    /// OP_MSG flag bits (checksum bit included if it was set).
+    pub flags: u32,
+    /// The command body with every kind-1 document sequence merged in as an array under its
+    /// identifier.
+    pub body: Document,
+}
+
+impl OpMsg {
+    /// Whether the client set `exhaustAllowed`.
+    pub fn exhaust_allowed(&self) -> bool {
+        self.flags & FLAG_EXHAUST_ALLOWED != 0
+    }
+
+    /// Whether the client set `moreToCome` (it expects no reply).
+    pub fn more_to_come(&self) -> bool {
+        self.flags & FLAG_MORE_TO_COME != 0
+    }
+}
+
+/// Reads one message from `reader`. Returns `Ok(None)` on a clean end of stream before any byte
+/// of a new message.
+pub async fn read_message<R: AsyncRead + Unpin>(
+    reader: &mut R,
+) -> Result<Option<OpMsg>, WireError> {
+    let mut head = [0u8; HEADER_LEN];
+    let mut filled = 0;
+    while filled < HEADER_LEN {
+        let n = reader.read(&mut head[filled..]).await?;
+        if n == 0 {
+            return if filled == 0 {
+                Ok(None)
+            } else {
+                Err(WireError::Truncated("header"))
+            };
+        }
+        filled += n;
+    }
+    let header = Header::parse(&head);
+    check_length(header.message_length)?;
+    let mut rest = vec![0u8; header.message_length as usize - HEADER_LEN];
+    match reader.read_exact(&mut rest).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(WireError::Truncated("body"))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    decode_body(header, &rest).map(Some)
+}
+
+fn check_length(len: i32) -> Result<(), WireError> {
+    if len < HEADER_LEN as i32 || len > MAX_MESSAGE_SIZE_BYTES {
+        return Err(WireError::BadLength(len));
+    }
+    Ok(())
+}
+
+/// Decodes a complete message held in `bytes` (header included).
+pub fn decode_message(bytes: &[u8]) -> Result<OpMsg, WireError> {
+    let head: &[u8; HEADER_LEN] = bytes
+        .get(..HEADER_LEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(WireError::Truncated("header"))?;
+    let header = Header::parse(head);
+    check_length(header.message_length)?;
+    let len = header.message_length as usize;
+    if bytes.len() < len {
+        return Err(WireError::Truncated("body"));
+    }
+    if bytes.len() > len {
+        return Err(WireError::Malformed(format!(
+            "{} trailing bytes after the message",
+            bytes.len() - len
+        )));
+    }
+    decode_body(header, &bytes[HEADER_LEN..])
+}
+
+/// Decodes the bytes after the header according to the header's opcode.
+pub fn decode_body(header: Header, body: &[u8]) -> Result<OpMsg, WireError> {
+    match header.op_code {
+        OP_MSG => decode_op_msg(header, body),
+        other => Err(WireError::UnsupportedOpcode(other)),
+    }
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    let b = bytes.get(at..at.checked_add(4)?)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Parses one BSON document at the start of `bytes`, returning it and its length.
+fn parse_document(bytes: &[u8]) -> Result<(Document, usize), WireError> {
+    let declared = read_u32(bytes, 0).ok_or(WireError::Truncated("document length"))? as usize;
+    if declared < 5 {
+        return Err(WireError::InvalidBson(format!(
+            "document length {declared} is below 5"
+        )));
+    }
+    if declared > MAX_BSON_OBJECT_SIZE as usize + BSON_OBJECT_SIZE_SLACK as usize {
+        return Err(WireError::InvalidBson(format!(
+            "document of {declared} bytes exceeds maxBsonObjectSize"
+        )));
+    }
+    let slice = bytes
+        .get(..declared)
+        .ok_or(WireError::Truncated("document"))?;
+    let raw =
+        bson::RawDocument::from_bytes(slice).map_err(|e| WireError::InvalidBson(e.to_string()))?;
+    let doc = Document::try_from(raw).map_err(|e| WireError::InvalidBson(e.to_string()))?;
+    Ok((doc, declared))
+}
+
+fn read_cstring(bytes: &[u8]) -> Result<(&str, usize), WireError> {
+    let end = bytes
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or_else(|| WireError::Malformed("unterminated sequence identifier".into()))?;
+    let s = std::str::from_utf8(&bytes[..end])
+        .map_err(|_| WireError::Malformed("sequence identifier is not UTF-8".into()))?;
+    Ok((s, end + 1))
+}
+
+/// Decodes the OP_MSG payload (everything after the header).
+pub fn decode_op_msg(header: Header, payload: &[u8]) -> Result<OpMsg, WireError> {
+    let flags = read_u32(payload, 0).ok_or(WireError::Truncated("flagBits"))?;
+    if flags & !KNOWN_FLAGS & 0xFFFF != 0 {
+        return Err(WireError::Malformed(format!(
+            "unknown required flag bits in {flags:#x}"
+        )));
+    }
+    let mut end = payload.len();
+    if flags & FLAG_CHECKSUM_PRESENT != 0 {
+        // The checksum is accepted without verification: the driver never sends one, and the
+        // sections are validated structurally anyway.
+        end = end
+            .checked_sub(4)
+            .filter(|&e| e >= 4)
+            .ok_or(WireError::Truncated("checksum"))?;
+    }
+    let mut pos = 4;
+    let mut body: Option<Document> = None;
+    let mut sequences: Vec<(String, Vec<bson::Bson>)> = Vec::new();
+    while pos < end {
+        let kind = payload[pos];
+        pos += 1;
+        let section = &payload[pos..end];
+        match kind {
+            0 => {
+                if body.is_some() {
+                    return Err(WireError::Malformed("more than one kind-0 section".into()));
+                }
+                let (doc, len) = parse_document(section)?;
+                body = Some(doc);
+                pos += len;
+            }
+            1 => {
+                let size =
+                    read_u32(section, 0).ok_or(WireError::Truncated("sequence size"))? as usize;
+                if size < 5 || size > section.len() {
+                    return Err(WireError::Malformed(format!(
+                        "document sequence size {size} is out of bounds"
+                    )));
+                }
+                let seq = &section[4..size];
+                let (ident, mut off) = read_cstring(seq)?;
+                if ident.is_empty() {
+                    return Err(WireError::Malformed("empty sequence identifier".into()));
+                }
+                let mut docs = Vec::new();
+                while off < seq.len() {
+                    let (doc, len) = parse_document(&seq[off..])?;
+                    docs.push(bson::Bson::Document(doc));
+                    off += len;
+                }
+                if sequences.iter().any(|(name, _)| name == ident) {
+                    return Err(WireError::Malformed(format!(
+                        "duplicate document sequence '{ident}'"
+                    )));
+                }
+                sequences.push((ident.to_string(), docs));
+                pos += size;
+            }
+            other => {
+                return Err(WireError::Malformed(format!(
+                    "unknown section kind {other}"
+                )))
+            }
+        }
+    }
+    let mut body = body.ok_or_else(|| WireError::Malformed("no kind-0 section".into()))?;
+    for (ident, docs) in sequences {
+        if body.contains_key(&ident) {
+            return Err(WireError::Malformed(format!(
+                "'{ident}' given both in the body and as a document sequence"
+            )));
+        }
+        body.insert(ident, bson::Bson::Array(docs));
+    }
+    if body.is_empty() {
+        return Err(WireError::Malformed("empty command body".into()));
+    }
+    Ok(OpMsg {
+        header,
+        flags,
+        body,
+    })
+}
+
+/// Encodes an OP_MSG with a single kind-0 section.
+pub fn encode_op_msg(
+    request_id: i32,
+    response_to: i32,
+    flags: u32,
+    body: &Document,
+) -> Result<Vec<u8>, WireError> {
+    let mut doc_bytes = Vec::new();
+    body.to_writer(&mut doc_bytes)
+        .map_err(|e| WireError::InvalidBson(e.to_string()))?;
+    let total = HEADER_LEN + 4 + 1 + doc_bytes.len();
+    let message_length = i32::try_from(total).map_err(|_| WireError::BadLength(i32::MAX))?;
+    let header = Header {
+        message_length,
+        request_id,
+        response_to,
+        op_code: OP_MSG,
+    };
+    let mut out = Vec::with_capacity(total);
+    header.write_to(&mut out);
+    out.extend_from_slice(&(flags & !FLAG_CHECKSUM_PRESENT).to_le_bytes());
+    out.push(0);
+    out.extend_from_slice(&doc_bytes);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

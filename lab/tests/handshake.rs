@@ -1,0 +1,122 @@
+//! Handshake, ping, hello replies and client metadata recording.
+
+mod common;
+
+use lab::Topology;
+use mongodb::bson::{doc, Bson};
+
+#[tokio::test]
+async fn handshake_and_ping() {
+    let emu = common::start(Topology::Standalone).await;
+    let (client, _) =
+        common::client_with(&emu.uri(), |o| o.app_name = Some("handshakeTest".into())).await;
+    let r = client
+        .database("admin")
+        .run_command(doc! { "ping": 1 })
+        .await
+        .unwrap();
+    assert_eq!(r.get("ok"), Some(&Bson::Double(1.0)));
+
+    let hello = client
+        .database("admin")
+        .run_command(doc! { "hello": 1 })
+        .await
+        .unwrap();
+    assert_eq!(hello.get_bool("isWritablePrimary"), Ok(true));
+    assert_eq!(hello.get_i32("maxBsonObjectSize"), Ok(16 * 1024 * 1024));
+    assert_eq!(hello.get_i32("maxMessageSizeBytes"), Ok(48_000_000));
+    assert_eq!(hello.get_i32("maxWireVersion"), Ok(25));
+    assert_eq!(hello.get_i32("logicalSessionTimeoutMinutes"), Ok(30));
+    assert!(hello.get_document("topologyVersion").is_ok());
+
+    let legacy = client
+        .database("admin")
+        .run_command(doc! { "isMaster": 1 })
+        .await
+        .unwrap();
+    assert_eq!(legacy.get_bool("ismaster"), Ok(true));
+
+    let bi = client
+        .database("admin")
+        .run_command(doc! { "buildInfo": 1 })
+        .await
+        .unwrap();
+    assert_eq!(bi.get_str("version"), Ok("8.2.0"));
+    assert_eq!(bi.get_array("versionArray").unwrap().len(), 4);
+
+    let md = emu.client_metadata();
+    assert!(!md.is_empty());
+    for m in &md {
+        assert_eq!(m.get_str("backpressure"), Ok("2"), "{m}");
+        let driver = m.get_document("driver").unwrap();
+        assert!(
+            driver
+                .get_str("name")
+                .unwrap()
+                .starts_with("mongo-rust-driver"),
+            "{m}"
+        );
+        assert_eq!(
+            m.get_document("application").unwrap().get_str("name"),
+            Ok("handshakeTest")
+        );
+    }
+    let diag = client
+        .database("admin")
+        .run_command(doc! { "labClientMetadata": 1 })
+        .await
+        .unwrap();
+    assert_eq!(
+        diag.get_array("metadata").unwrap().len(),
+        emu.client_metadata().len()
+    );
+
+    let err = client
+        .database("admin")
+        .run_command(doc! { "frobnicate": 1 })
+        .await
+        .unwrap_err();
+    match *err.kind {
+        mongodb::error::ErrorKind::Command(ref c) => {
+            assert_eq!(c.code, 59);
+            assert_eq!(c.code_name, "CommandNotFound");
+            assert_eq!(c.message, "no such command: 'frobnicate'");
+        }
+        ref other => panic!("unexpected error {other:?}"),
+    }
+    drop(client);
+    emu.shutdown().await;
+}
+
+#[tokio::test]
+async fn parameters_round_trip() {
+    let emu = common::start(common::rs(1)).await;
+    let (client, _) = common::client(&emu.uri()).await;
+    let admin = client.database("admin");
+    let all = admin
+        .run_command(doc! { "getParameter": "*" })
+        .await
+        .unwrap();
+    assert_eq!(all.get_i32("externalClientBaseBackoffMS"), Ok(0));
+    let r = admin
+        .run_command(doc! { "setParameter": 1, "externalClientBaseBackoffMS": 50 })
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("was"), Ok(0));
+    let one = admin
+        .run_command(doc! { "getParameter": 1, "externalClientBaseBackoffMS": 1 })
+        .await
+        .unwrap();
+    assert_eq!(one.get_i32("externalClientBaseBackoffMS"), Ok(50));
+    assert!(admin
+        .run_command(doc! { "setParameter": 1, "externalClientBaseBackoffMS": "x" })
+        .await
+        .is_err());
+    assert!(admin
+        .run_command(doc! { "setParameter": 1, "noSuchParameter": 1 })
+        .await
+        .is_err());
+    let status = admin.run_command(doc! { "serverStatus": 1 }).await.unwrap();
+    assert!(status.get_document("connections").is_ok());
+    emu.shutdown().await;
+}
