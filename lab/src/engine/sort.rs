@@ -70,13 +70,20 @@ impl SortSpec {
 
     /// Stable sort of `docs` (ties keep their natural order).
     pub(crate) fn sort(&self, docs: &mut Vec<Document>) {
+        self.sort_by_doc(docs, |d| d);
+    }
+
+    /// Stable sort of arbitrary items by the document each one stands for.
+    pub(crate) fn sort_by_doc<T>(&self, items: &mut Vec<T>, doc_of: impl Fn(&T) -> &Document) {
         if self.keys.is_empty() {
             return;
         }
-        let mut keyed: Vec<(Vec<Bson>, Document)> =
-            docs.drain(..).map(|d| (self.key_of(&d), d)).collect();
+        let mut keyed: Vec<(Vec<Bson>, T)> = items
+            .drain(..)
+            .map(|t| (self.key_of(doc_of(&t)), t))
+            .collect();
         keyed.sort_by(|(ka, _), (kb, _)| self.compare_keys(ka, kb));
-        docs.extend(keyed.into_iter().map(|(_, d)| d));
+        items.extend(keyed.into_iter().map(|(_, t)| t));
     }
 }
 
