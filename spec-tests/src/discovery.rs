@@ -1,0 +1,190 @@
+//! Finds the JSON suites under a data root laid out like the specifications repository:
+//! `<root>/source/<spec>/tests/**/*.json`. When a spec's `tests/` has a `unified/` directory only
+//! that is used (the other directories hold legacy formats).
+
+use std::path::{Path, PathBuf};
+
+/// A suite to run: a spec directory and, optionally, one directory below its `tests/`.
+#[derive(Debug, Clone, Copy)]
+pub struct Suite {
+    pub spec: &'static str,
+    pub subdir: Option<&'static str>,
+}
+
+/// The unified-format suites this project runs.
+pub const UNIFIED_SUITES: &[Suite] = &[
+    Suite {
+        spec: "client-backpressure",
+        subdir: None,
+    },
+    Suite {
+        spec: "retryable-reads",
+        subdir: None,
+    },
+    Suite {
+        spec: "retryable-writes",
+        subdir: None,
+    },
+    Suite {
+        spec: "transactions",
+        subdir: None,
+    },
+    Suite {
+        spec: "server-discovery-and-monitoring",
+        subdir: None,
+    },
+    Suite {
+        spec: "client-side-operations-timeout",
+        subdir: None,
+    },
+    Suite {
+        spec: "unified-test-format",
+        subdir: Some("valid-pass"),
+    },
+];
+
+/// The URI options suite (its own, non-unified format).
+pub const URI_OPTIONS_SUITE: Suite = Suite {
+    spec: "uri-options",
+    subdir: None,
+};
+
+/// One JSON file of a suite.
+#[derive(Debug, Clone)]
+pub struct SpecFile {
+    /// The spec directory name, e.g. `retryable-reads`.
+    pub spec: String,
+    /// The file name without `.json`.
+    pub stem: String,
+    pub path: PathBuf,
+}
+
+impl SpecFile {
+    /// `<spec>/<file-stem>`: the prefix of every case name from this file.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.spec, self.stem)
+    }
+}
+
+/// Where the data root was found, and how.
+#[derive(Debug, Clone)]
+pub struct DataRoot {
+    pub path: PathBuf,
+    pub origin: &'static str,
+}
+
+/// Resolves the data root: `SPEC_DIR` (relative paths against the current directory), else
+/// `spec-tests/data/`. The root must contain `source/`; otherwise the error says how to get it.
+pub fn data_root() -> Result<DataRoot, String> {
+    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
+    let (path, origin) = match std::env::var_os("SPEC_DIR") {
+        Some(dir) if !dir.is_empty() => {
+            let dir = PathBuf::from(dir);
+            let dir = if dir.is_absolute() {
+                dir
+            } else {
+                std::env::current_dir()
+                    .map_err(|e| format!("cannot resolve SPEC_DIR: {e}"))?
+                    .join(dir)
+            };
+            (dir, "SPEC_DIR")
+        }
+        _ => (default, "the default spec-tests/data/"),
+    };
+    if !path.join("source").is_dir() {
+        return Err(format!(
+            "no spec test data: {} (from {origin}) has no `source/` directory. Set SPEC_DIR to a \
+             checkout of the specifications repository (the directory holding `source/`), or run \
+             `cargo xtask sync-spec <dir>` to copy the suites into spec-tests/data/.",
+            path.display()
+        ));
+    }
+    Ok(DataRoot { path, origin })
+}
+
+/// The JSON files of `suite` under `root`, sorted by path. A suite directory that is missing is
+/// an error: a misspelt or absent suite must not pass by running nothing.
+pub fn suite_files(root: &Path, suite: Suite) -> Result<Vec<SpecFile>, String> {
+    let tests = root.join("source").join(suite.spec).join("tests");
+    let dir = match suite.subdir {
+        Some(sub) => tests.join(sub),
+        None if tests.join("unified").is_dir() => tests.join("unified"),
+        None => tests,
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "suite {}: {} is not a directory",
+            suite.spec,
+            dir.display()
+        ));
+    }
+    let mut paths = Vec::new();
+    collect_json(&dir, &mut paths).map_err(|e| format!("suite {}: {e}", suite.spec))?;
+    paths.sort();
+    if paths.is_empty() {
+        return Err(format!(
+            "suite {}: no JSON files under {}",
+            suite.spec,
+            dir.display()
+        ));
+    }
+    Ok(paths
+        .into_iter()
+        .map(|path| SpecFile {
+            spec: suite.spec.to_string(),
+            stem: path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            path,
+        })
+        .collect())
+}
+
+fn collect_json(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_json(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "json") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn walks_nested_directories_and_prefers_unified() {
+        let root = std::env::temp_dir().join(format!("spec-discovery-{}", std::process::id()));
+        let tests = root.join("source/demo/tests");
+        std::fs::create_dir_all(tests.join("unified/deeper")).unwrap();
+        std::fs::create_dir_all(tests.join("legacy")).unwrap();
+        std::fs::write(tests.join("unified/a.json"), "{}").unwrap();
+        std::fs::write(tests.join("unified/deeper/b.json"), "{}").unwrap();
+        std::fs::write(tests.join("unified/notes.yml"), "").unwrap();
+        std::fs::write(tests.join("legacy/c.json"), "{}").unwrap();
+        let files = suite_files(
+            &root,
+            Suite {
+                spec: "demo",
+                subdir: None,
+            },
+        )
+        .unwrap();
+        let names: Vec<_> = files.iter().map(SpecFile::name).collect();
+        assert_eq!(names, ["demo/a", "demo/b"]);
+        assert!(suite_files(
+            &root,
+            Suite {
+                spec: "absent",
+                subdir: None
+            }
+        )
+        .is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,487 @@
+//! Checking what happened against what a test expects: an operation's result or error, the
+//! events each client saw, and (in the runner) the collections' final contents.
+
+use std::collections::HashMap;
+
+use bson::{doc, Bson, Document};
+
+use crate::entities::{Entity, EntityMap, Observed};
+use crate::matching::{match_root, match_root_document, EntityLookup};
+use crate::mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
+use crate::mongodb::results::{
+    DeleteResult, InsertOneResult, SummaryBulkWriteResult, UpdateResult, VerboseBulkWriteResult,
+};
+use crate::operations::{DriverResult, Produced};
+use crate::schema::{self, EventType, ExpectedError, ExpectedEvent};
+
+fn summary_doc(s: &SummaryBulkWriteResult) -> Document {
+    doc! {
+        "insertedCount": s.inserted_count,
+        "upsertedCount": s.upserted_count,
+        "matchedCount": s.matched_count,
+        "modifiedCount": s.modified_count,
+        "deletedCount": s.deleted_count,
+    }
+}
+
+/// A summary client bulk write result as the unified format writes it: empty per-model maps.
+pub fn summary_bulk_result(s: &SummaryBulkWriteResult) -> Bson {
+    let mut d = summary_doc(s);
+    d.insert("insertResults", Document::new());
+    d.insert("updateResults", Document::new());
+    d.insert("deleteResults", Document::new());
+    Bson::Document(d)
+}
+
+fn indexed<T>(map: &HashMap<usize, T>, f: impl Fn(&T) -> Document) -> Document {
+    let mut keys: Vec<_> = map.keys().copied().collect();
+    keys.sort_unstable();
+    keys.into_iter()
+        .map(|k| (k.to_string(), Bson::Document(f(&map[&k]))))
+        .collect()
+}
+
+/// A verbose client bulk write result as the unified format writes it.
+pub fn verbose_bulk_result(v: &VerboseBulkWriteResult) -> Bson {
+    let mut d = summary_doc(&v.summary);
+    d.insert(
+        "insertResults",
+        indexed(
+            &v.insert_results,
+            |r: &InsertOneResult| doc! {"insertedId": r.inserted_id.clone()},
+        ),
+    );
+    d.insert(
+        "updateResults",
+        indexed(&v.update_results, |r: &UpdateResult| {
+            let mut u = doc! {
+                "matchedCount": r.matched_count as i64,
+                "modifiedCount": r.modified_count as i64,
+            };
+            if let Some(id) = &r.upserted_id {
+                u.insert("upsertedId", id.clone());
+            }
+            u
+        }),
+    );
+    d.insert(
+        "deleteResults",
+        indexed(
+            &v.delete_results,
+            |r: &DeleteResult| doc! {"deletedCount": r.deleted_count as i64},
+        ),
+    );
+    Bson::Document(d)
+}
+
+/// The error and the errors it wraps, outermost first.
+fn chain(error: &DriverError) -> Vec<&DriverError> {
+    let mut out = vec![error];
+    let mut current: &dyn std::error::Error = error;
+    while let Some(next) = current.source() {
+        if let Some(e) = next.downcast_ref::<DriverError>() {
+            out.push(e);
+        }
+        current = next;
+    }
+    out
+}
+
+fn server_side(error: &DriverError) -> bool {
+    chain(error).iter().any(|e| match e.kind.as_ref() {
+        ErrorKind::Command(_) | ErrorKind::Write(_) | ErrorKind::InsertMany(_) => true,
+        ErrorKind::BulkWrite(b) => !b.write_errors.is_empty() || !b.write_concern_errors.is_empty(),
+        _ => false,
+    })
+}
+
+fn code_and_name(error: &DriverError) -> Option<(i32, String)> {
+    chain(error).iter().find_map(|e| match e.kind.as_ref() {
+        ErrorKind::Command(c) => Some((c.code, c.code_name.clone())),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some((w.code, w.code_name.clone())),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => {
+            Some((w.code, w.code_name.clone().unwrap_or_default()))
+        }
+        ErrorKind::InsertMany(i) => i
+            .write_concern_error
+            .as_ref()
+            .map(|w| (w.code, w.code_name.clone()))
+            .or_else(|| {
+                i.write_errors
+                    .as_ref()
+                    .and_then(|w| w.first())
+                    .map(|w| (w.code, w.code_name.clone().unwrap_or_default()))
+            }),
+        ErrorKind::BulkWrite(b) => b
+            .write_concern_errors
+            .first()
+            .map(|w| (w.code, w.code_name.clone()))
+            .or_else(|| {
+                b.write_errors
+                    .values()
+                    .next()
+                    .map(|w| (w.code, w.code_name.clone().unwrap_or_default()))
+            }),
+        _ => None,
+    })
+}
+
+fn is_timeout(error: &DriverError) -> bool {
+    chain(error).iter().any(|e| match e.kind.as_ref() {
+        ErrorKind::Io(io) => io.kind() == std::io::ErrorKind::TimedOut,
+        _ => e.to_string().to_lowercase().contains("timed out"),
+    })
+}
+
+/// Checks an error against `expectError`.
+pub fn check_error(
+    expected: &ExpectedError,
+    error: &DriverError,
+    entities: &EntityMap,
+) -> Result<(), String> {
+    let shown = || format!("(the error was: {error})");
+    if let Some(client) = expected.is_client_error {
+        if client == server_side(error) {
+            return Err(format!(
+                "expected {} error {}",
+                if client {
+                    "a client-side"
+                } else {
+                    "a server-side"
+                },
+                shown()
+            ));
+        }
+    }
+    if let Some(timeout) = expected.is_timeout_error {
+        if timeout != is_timeout(error) {
+            return Err(format!("expected isTimeoutError={timeout} {}", shown()));
+        }
+    }
+    if let Some(text) = &expected.error_contains {
+        if !error
+            .to_string()
+            .to_lowercase()
+            .contains(&text.to_lowercase())
+        {
+            return Err(format!(
+                "expected the error to contain {text:?} {}",
+                shown()
+            ));
+        }
+    }
+    if let Some(code) = expected.error_code {
+        let have = code_and_name(error).map(|(c, _)| c);
+        if have != Some(code) {
+            return Err(format!(
+                "expected error code {code}, found {have:?} {}",
+                shown()
+            ));
+        }
+    }
+    if let Some(name) = &expected.error_code_name {
+        let have = code_and_name(error).map(|(_, n)| n);
+        if have.as_deref() != Some(name.as_str()) {
+            return Err(format!(
+                "expected code name {name}, found {have:?} {}",
+                shown()
+            ));
+        }
+    }
+    let labels: Vec<String> = chain(error)
+        .iter()
+        .flat_map(|e| e.labels().iter().cloned())
+        .collect();
+    for label in expected.error_labels_contain.iter().flatten() {
+        if !labels.contains(label) {
+            return Err(format!(
+                "expected label {label}, labels are {labels:?} {}",
+                shown()
+            ));
+        }
+    }
+    for label in expected.error_labels_omit.iter().flatten() {
+        if labels.contains(label) {
+            return Err(format!(
+                "expected no label {label}, labels are {labels:?} {}",
+                shown()
+            ));
+        }
+    }
+    if let Some(response) = &expected.error_response {
+        let raw = chain(error)
+            .iter()
+            .find_map(|e| e.server_response().cloned())
+            .ok_or_else(|| format!("expected a server response in the error {}", shown()))?;
+        let actual = Document::try_from(raw.as_ref())
+            .map_err(|e| format!("cannot read the error's server response: {e}"))?;
+        match_root_document(response, &actual, entities)
+            .map_err(|m| format!("errorResponse {m}"))?;
+    }
+    let bulk = chain(error).iter().find_map(|e| match e.kind.as_ref() {
+        ErrorKind::BulkWrite(b) => Some(b.clone()),
+        _ => None,
+    });
+    if let Some(partial) = &expected.expect_result {
+        let actual = match bulk.as_ref().and_then(|b| b.partial_result.as_ref()) {
+            Some(crate::mongodb::error::PartialBulkWriteResult::Summary(s)) => {
+                summary_bulk_result(s)
+            }
+            Some(crate::mongodb::error::PartialBulkWriteResult::Verbose(v)) => {
+                verbose_bulk_result(v)
+            }
+            None => Bson::Null,
+        };
+        check_result(partial, &actual, entities).map_err(|m| format!("partial result {m}"))?;
+    }
+    if let Some(write_errors) = &expected.write_errors {
+        let b = bulk
+            .as_ref()
+            .ok_or_else(|| format!("expected write errors {}", shown()))?;
+        for (index, want) in write_errors {
+            let have = index
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| b.write_errors.get(&i))
+                .map(|w| doc! {"code": w.code, "message": w.message.clone()})
+                .ok_or_else(|| format!("no write error at index {index}"))?;
+            match_root(want, &Bson::Document(have), entities)
+                .map_err(|m| format!("writeErrors.{index} {m}"))?;
+        }
+    }
+    if let Some(wces) = &expected.write_concern_errors {
+        let b = bulk
+            .as_ref()
+            .ok_or_else(|| format!("expected write concern errors {}", shown()))?;
+        let have: Vec<Bson> = b
+            .write_concern_errors
+            .iter()
+            .map(|w| Bson::Document(doc! {"code": w.code, "message": w.message.clone()}))
+            .collect();
+        let want = Bson::Array(wces.iter().cloned().map(Bson::Document).collect());
+        match_root(&want, &Bson::Array(have), entities)
+            .map_err(|m| format!("writeConcernErrors {m}"))?;
+    }
+    Ok(())
+}
+
+/// Checks a result against `expectResult` (root-level matching).
+pub fn check_result(
+    expected: &Bson,
+    actual: &Bson,
+    entities: &dyn EntityLookup,
+) -> Result<(), String> {
+    match_root(expected, actual, entities)
+        .map_err(|m| format!("result mismatch {m}; the result was {actual}"))
+}
+
+/// Applies an operation's expectations to its outcome, and stores `saveResultAsEntity`.
+pub fn check_operation(
+    op: &schema::Operation,
+    result: DriverResult,
+    entities: &mut EntityMap,
+) -> Result<(), String> {
+    if op.ignore_result_and_error == Some(true) {
+        return Ok(());
+    }
+    match (result, &op.expect_error) {
+        (Err(error), Some(expected)) => check_error(expected, &error, entities),
+        (Err(error), None) => Err(format!("unexpected error: {error}")),
+        (Ok(produced), Some(expected)) => {
+            let shown = match &produced {
+                Produced::Value(Some(v)) => v.to_string(),
+                Produced::Value(None) => "no value".into(),
+                Produced::Entity(_) => "an entity".into(),
+            };
+            let _ = expected;
+            Err(format!(
+                "expected an error, but the operation succeeded with {shown}"
+            ))
+        }
+        (Ok(Produced::Entity(entity)), None) => {
+            let Some(id) = &op.save_result_as_entity else {
+                return Ok(());
+            };
+            entities.insert(id, entity)
+        }
+        (Ok(Produced::Value(value)), None) => {
+            if let Some(expected) = &op.expect_result {
+                let actual = value.clone().unwrap_or(Bson::Null);
+                check_result(expected, &actual, entities)?;
+            }
+            if let Some(id) = &op.save_result_as_entity {
+                entities.insert(id, Entity::Bson(value.unwrap_or(Bson::Null)))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn same<T: PartialEq + std::fmt::Debug>(
+    field: &str,
+    want: Option<&T>,
+    have: Option<&T>,
+) -> Result<(), String> {
+    match want {
+        Some(w) if Some(w) != have => Err(format!("{field}: expected {w:?}, found {have:?}")),
+        _ => Ok(()),
+    }
+}
+
+/// Whether an observed event matches an expected one.
+pub fn event_matches(
+    expected: &ExpectedEvent,
+    actual: &Observed,
+    entities: &EntityMap,
+) -> Result<(), String> {
+    if expected.name() != actual.name {
+        return Err(format!(
+            "expected {}, found {}",
+            expected.name(),
+            actual.name
+        ));
+    }
+    let ids = |service: Option<bool>, conn: Option<bool>| -> Result<(), String> {
+        same(
+            "hasServiceId",
+            service.as_ref(),
+            Some(&actual.has_service_id),
+        )?;
+        same(
+            "hasServerConnectionId",
+            conn.as_ref(),
+            Some(&actual.has_server_connection_id),
+        )
+    };
+    match expected {
+        ExpectedEvent::CommandStartedEvent(m) => {
+            same(
+                "commandName",
+                m.command_name.as_ref(),
+                actual.command_name.as_ref(),
+            )?;
+            same(
+                "databaseName",
+                m.database_name.as_ref(),
+                actual.database_name.as_ref(),
+            )?;
+            ids(m.has_service_id, m.has_server_connection_id)?;
+            if let Some(command) = &m.command {
+                let have = actual.command.clone().unwrap_or_default();
+                match_root_document(command, &have, entities)
+                    .map_err(|e| format!("command {e}; the command was {have}"))?;
+            }
+        }
+        ExpectedEvent::CommandSucceededEvent(m) => {
+            same(
+                "commandName",
+                m.command_name.as_ref(),
+                actual.command_name.as_ref(),
+            )?;
+            ids(m.has_service_id, m.has_server_connection_id)?;
+            if let Some(reply) = &m.reply {
+                let have = actual.reply.clone().unwrap_or_default();
+                match_root_document(reply, &have, entities)
+                    .map_err(|e| format!("reply {e}; the reply was {have}"))?;
+            }
+        }
+        ExpectedEvent::CommandFailedEvent(m) => {
+            same(
+                "commandName",
+                m.command_name.as_ref(),
+                actual.command_name.as_ref(),
+            )?;
+            ids(m.has_service_id, m.has_server_connection_id)?;
+        }
+        ExpectedEvent::PoolClearedEvent(m) => {
+            same(
+                "hasServiceId",
+                m.has_service_id.as_ref(),
+                Some(&actual.has_service_id),
+            )?;
+            same(
+                "interruptInUseConnections",
+                m.interrupt_in_use_connections.as_ref(),
+                actual.interrupt_in_use_connections.as_ref(),
+            )?;
+        }
+        ExpectedEvent::ConnectionClosedEvent(m)
+        | ExpectedEvent::ConnectionCheckOutFailedEvent(m) => {
+            same("reason", m.reason.as_ref(), actual.reason.as_ref())?;
+        }
+        ExpectedEvent::ServerDescriptionChangedEvent(m)
+        | ExpectedEvent::TopologyDescriptionChangedEvent(m) => {
+            let prev = m
+                .previous_description
+                .as_ref()
+                .and_then(|d| d.kind.as_ref());
+            let new = m.new_description.as_ref().and_then(|d| d.kind.as_ref());
+            same(
+                "previousDescription.type",
+                prev,
+                actual.previous_type.as_ref(),
+            )?;
+            same("newDescription.type", new, actual.new_type.as_ref())?;
+        }
+        ExpectedEvent::ServerHeartbeatStartedEvent(m)
+        | ExpectedEvent::ServerHeartbeatSucceededEvent(m)
+        | ExpectedEvent::ServerHeartbeatFailedEvent(m) => {
+            same("awaited", m.awaited.as_ref(), actual.awaited.as_ref())?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn kind_of(name: &str) -> EventType {
+    if name.starts_with("command") {
+        EventType::Command
+    } else if name.starts_with("pool") || name.starts_with("connection") {
+        EventType::Cmap
+    } else {
+        EventType::Sdam
+    }
+}
+
+/// Checks `expectEvents` for every client listed.
+pub fn check_events(
+    expected: &[schema::ExpectedEventsForClient],
+    entities: &EntityMap,
+) -> Result<(), String> {
+    for group in expected {
+        let client = entities.client(&group.client)?;
+        let kind = group.event_type.unwrap_or_default();
+        let actual: Vec<Observed> = client
+            .observed()
+            .into_iter()
+            .filter(|e| kind_of(e.name) == kind)
+            .collect();
+        let names = || {
+            actual
+                .iter()
+                .map(|e| e.command_name.as_deref().unwrap_or(e.name))
+                .collect::<Vec<_>>()
+        };
+        let extra_ok = group.ignore_extra_events == Some(true);
+        if actual.len() < group.events.len() || (!extra_ok && actual.len() != group.events.len()) {
+            return Err(format!(
+                "client {}: expected {} {:?} events, saw {}: {:?}",
+                group.client,
+                group.events.len(),
+                kind,
+                actual.len(),
+                names()
+            ));
+        }
+        for (i, (want, have)) in group.events.iter().zip(&actual).enumerate() {
+            event_matches(want, have, entities).map_err(|e| {
+                format!(
+                    "client {}: event {i}: {e} (events: {:?})",
+                    group.client,
+                    names()
+                )
+            })?;
+        }
+    }
+    Ok(())
+}

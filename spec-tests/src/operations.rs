@@ -1,0 +1,1687 @@
+//! Operations: the strict check of each operation's arguments (done when a file is loaded), and
+//! their execution against the entity map.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson, Document};
+use futures::future::BoxFuture;
+use futures::{FutureExt, TryStreamExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+
+use crate::entities::{self, ClientEntity, Entity, EntityMap, SessionEntity};
+use crate::expect;
+use crate::mongodb::error::Error as DriverError;
+use crate::mongodb::options::{
+    DeleteManyModel, DeleteOneModel, IndexOptions, InsertOneModel, ReadPreference, ReplaceOneModel,
+    SelectionCriteria, TransactionOptions, UpdateManyModel, UpdateModifications, UpdateOneModel,
+    WriteModel,
+};
+use crate::mongodb::results::{DeleteResult, UpdateResult};
+use crate::mongodb::{Client, ClientSession, Collection, Database, IndexModel, Namespace};
+use crate::schema::{self, EntityDef, ExpectedEvent};
+use crate::skips;
+
+/// Arguments no operation may carry here, and why (checked before anything else).
+const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[
+    ("timeoutMS", "timeoutMS not implemented"),
+    ("timeoutMode", "timeoutMS not implemented"),
+];
+
+/// The arguments each supported operation accepts. Anything else is a load error.
+const ARGUMENTS: &[(&str, &[&str])] = &[
+    // Collection and database operations.
+    (
+        "aggregate",
+        &[
+            "pipeline",
+            "session",
+            "batchSize",
+            "maxTimeMS",
+            "maxAwaitTimeMS",
+            "allowDiskUse",
+            "comment",
+            "let",
+            "collation",
+            "hint",
+            "bypassDocumentValidation",
+        ],
+    ),
+    (
+        "countDocuments",
+        &[
+            "filter",
+            "session",
+            "limit",
+            "skip",
+            "maxTimeMS",
+            "comment",
+            "collation",
+            "hint",
+        ],
+    ),
+    ("estimatedDocumentCount", &["maxTimeMS", "comment"]),
+    (
+        "distinct",
+        &[
+            "fieldName",
+            "filter",
+            "session",
+            "maxTimeMS",
+            "comment",
+            "collation",
+        ],
+    ),
+    (
+        "find",
+        &[
+            "filter",
+            "session",
+            "sort",
+            "limit",
+            "skip",
+            "batchSize",
+            "projection",
+            "maxTimeMS",
+            "comment",
+            "hint",
+            "allowDiskUse",
+            "let",
+            "collation",
+            "min",
+            "max",
+            "returnKey",
+            "showRecordId",
+            "noCursorTimeout",
+            "maxAwaitTimeMS",
+            "cursorType",
+        ],
+    ),
+    (
+        "createFindCursor",
+        &[
+            "filter",
+            "session",
+            "sort",
+            "limit",
+            "skip",
+            "batchSize",
+            "projection",
+            "maxTimeMS",
+            "comment",
+            "maxAwaitTimeMS",
+            "cursorType",
+        ],
+    ),
+    (
+        "findOne",
+        &[
+            "filter",
+            "session",
+            "sort",
+            "skip",
+            "projection",
+            "maxTimeMS",
+            "comment",
+            "hint",
+            "collation",
+        ],
+    ),
+    (
+        "findOneAndDelete",
+        &[
+            "filter",
+            "session",
+            "sort",
+            "projection",
+            "maxTimeMS",
+            "comment",
+            "hint",
+            "let",
+            "collation",
+        ],
+    ),
+    (
+        "findOneAndReplace",
+        &[
+            "filter",
+            "replacement",
+            "session",
+            "sort",
+            "projection",
+            "upsert",
+            "returnDocument",
+            "maxTimeMS",
+            "comment",
+            "hint",
+            "let",
+            "collation",
+            "bypassDocumentValidation",
+        ],
+    ),
+    (
+        "findOneAndUpdate",
+        &[
+            "filter",
+            "update",
+            "session",
+            "sort",
+            "projection",
+            "upsert",
+            "returnDocument",
+            "maxTimeMS",
+            "comment",
+            "hint",
+            "let",
+            "collation",
+            "arrayFilters",
+            "bypassDocumentValidation",
+        ],
+    ),
+    (
+        "insertOne",
+        &["document", "session", "comment", "bypassDocumentValidation"],
+    ),
+    (
+        "insertMany",
+        &[
+            "documents",
+            "session",
+            "ordered",
+            "comment",
+            "bypassDocumentValidation",
+        ],
+    ),
+    (
+        "updateOne",
+        &[
+            "filter",
+            "update",
+            "session",
+            "upsert",
+            "arrayFilters",
+            "hint",
+            "let",
+            "comment",
+            "collation",
+            "sort",
+            "bypassDocumentValidation",
+        ],
+    ),
+    (
+        "updateMany",
+        &[
+            "filter",
+            "update",
+            "session",
+            "upsert",
+            "arrayFilters",
+            "hint",
+            "let",
+            "comment",
+            "collation",
+            "bypassDocumentValidation",
+        ],
+    ),
+    (
+        "replaceOne",
+        &[
+            "filter",
+            "replacement",
+            "session",
+            "upsert",
+            "hint",
+            "let",
+            "comment",
+            "collation",
+            "sort",
+            "bypassDocumentValidation",
+        ],
+    ),
+    (
+        "deleteOne",
+        &["filter", "session", "hint", "let", "comment", "collation"],
+    ),
+    (
+        "deleteMany",
+        &["filter", "session", "hint", "let", "comment", "collation"],
+    ),
+    (
+        "createIndex",
+        &["keys", "name", "unique", "session", "maxTimeMS"],
+    ),
+    ("dropIndex", &["name", "session", "maxTimeMS"]),
+    ("dropIndexes", &["session", "maxTimeMS"]),
+    ("listIndexes", &["session", "batchSize"]),
+    ("listIndexNames", &["session", "batchSize"]),
+    (
+        "createChangeStream",
+        &[
+            "pipeline",
+            "batchSize",
+            "fullDocument",
+            "fullDocumentBeforeChange",
+            "resumeAfter",
+            "startAfter",
+            "startAtOperationTime",
+            "maxAwaitTimeMS",
+            "comment",
+            "showExpandedEvents",
+        ],
+    ),
+    (
+        "runCommand",
+        &["command", "commandName", "session", "readPreference"],
+    ),
+    (
+        "createCollection",
+        &[
+            "collection",
+            "session",
+            "capped",
+            "size",
+            "max",
+            "validator",
+            "expireAfterSeconds",
+            "timeseries",
+            "clusteredIndex",
+            "changeStreamPreAndPostImages",
+            "encryptedFields",
+            "viewOn",
+            "pipeline",
+        ],
+    ),
+    ("dropCollection", &["collection", "session"]),
+    (
+        "listCollections",
+        &["filter", "session", "batchSize", "authorizedCollections"],
+    ),
+    (
+        "listCollectionNames",
+        &["filter", "session", "batchSize", "authorizedCollections"],
+    ),
+    (
+        "listCollectionObjects",
+        &["filter", "session", "batchSize", "authorizedCollections"],
+    ),
+    // Client operations.
+    (
+        "listDatabases",
+        &["filter", "session", "authorizedDatabases", "nameOnly"],
+    ),
+    (
+        "listDatabaseNames",
+        &["filter", "session", "authorizedDatabases"],
+    ),
+    (
+        "listDatabaseObjects",
+        &["filter", "session", "authorizedDatabases"],
+    ),
+    (
+        "clientBulkWrite",
+        &[
+            "models",
+            "session",
+            "ordered",
+            "verboseResults",
+            "bypassDocumentValidation",
+            "comment",
+            "let",
+            "writeConcern",
+        ],
+    ),
+    // Session operations.
+    (
+        "startTransaction",
+        &[
+            "readConcern",
+            "writeConcern",
+            "readPreference",
+            "maxCommitTimeMS",
+        ],
+    ),
+    ("commitTransaction", &[]),
+    ("abortTransaction", &[]),
+    (
+        "withTransaction",
+        &[
+            "callback",
+            "readConcern",
+            "writeConcern",
+            "readPreference",
+            "maxCommitTimeMS",
+        ],
+    ),
+    ("endSession", &[]),
+    // Cursor operations.
+    ("iterateUntilDocumentOrError", &[]),
+    ("iterateOnce", &[]),
+    ("close", &[]),
+    // Test runner operations.
+    ("failPoint", &["client", "failPoint"]),
+    ("targetedFailPoint", &["session", "failPoint"]),
+    ("createEntities", &["entities"]),
+    ("waitForEvent", &["client", "event", "count"]),
+    ("assertEventCount", &["client", "event", "count"]),
+    ("assertSameLsidOnLastTwoCommands", &["client"]),
+    ("assertDifferentLsidOnLastTwoCommands", &["client"]),
+    (
+        "assertCollectionExists",
+        &["databaseName", "collectionName", "session"],
+    ),
+    (
+        "assertCollectionNotExists",
+        &["databaseName", "collectionName", "session"],
+    ),
+    (
+        "assertIndexExists",
+        &["databaseName", "collectionName", "indexName", "session"],
+    ),
+    (
+        "assertIndexNotExists",
+        &["databaseName", "collectionName", "indexName", "session"],
+    ),
+    (
+        "assertNumberConnectionsCheckedOut",
+        &["client", "connections"],
+    ),
+    ("wait", &["ms"]),
+];
+
+/// Checks an operation strictly. `Ok(Some(reason))` means it is valid but cannot run here;
+/// `Err` means the file is wrong (or this runner does not know the operation at all).
+pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, String> {
+    let args = op.arguments.clone().unwrap_or_default();
+    if let Some(reason) = skips::operation(&op.name) {
+        return Ok(Some(format!("{}: {reason}", op.name)));
+    }
+    let Some((_, allowed)) = ARGUMENTS.iter().find(|(n, _)| *n == op.name) else {
+        return Err(format!("{path}.name: unknown operation {:?}", op.name));
+    };
+    for key in args.keys() {
+        if let Some((_, reason)) = SKIPPED_ARGUMENTS.iter().find(|(k, _)| k == key) {
+            return Ok(Some(format!("{}.{key}: {reason}", op.name)));
+        }
+        if !allowed.contains(&key.as_str()) {
+            return Err(format!(
+                "{path}.arguments.{key}: unknown argument for operation {:?}",
+                op.name
+            ));
+        }
+    }
+    match op.name.as_str() {
+        "withTransaction" => {
+            let callback = args
+                .get_array("callback")
+                .map_err(|_| format!("{path}.arguments.callback: must be an array"))?;
+            for (i, item) in callback.iter().enumerate() {
+                let inner_path = format!("{path}.arguments.callback[{i}]");
+                let inner: schema::Operation = from_bson(item.clone(), &inner_path)?;
+                if let Some(reason) = validate(&inner, &inner_path)? {
+                    return Ok(Some(reason));
+                }
+            }
+        }
+        "createEntities" => {
+            let list = args.get("entities").cloned().unwrap_or(Bson::Null);
+            let defs: Vec<EntityDef> = from_bson(list, &format!("{path}.arguments.entities"))?;
+            if let Some(reason) = entities_skip_reason(&defs) {
+                return Ok(Some(reason));
+            }
+        }
+        "waitForEvent" | "assertEventCount" => {
+            let event = args.get("event").cloned().unwrap_or(Bson::Null);
+            let _: ExpectedEvent = from_bson(event, &format!("{path}.arguments.event"))?;
+        }
+        _ => {}
+    }
+    if op.expect_error.is_some() && op.expect_result.is_some() {
+        return Err(format!(
+            "{path}: expectError and expectResult are exclusive"
+        ));
+    }
+    Ok(None)
+}
+
+/// Why entity definitions cannot be created here, if they cannot.
+pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
+    for def in defs {
+        let kind = match def {
+            EntityDef::Bucket(_) => "bucket",
+            EntityDef::Thread(_) => "thread",
+            EntityDef::ClientEncryption(_) => "clientEncryption",
+            EntityDef::Client(c) => {
+                let fields = [
+                    ("observeLogMessages", c.observe_log_messages.is_some()),
+                    ("autoEncryptOpts", c.auto_encrypt_opts.is_some()),
+                    (
+                        "storeEventsAsEntities",
+                        c.store_events_as_entities.is_some(),
+                    ),
+                ];
+                for (field, present) in fields {
+                    if let Some(reason) = skips::client_field(field).filter(|_| present) {
+                        return Some(format!("client.{field}: {reason}"));
+                    }
+                }
+                for key in c.uri_options.iter().flat_map(|o| o.keys()) {
+                    if let Some(reason) = skips::client_uri_option(key) {
+                        return Some(format!("uriOptions.{key}: {reason}"));
+                    }
+                }
+                continue;
+            }
+            EntityDef::Session(s) => {
+                if s.session_options
+                    .as_ref()
+                    .is_some_and(|o| o.default_timeout_ms.is_some())
+                {
+                    return Some("session.defaultTimeoutMS: timeoutMS not implemented".into());
+                }
+                continue;
+            }
+            EntityDef::Database(d) => {
+                if d.database_options
+                    .as_ref()
+                    .is_some_and(|o| o.timeout_ms.is_some())
+                {
+                    return Some("databaseOptions.timeoutMS: timeoutMS not implemented".into());
+                }
+                continue;
+            }
+            EntityDef::Collection(c) => {
+                if c.collection_options
+                    .as_ref()
+                    .is_some_and(|o| o.timeout_ms.is_some())
+                {
+                    return Some("collectionOptions.timeoutMS: timeoutMS not implemented".into());
+                }
+                continue;
+            }
+        };
+        if let Some(reason) = skips::entity(kind) {
+            return Some(format!("{kind} entity: {reason}"));
+        }
+    }
+    None
+}
+
+fn from_bson<T: DeserializeOwned>(value: Bson, path: &str) -> Result<T, String> {
+    serde_path_to_error::deserialize(bson::Deserializer::new(value))
+        .map_err(|e| format!("{path}.{}: {}", e.path(), e.inner()))
+}
+
+/// What an operation produced when it did not fail.
+pub enum Produced {
+    Value(Option<Bson>),
+    Entity(Entity),
+}
+
+/// The driver's verdict on an operation.
+pub type DriverResult = Result<Produced, DriverError>;
+
+/// State shared by the operations of one test.
+pub struct Ctx {
+    pub entities: EntityMap,
+    /// The target's connection string, for new clients.
+    pub uri: String,
+    /// The target is sharded with several routers: clients without `useMultipleMongoses` get one.
+    pub single_host: bool,
+    /// The runner's own client, for assertions and fail points.
+    pub internal: Client,
+    /// Fail points to turn off after the test: the client that set them and their names.
+    pub failpoints: Vec<(Client, String)>,
+    /// Expectation failures found inside a `withTransaction` callback.
+    pub callback_failures: Vec<String>,
+}
+
+/// A session borrowed for one operation.
+enum Sess<'a> {
+    None,
+    Active(&'a mut ClientSession),
+    Owned(OwnedMutexGuard<Option<ClientSession>>),
+}
+
+impl Sess<'_> {
+    fn get(&mut self) -> Result<Option<&mut ClientSession>, String> {
+        match self {
+            Sess::None => Ok(None),
+            Sess::Active(s) => Ok(Some(&mut **s)),
+            Sess::Owned(g) => match g.as_mut() {
+                Some(s) => Ok(Some(s)),
+                None => Err("the session was already ended".into()),
+            },
+        }
+    }
+}
+
+/// Runs an action with the session when there is one.
+macro_rules! run {
+    ($sess:expr, $action:expr) => {
+        match $sess.get()? {
+            Some(s) => $action.session(s).await,
+            None => $action.await,
+        }
+    };
+}
+
+struct Args {
+    doc: Document,
+    op: String,
+}
+
+impl Args {
+    fn take(&mut self, key: &str) -> Option<Bson> {
+        self.doc.remove(key)
+    }
+    fn doc(&mut self, key: &str) -> Result<Document, String> {
+        match self.take(key) {
+            Some(Bson::Document(d)) => Ok(d),
+            Some(other) => Err(format!(
+                "{}: `{key}` must be a document, got {other}",
+                self.op
+            )),
+            None => Err(format!("{}: missing argument `{key}`", self.op)),
+        }
+    }
+    fn opt_doc(&mut self, key: &str) -> Result<Document, String> {
+        if self.doc.contains_key(key) {
+            self.doc(key)
+        } else {
+            Ok(Document::new())
+        }
+    }
+    fn docs(&mut self, key: &str) -> Result<Vec<Document>, String> {
+        match self.take(key) {
+            Some(Bson::Array(items)) => items
+                .into_iter()
+                .map(|b| match b {
+                    Bson::Document(d) => Ok(d),
+                    other => Err(format!(
+                        "{}: `{key}` must hold documents, got {other}",
+                        self.op
+                    )),
+                })
+                .collect(),
+            Some(other) => Err(format!(
+                "{}: `{key}` must be an array, got {other}",
+                self.op
+            )),
+            None => Err(format!("{}: missing argument `{key}`", self.op)),
+        }
+    }
+    fn string(&mut self, key: &str) -> Result<String, String> {
+        match self.take(key) {
+            Some(Bson::String(s)) => Ok(s),
+            Some(other) => Err(format!(
+                "{}: `{key}` must be a string, got {other}",
+                self.op
+            )),
+            None => Err(format!("{}: missing argument `{key}`", self.op)),
+        }
+    }
+    fn int(&mut self, key: &str) -> Result<i64, String> {
+        match self.take(key) {
+            Some(Bson::Int32(i)) => Ok(i.into()),
+            Some(Bson::Int64(i)) => Ok(i),
+            Some(Bson::Double(d)) if d.fract() == 0.0 => Ok(d as i64),
+            Some(other) => Err(format!(
+                "{}: `{key}` must be an integer, got {other}",
+                self.op
+            )),
+            None => Err(format!("{}: missing argument `{key}`", self.op)),
+        }
+    }
+    fn update(&mut self) -> Result<UpdateModifications, String> {
+        match self.take("update") {
+            Some(Bson::Document(d)) => Ok(UpdateModifications::Document(d)),
+            Some(Bson::Array(items)) => Ok(UpdateModifications::Pipeline(
+                items
+                    .into_iter()
+                    .filter_map(|b| match b {
+                        Bson::Document(d) => Some(d),
+                        _ => None,
+                    })
+                    .collect(),
+            )),
+            _ => Err(format!(
+                "{}: `update` must be a document or a pipeline",
+                self.op
+            )),
+        }
+    }
+    /// The remaining arguments as a driver options struct (`None` when there are none).
+    fn options<T: DeserializeOwned>(&mut self) -> Result<Option<T>, String> {
+        if self.doc.is_empty() {
+            return Ok(None);
+        }
+        let rest = std::mem::take(&mut self.doc);
+        bson::from_document(rest.clone())
+            .map(Some)
+            .map_err(|e| format!("{}: options {rest}: {e}", self.op))
+    }
+}
+
+fn count(n: u64) -> Bson {
+    Bson::Int64(n as i64)
+}
+
+fn update_result(r: UpdateResult) -> Bson {
+    let mut d = doc! {
+        "matchedCount": count(r.matched_count),
+        "modifiedCount": count(r.modified_count),
+        "upsertedCount": count(u64::from(r.upserted_id.is_some())),
+    };
+    if let Some(id) = r.upserted_id {
+        d.insert("upsertedId", id);
+    }
+    Bson::Document(d)
+}
+
+fn delete_result(r: DeleteResult) -> Bson {
+    Bson::Document(doc! {"deletedCount": count(r.deleted_count)})
+}
+
+fn to_bson<T: serde::Serialize>(value: &T) -> Result<Bson, String> {
+    bson::to_bson(value).map_err(|e| format!("cannot convert a result to BSON: {e}"))
+}
+
+fn docs_value(docs: Vec<Document>) -> Option<Bson> {
+    Some(Bson::Array(docs.into_iter().map(Bson::Document).collect()))
+}
+
+fn value(v: Option<Bson>) -> Produced {
+    Produced::Value(v)
+}
+
+/// Runs one operation. The outer `Err` is a runner problem (bad entity, bad arguments); the
+/// inner result is the driver's.
+pub fn execute<'a>(
+    ctx: &'a mut Ctx,
+    op: &'a schema::Operation,
+    active: Option<(&'a str, &'a mut ClientSession)>,
+) -> BoxFuture<'a, Result<DriverResult, String>> {
+    async move {
+        let mut args = Args {
+            doc: op.arguments.clone().unwrap_or_default(),
+            op: op.name.clone(),
+        };
+        if op.object == "testRunner" {
+            return test_runner(ctx, &mut args, active).await;
+        }
+        // The session argument, if any.
+        let active_id = active.as_ref().map(|(id, _)| id.to_string());
+        let mut active = active;
+        let mut sess = match args.take("session") {
+            Some(Bson::String(id)) => match active.take() {
+                Some((a, s)) if a == id => Sess::Active(s),
+                _ => {
+                    let entity = ctx.entities.session(&id)?;
+                    Sess::Owned(entity.session.clone().lock_owned().await)
+                }
+            },
+            Some(other) => {
+                return Err(format!(
+                    "{}: `session` must be a name, got {other}",
+                    op.name
+                ))
+            }
+            None => Sess::None,
+        };
+        let object = ctx
+            .entities
+            .get(&op.object)
+            .cloned()
+            .ok_or_else(|| format!("no entity named {:?}", op.object))?;
+        match object {
+            Entity::Collection(coll) => collection_op(ctx, &coll, &mut args, &mut sess).await,
+            Entity::Database(db) => database_op(&db, &mut args, &mut sess).await,
+            Entity::Client(client) => client_op(&client, &mut args, &mut sess).await,
+            Entity::Session(session) => {
+                session_op(ctx, &op.object, &session, &mut args, active_id.as_deref()).await
+            }
+            Entity::Cursor(cursor) => cursor_op(ctx, &op.object, cursor, &args).await,
+            Entity::ChangeStream(stream) => change_stream_op(ctx, &op.object, stream, &args).await,
+            Entity::Bson(_) => Err(format!(
+                "entity {:?} is a BSON value, not an object",
+                op.object
+            )),
+        }
+    }
+    .boxed()
+}
+
+async fn collection_op(
+    _ctx: &mut Ctx,
+    coll: &Collection<Document>,
+    args: &mut Args,
+    sess: &mut Sess<'_>,
+) -> Result<DriverResult, String> {
+    let name = args.op.clone();
+    let result: DriverResult = match name.as_str() {
+        "insertOne" => {
+            let document = args.doc("document")?;
+            let options = args.options()?;
+            run!(sess, coll.insert_one(document).with_options(options))
+                .map(|r| value(Some(Bson::Document(doc! {"insertedId": r.inserted_id}))))
+        }
+        "insertMany" => {
+            let documents = args.docs("documents")?;
+            let options = args.options()?;
+            run!(sess, coll.insert_many(documents).with_options(options)).map(|r| {
+                let mut ids: Vec<_> = r.inserted_ids.into_iter().collect();
+                ids.sort_by_key(|(i, _)| *i);
+                let ids: Document = ids.into_iter().map(|(i, id)| (i.to_string(), id)).collect();
+                value(Some(Bson::Document(doc! {"insertedIds": ids})))
+            })
+        }
+        "updateOne" | "updateMany" => {
+            let filter = args.doc("filter")?;
+            let update = args.update()?;
+            let options = args.options()?;
+            let r = if name == "updateOne" {
+                run!(sess, coll.update_one(filter, update).with_options(options))
+            } else {
+                run!(sess, coll.update_many(filter, update).with_options(options))
+            };
+            r.map(|r| value(Some(update_result(r))))
+        }
+        "replaceOne" => {
+            let filter = args.doc("filter")?;
+            let replacement = args.doc("replacement")?;
+            let options = args.options()?;
+            run!(
+                sess,
+                coll.replace_one(filter, replacement).with_options(options)
+            )
+            .map(|r| value(Some(update_result(r))))
+        }
+        "deleteOne" | "deleteMany" => {
+            let filter = args.doc("filter")?;
+            let options = args.options()?;
+            let r = if name == "deleteOne" {
+                run!(sess, coll.delete_one(filter).with_options(options))
+            } else {
+                run!(sess, coll.delete_many(filter).with_options(options))
+            };
+            r.map(|r| value(Some(delete_result(r))))
+        }
+        "find" | "createFindCursor" => {
+            let filter = args.opt_doc("filter")?;
+            let options = args.options()?;
+            let action = coll.find(filter).with_options(options);
+            match sess.get()? {
+                Some(s) => {
+                    if name == "createFindCursor" {
+                        return Err("createFindCursor with a session is not implemented".into());
+                    }
+                    match action.session(&mut *s).await {
+                        Ok(mut cursor) => cursor
+                            .stream(s)
+                            .try_collect::<Vec<_>>()
+                            .await
+                            .map(|d| value(docs_value(d))),
+                        Err(e) => Err(e),
+                    }
+                }
+                None => match action.await {
+                    Ok(cursor) if name == "createFindCursor" => Ok(Produced::Entity(
+                        Entity::Cursor(Arc::new(AsyncMutex::new(cursor))),
+                    )),
+                    Ok(cursor) => cursor
+                        .try_collect::<Vec<_>>()
+                        .await
+                        .map(|d| value(docs_value(d))),
+                    Err(e) => Err(e),
+                },
+            }
+        }
+        "findOne" => {
+            let filter = args.opt_doc("filter")?;
+            let options = args.options()?;
+            run!(sess, coll.find_one(filter).with_options(options))
+                .map(|d| value(Some(d.map_or(Bson::Null, Bson::Document))))
+        }
+        "findOneAndDelete" => {
+            let filter = args.doc("filter")?;
+            let options = args.options()?;
+            run!(sess, coll.find_one_and_delete(filter).with_options(options))
+                .map(|d| value(Some(d.map_or(Bson::Null, Bson::Document))))
+        }
+        "findOneAndReplace" => {
+            let filter = args.doc("filter")?;
+            let replacement = args.doc("replacement")?;
+            let options = args.options()?;
+            run!(
+                sess,
+                coll.find_one_and_replace(filter, replacement)
+                    .with_options(options)
+            )
+            .map(|d| value(Some(d.map_or(Bson::Null, Bson::Document))))
+        }
+        "findOneAndUpdate" => {
+            let filter = args.doc("filter")?;
+            let update = args.update()?;
+            let options = args.options()?;
+            run!(
+                sess,
+                coll.find_one_and_update(filter, update)
+                    .with_options(options)
+            )
+            .map(|d| value(Some(d.map_or(Bson::Null, Bson::Document))))
+        }
+        "aggregate" => {
+            let pipeline = args.docs("pipeline")?;
+            let options = args.options()?;
+            let action = coll.aggregate(pipeline).with_options(options);
+            match sess.get()? {
+                Some(s) => match action.session(&mut *s).await {
+                    Ok(mut cursor) => cursor
+                        .stream(s)
+                        .try_collect::<Vec<_>>()
+                        .await
+                        .map(|d| value(docs_value(d))),
+                    Err(e) => Err(e),
+                },
+                None => match action.await {
+                    Ok(cursor) => cursor
+                        .try_collect::<Vec<_>>()
+                        .await
+                        .map(|d| value(docs_value(d))),
+                    Err(e) => Err(e),
+                },
+            }
+        }
+        "countDocuments" => {
+            let filter = args.opt_doc("filter")?;
+            let options = args.options()?;
+            run!(sess, coll.count_documents(filter).with_options(options))
+                .map(|n| value(Some(count(n))))
+        }
+        "estimatedDocumentCount" => {
+            let options = args.options()?;
+            coll.estimated_document_count()
+                .with_options(options)
+                .await
+                .map(|n| value(Some(count(n))))
+        }
+        "distinct" => {
+            let field = args.string("fieldName")?;
+            let filter = args.opt_doc("filter")?;
+            let options = args.options()?;
+            run!(sess, coll.distinct(field, filter).with_options(options))
+                .map(|v| value(Some(Bson::Array(v))))
+        }
+        "createIndex" => {
+            let keys = args.doc("keys")?;
+            let options: Option<IndexOptions> = args.options()?;
+            let model = IndexModel::builder().keys(keys).options(options).build();
+            run!(sess, coll.create_index(model)).map(|r| value(Some(Bson::String(r.index_name))))
+        }
+        "dropIndex" => {
+            let index = args.string("name")?;
+            let options = args.options()?;
+            run!(sess, coll.drop_index(index).with_options(options)).map(|()| value(None))
+        }
+        "dropIndexes" => {
+            let options = args.options()?;
+            run!(sess, coll.drop_indexes().with_options(options)).map(|()| value(None))
+        }
+        "listIndexes" | "listIndexNames" => {
+            let options = args.options()?;
+            if name == "listIndexNames" {
+                run!(sess, coll.list_index_names().with_options(options)).map(|names| {
+                    value(Some(Bson::Array(
+                        names.into_iter().map(Bson::String).collect(),
+                    )))
+                })
+            } else {
+                match sess.get()? {
+                    Some(s) => match coll
+                        .list_indexes()
+                        .with_options(options)
+                        .session(&mut *s)
+                        .await
+                    {
+                        Ok(mut cursor) => cursor.stream(s).try_collect::<Vec<_>>().await,
+                        Err(e) => Err(e),
+                    },
+                    None => match coll.list_indexes().with_options(options).await {
+                        Ok(cursor) => cursor.try_collect::<Vec<_>>().await,
+                        Err(e) => Err(e),
+                    },
+                }
+                .map(|models| {
+                    let docs = models
+                        .iter()
+                        .filter_map(|m| bson::to_document(m).ok())
+                        .collect();
+                    value(docs_value(docs))
+                })
+            }
+        }
+        "createChangeStream" => {
+            let pipeline = args.docs("pipeline").unwrap_or_default();
+            let options = args.options()?;
+            coll.watch()
+                .pipeline(pipeline)
+                .with_options(options)
+                .await
+                .map(|cs| Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(cs)))))
+        }
+        other => {
+            return Err(format!(
+                "operation {other} is not supported on a collection"
+            ))
+        }
+    };
+    Ok(result)
+}
+
+async fn database_op(
+    db: &Database,
+    args: &mut Args,
+    sess: &mut Sess<'_>,
+) -> Result<DriverResult, String> {
+    let name = args.op.clone();
+    let result: DriverResult = match name.as_str() {
+        "runCommand" => {
+            let command = args.doc("command")?;
+            args.take("commandName");
+            let read_preference = match args.take("readPreference") {
+                Some(rp) => Some(read_preference_from(rp)?),
+                None => None,
+            };
+            let action = db.run_command(command);
+            let action = match read_preference {
+                Some(rp) => action.selection_criteria(SelectionCriteria::ReadPreference(rp)),
+                None => action,
+            };
+            run!(sess, action).map(|d| value(Some(Bson::Document(d))))
+        }
+        "createCollection" => {
+            let collection = args.string("collection")?;
+            let options = args.options()?;
+            run!(sess, db.create_collection(collection).with_options(options)).map(|()| value(None))
+        }
+        "dropCollection" => {
+            let collection = args.string("collection")?;
+            run!(sess, db.collection::<Document>(&collection).drop()).map(|()| value(None))
+        }
+        "listCollections" | "listCollectionObjects" => {
+            let filter = args.opt_doc("filter")?;
+            let options = args.options()?;
+            let action = db.list_collections().filter(filter).with_options(options);
+            match sess.get()? {
+                Some(s) => match action.session(&mut *s).await {
+                    Ok(mut cursor) => cursor.stream(s).try_collect::<Vec<_>>().await,
+                    Err(e) => Err(e),
+                },
+                None => match action.await {
+                    Ok(cursor) => cursor.try_collect::<Vec<_>>().await,
+                    Err(e) => Err(e),
+                },
+            }
+            .map(|specs| {
+                let docs = specs
+                    .iter()
+                    .filter_map(|s| bson::to_document(s).ok())
+                    .collect();
+                value(docs_value(docs))
+            })
+        }
+        "listCollectionNames" => {
+            let filter = args.opt_doc("filter")?;
+            let options = args.options()?;
+            run!(
+                sess,
+                db.list_collection_names()
+                    .filter(filter)
+                    .with_options(options)
+            )
+            .map(|names| {
+                value(Some(Bson::Array(
+                    names.into_iter().map(Bson::String).collect(),
+                )))
+            })
+        }
+        "aggregate" => {
+            let pipeline = args.docs("pipeline")?;
+            let options = args.options()?;
+            let action = db.aggregate(pipeline).with_options(options);
+            match sess.get()? {
+                Some(s) => match action.session(&mut *s).await {
+                    Ok(mut cursor) => cursor
+                        .stream(s)
+                        .try_collect::<Vec<_>>()
+                        .await
+                        .map(|d| value(docs_value(d))),
+                    Err(e) => Err(e),
+                },
+                None => match action.await {
+                    Ok(cursor) => cursor
+                        .try_collect::<Vec<_>>()
+                        .await
+                        .map(|d| value(docs_value(d))),
+                    Err(e) => Err(e),
+                },
+            }
+        }
+        "createChangeStream" => {
+            let pipeline = args.docs("pipeline").unwrap_or_default();
+            let options = args.options()?;
+            db.watch()
+                .pipeline(pipeline)
+                .with_options(options)
+                .await
+                .map(|cs| Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(cs)))))
+        }
+        other => return Err(format!("operation {other} is not supported on a database")),
+    };
+    Ok(result)
+}
+
+fn read_preference_from(value: Bson) -> Result<ReadPreference, String> {
+    let mode = match &value {
+        Bson::Document(d) => d.get_str("mode").unwrap_or("primary").to_string(),
+        other => return Err(format!("readPreference must be a document, got {other}")),
+    };
+    Ok(match mode.as_str() {
+        "primary" => ReadPreference::Primary,
+        "primaryPreferred" => ReadPreference::PrimaryPreferred { options: None },
+        "secondary" => ReadPreference::Secondary { options: None },
+        "secondaryPreferred" => ReadPreference::SecondaryPreferred { options: None },
+        "nearest" => ReadPreference::Nearest { options: None },
+        other => return Err(format!("unknown read preference mode {other}")),
+    })
+}
+
+fn namespace(model: &Document) -> Result<Namespace, String> {
+    let ns = model
+        .get_str("namespace")
+        .map_err(|_| format!("bulk write model without a namespace: {model}"))?;
+    let (db, coll) = ns
+        .split_once('.')
+        .ok_or_else(|| format!("namespace {ns:?} is not db.collection"))?;
+    Ok(Namespace::new(db, coll))
+}
+
+fn write_model(model: &Document) -> Result<WriteModel, String> {
+    let (kind, body) = model
+        .iter()
+        .next()
+        .filter(|_| model.len() == 1)
+        .ok_or_else(|| format!("a bulk write model has exactly one key: {model}"))?;
+    let Bson::Document(body) = body else {
+        return Err(format!("bulk write model {kind} must be a document"));
+    };
+    let mut allowed = vec!["namespace"];
+    let ns = namespace(body)?;
+    let get = |key: &str| -> Result<Document, String> {
+        body.get_document(key)
+            .cloned()
+            .map_err(|_| format!("bulk write model {kind}: missing document `{key}`"))
+    };
+    let upsert = body.get_bool("upsert").ok();
+    let model = match kind.as_str() {
+        "insertOne" => {
+            allowed.push("document");
+            WriteModel::InsertOne(
+                InsertOneModel::builder()
+                    .namespace(ns)
+                    .document(get("document")?)
+                    .build(),
+            )
+        }
+        "updateOne" | "updateMany" => {
+            allowed.extend(["filter", "update", "upsert"]);
+            let update = match body.get("update") {
+                Some(Bson::Document(d)) => UpdateModifications::Document(d.clone()),
+                Some(Bson::Array(a)) => UpdateModifications::Pipeline(
+                    a.iter().filter_map(|b| b.as_document().cloned()).collect(),
+                ),
+                _ => return Err(format!("bulk write model {kind}: bad `update`")),
+            };
+            if kind == "updateOne" {
+                WriteModel::UpdateOne(
+                    UpdateOneModel::builder()
+                        .namespace(ns)
+                        .filter(get("filter")?)
+                        .update(update)
+                        .upsert(upsert)
+                        .build(),
+                )
+            } else {
+                WriteModel::UpdateMany(
+                    UpdateManyModel::builder()
+                        .namespace(ns)
+                        .filter(get("filter")?)
+                        .update(update)
+                        .upsert(upsert)
+                        .build(),
+                )
+            }
+        }
+        "replaceOne" => {
+            allowed.extend(["filter", "replacement", "upsert"]);
+            WriteModel::ReplaceOne(
+                ReplaceOneModel::builder()
+                    .namespace(ns)
+                    .filter(get("filter")?)
+                    .replacement(get("replacement")?)
+                    .upsert(upsert)
+                    .build(),
+            )
+        }
+        "deleteOne" => {
+            allowed.push("filter");
+            WriteModel::DeleteOne(
+                DeleteOneModel::builder()
+                    .namespace(ns)
+                    .filter(get("filter")?)
+                    .build(),
+            )
+        }
+        "deleteMany" => {
+            allowed.push("filter");
+            WriteModel::DeleteMany(
+                DeleteManyModel::builder()
+                    .namespace(ns)
+                    .filter(get("filter")?)
+                    .build(),
+            )
+        }
+        other => return Err(format!("unknown bulk write model {other}")),
+    };
+    if let Some(extra) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(format!(
+            "bulk write model {kind}: unsupported field {extra}"
+        ));
+    }
+    Ok(model)
+}
+
+async fn client_op(
+    client: &ClientEntity,
+    args: &mut Args,
+    sess: &mut Sess<'_>,
+) -> Result<DriverResult, String> {
+    let c = &client.client;
+    let name = args.op.clone();
+    let result: DriverResult = match name.as_str() {
+        "listDatabases" | "listDatabaseObjects" => {
+            let filter = args.opt_doc("filter")?;
+            let options = args.options()?;
+            run!(
+                sess,
+                c.list_databases().filter(filter).with_options(options)
+            )
+            .map(|specs| {
+                let docs = specs
+                    .iter()
+                    .filter_map(|s| bson::to_document(s).ok())
+                    .collect();
+                value(docs_value(docs))
+            })
+        }
+        "listDatabaseNames" => {
+            let filter = args.opt_doc("filter")?;
+            let options = args.options()?;
+            run!(
+                sess,
+                c.list_database_names().filter(filter).with_options(options)
+            )
+            .map(|names| {
+                value(Some(Bson::Array(
+                    names.into_iter().map(Bson::String).collect(),
+                )))
+            })
+        }
+        "clientBulkWrite" => {
+            let models = args
+                .docs("models")?
+                .iter()
+                .map(write_model)
+                .collect::<Result<Vec<_>, _>>()?;
+            let verbose = matches!(args.take("verboseResults"), Some(Bson::Boolean(true)));
+            let ordered = match args.take("ordered") {
+                Some(Bson::Boolean(b)) => Some(b),
+                _ => None,
+            };
+            if let Some(extra) = args.doc.keys().next() {
+                return Err(format!(
+                    "clientBulkWrite: argument {extra} is not implemented"
+                ));
+            }
+            if verbose {
+                let action = c.bulk_write(models).verbose_results();
+                let action = match ordered {
+                    Some(o) => action.ordered(o),
+                    None => action,
+                };
+                run!(sess, action).map(|r| value(Some(expect::verbose_bulk_result(&r))))
+            } else {
+                let action = c.bulk_write(models);
+                let action = match ordered {
+                    Some(o) => action.ordered(o),
+                    None => action,
+                };
+                run!(sess, action).map(|r| value(Some(expect::summary_bulk_result(&r))))
+            }
+        }
+        "createChangeStream" => {
+            let pipeline = args.docs("pipeline").unwrap_or_default();
+            let options = args.options()?;
+            c.watch()
+                .pipeline(pipeline)
+                .with_options(options)
+                .await
+                .map(|cs| Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(cs)))))
+        }
+        other => return Err(format!("operation {other} is not supported on a client")),
+    };
+    Ok(result)
+}
+
+async fn session_op(
+    ctx: &mut Ctx,
+    id: &str,
+    session: &SessionEntity,
+    args: &mut Args,
+    active: Option<&str>,
+) -> Result<DriverResult, String> {
+    if active == Some(id) {
+        return Err(format!(
+            "{}: not allowed inside withTransaction on the same session",
+            args.op
+        ));
+    }
+    let mut guard = session.session.clone().lock_owned().await;
+    if args.op == "endSession" {
+        guard.take();
+        return Ok(Ok(value(None)));
+    }
+    let Some(s) = guard.as_mut() else {
+        return Err(format!("{}: session {id:?} was already ended", args.op));
+    };
+    let name = args.op.clone();
+    let result: DriverResult = match name.as_str() {
+        "startTransaction" => {
+            let options: Option<TransactionOptions> = args.options()?;
+            s.start_transaction()
+                .with_options(options)
+                .await
+                .map(|()| value(None))
+        }
+        "commitTransaction" => s.commit_transaction().await.map(|()| value(None)),
+        "abortTransaction" => s.abort_transaction().await.map(|()| value(None)),
+        "withTransaction" => {
+            let callback: Vec<schema::Operation> = match args.take("callback") {
+                Some(b) => from_bson(b, "withTransaction.callback")?,
+                None => return Err("withTransaction: missing callback".into()),
+            };
+            let options: Option<TransactionOptions> = args.options()?;
+            let ctx_ref: &mut Ctx = ctx;
+            let id = id.to_string();
+            let state = (ctx_ref, callback, id);
+            s.start_transaction()
+                .with_options(options)
+                .and_run(state, |session, state| {
+                    async move {
+                        let (ctx, callback, id) = state;
+                        for op in callback.iter() {
+                            let outcome =
+                                execute(ctx, op, Some((id.as_str(), &mut *session))).await;
+                            match outcome {
+                                Err(runner) => {
+                                    ctx.callback_failures.push(runner.clone());
+                                    return Err(DriverError::custom(runner));
+                                }
+                                Ok(result) => {
+                                    let error = match &result {
+                                        Err(e) => Some(e.clone()),
+                                        Ok(_) => None,
+                                    };
+                                    if let Err(f) =
+                                        expect::check_operation(op, result, &mut ctx.entities)
+                                    {
+                                        ctx.callback_failures.push(f.clone());
+                                        return Err(error.unwrap_or_else(|| DriverError::custom(f)));
+                                    }
+                                    if let Some(e) = error {
+                                        return Err(e);
+                                    }
+                                }
+                            }
+                        }
+                        Ok(())
+                    }
+                    .boxed()
+                })
+                .await
+                .map(|()| value(None))
+        }
+        other => return Err(format!("operation {other} is not supported on a session")),
+    };
+    Ok(result)
+}
+
+async fn cursor_op(
+    ctx: &mut Ctx,
+    id: &str,
+    cursor: Arc<AsyncMutex<crate::mongodb::Cursor<Document>>>,
+    args: &Args,
+) -> Result<DriverResult, String> {
+    match args.op.as_str() {
+        "iterateUntilDocumentOrError" => {
+            let mut c = cursor.lock().await;
+            match c.try_next().await {
+                Ok(Some(d)) => Ok(Ok(value(Some(Bson::Document(d))))),
+                Ok(None) => Err(format!("cursor {id:?} is exhausted")),
+                Err(e) => Ok(Err(e)),
+            }
+        }
+        "iterateOnce" => {
+            let mut c = cursor.lock().await;
+            Ok(c.advance().await.map(|_| value(None)))
+        }
+        "close" => {
+            ctx.entities.remove(id);
+            drop(cursor);
+            Ok(Ok(value(None)))
+        }
+        other => Err(format!("operation {other} is not supported on a cursor")),
+    }
+}
+
+async fn change_stream_op(
+    ctx: &mut Ctx,
+    id: &str,
+    stream: Arc<
+        AsyncMutex<
+            crate::mongodb::change_stream::ChangeStream<
+                crate::mongodb::change_stream::event::ChangeStreamEvent<Document>,
+            >,
+        >,
+    >,
+    args: &Args,
+) -> Result<DriverResult, String> {
+    match args.op.as_str() {
+        "iterateUntilDocumentOrError" => {
+            let mut cs = stream.lock().await;
+            match cs.try_next().await {
+                Ok(Some(event)) => Ok(Ok(value(Some(to_bson(&event)?)))),
+                Ok(None) => Err(format!("change stream {id:?} ended")),
+                Err(e) => Ok(Err(e)),
+            }
+        }
+        "iterateOnce" => {
+            let mut cs = stream.lock().await;
+            Ok(cs.next_if_any().await.map(|_| value(None)))
+        }
+        "close" => {
+            ctx.entities.remove(id);
+            Ok(Ok(value(None)))
+        }
+        other => Err(format!(
+            "operation {other} is not supported on a change stream"
+        )),
+    }
+}
+
+async fn configure_fail_point(
+    ctx: &mut Ctx,
+    client: Client,
+    command: Document,
+) -> Result<DriverResult, String> {
+    let name = command
+        .get_str("configureFailPoint")
+        .map_err(|_| format!("failPoint must be a configureFailPoint command: {command}"))?
+        .to_string();
+    match client.database("admin").run_command(command).await {
+        Ok(_) => {
+            ctx.failpoints.push((client, name));
+            Ok(Ok(value(None)))
+        }
+        Err(e) => Err(format!("configureFailPoint {name} failed: {e}")),
+    }
+}
+
+async fn test_runner(
+    ctx: &mut Ctx,
+    args: &mut Args,
+    active: Option<(&str, &mut ClientSession)>,
+) -> Result<DriverResult, String> {
+    let name = args.op.clone();
+    let ok = || Ok(Ok(value(None)));
+    match name.as_str() {
+        "failPoint" => {
+            let client = ctx.entities.client(&args.string("client")?)?.client;
+            let command = args.doc("failPoint")?;
+            configure_fail_point(ctx, client, command).await
+        }
+        "targetedFailPoint" => {
+            let id = args.string("session")?;
+            let command = args.doc("failPoint")?;
+            if !ctx.single_host {
+                let entity = ctx.entities.session(&id)?;
+                let client = ctx.entities.client(&entity.client)?.client;
+                configure_fail_point(ctx, client, command).await
+            } else {
+                Err(
+                    "targetedFailPoint on several mongoses needs the session's pinned server, \
+                     which the Rust driver does not expose"
+                        .into(),
+                )
+            }
+        }
+        "createEntities" => {
+            let list = args.take("entities").unwrap_or(Bson::Null);
+            let defs: Vec<EntityDef> = from_bson(list, "createEntities.entities")?;
+            create_entities(ctx, &defs).await?;
+            ok()
+        }
+        "waitForEvent" | "assertEventCount" => {
+            let client = ctx.entities.client(&args.string("client")?)?;
+            let event: ExpectedEvent =
+                from_bson(args.take("event").unwrap_or(Bson::Null), "event")?;
+            let wanted = args.int("count")? as usize;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let seen = client
+                    .log
+                    .snapshot()
+                    .iter()
+                    .filter(|e| expect::event_matches(&event, e, &ctx.entities).is_ok())
+                    .count();
+                if name == "assertEventCount" {
+                    return if seen == wanted {
+                        ok()
+                    } else {
+                        Err(format!(
+                            "expected {wanted} {} events, saw {seen}",
+                            event.name()
+                        ))
+                    };
+                }
+                if seen >= wanted {
+                    return ok();
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "waitForEvent: saw {seen} of {wanted} {} events in 10 s",
+                        event.name()
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        "assertSameLsidOnLastTwoCommands" | "assertDifferentLsidOnLastTwoCommands" => {
+            let client = ctx.entities.client(&args.string("client")?)?;
+            let started: Vec<_> = client
+                .observed()
+                .into_iter()
+                .filter(|e| e.name == "commandStartedEvent")
+                .collect();
+            let [.., a, b] = started.as_slice() else {
+                return Err(format!("{name}: fewer than two commandStartedEvents"));
+            };
+            let lsid =
+                |e: &entities::Observed| e.command.as_ref().and_then(|c| c.get("lsid").cloned());
+            let same = lsid(a).is_some() && lsid(a) == lsid(b);
+            if same == (name == "assertSameLsidOnLastTwoCommands") {
+                ok()
+            } else {
+                Err(format!(
+                    "{name}: lsids were {:?} and {:?}",
+                    lsid(a),
+                    lsid(b)
+                ))
+            }
+        }
+        "assertCollectionExists" | "assertCollectionNotExists" => {
+            let db = args.string("databaseName")?;
+            let coll = args.string("collectionName")?;
+            let names = ctx
+                .internal
+                .database(&db)
+                .list_collection_names()
+                .await
+                .map_err(|e| format!("{name}: listCollections failed: {e}"))?;
+            if names.contains(&coll) == (name == "assertCollectionExists") {
+                ok()
+            } else {
+                Err(format!("{name}: {db}.{coll}; collections are {names:?}"))
+            }
+        }
+        "assertIndexExists" | "assertIndexNotExists" => {
+            let db = args.string("databaseName")?;
+            let coll = args.string("collectionName")?;
+            let index = args.string("indexName")?;
+            let names = ctx
+                .internal
+                .database(&db)
+                .collection::<Document>(&coll)
+                .list_index_names()
+                .await
+                .unwrap_or_default();
+            if names.contains(&index) == (name == "assertIndexExists") {
+                ok()
+            } else {
+                Err(format!(
+                    "{name}: {index} on {db}.{coll}; indexes are {names:?}"
+                ))
+            }
+        }
+        "assertNumberConnectionsCheckedOut" => {
+            let client = ctx.entities.client(&args.string("client")?)?;
+            let wanted = args.int("connections")?;
+            let have = client.connections_checked_out();
+            if have == wanted {
+                ok()
+            } else {
+                Err(format!(
+                    "expected {wanted} connections checked out, found {have}"
+                ))
+            }
+        }
+        "wait" => {
+            let ms = args.int("ms")?;
+            tokio::time::sleep(Duration::from_millis(ms.max(0) as u64)).await;
+            ok()
+        }
+        other => {
+            let _ = active;
+            Err(format!("test runner operation {other} is not supported"))
+        }
+    }
+}
+
+/// Creates entities in order, each able to refer to the ones before it.
+pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), String> {
+    if let Some(reason) = entities_skip_reason(defs) {
+        return Err(reason);
+    }
+    for def in defs {
+        let entity = match def {
+            EntityDef::Client(c) => {
+                Entity::Client(entities::create_client(c, &ctx.uri, ctx.single_host).await?)
+            }
+            EntityDef::Database(d) => {
+                let client = ctx.entities.client(&d.client)?;
+                let options = d.database_options.clone().unwrap_or_default();
+                let mut db_options = crate::mongodb::options::DatabaseOptions::default();
+                db_options.read_concern = options
+                    .read_concern
+                    .map(bson::from_document)
+                    .transpose()
+                    .map_err(|e| e.to_string())?;
+                db_options.write_concern = options
+                    .write_concern
+                    .map(bson::from_document)
+                    .transpose()
+                    .map_err(|e| e.to_string())?;
+                if let Some(rp) = options.read_preference {
+                    db_options.selection_criteria = Some(SelectionCriteria::ReadPreference(
+                        read_preference_from(Bson::Document(rp))?,
+                    ));
+                }
+                Entity::Database(
+                    client
+                        .client
+                        .database_with_options(&d.database_name, db_options),
+                )
+            }
+            EntityDef::Collection(c) => {
+                let db = ctx.entities.database(&c.database)?;
+                let options = c.collection_options.clone().unwrap_or_default();
+                let mut coll_options = crate::mongodb::options::CollectionOptions::default();
+                coll_options.read_concern = options
+                    .read_concern
+                    .map(bson::from_document)
+                    .transpose()
+                    .map_err(|e| e.to_string())?;
+                coll_options.write_concern = options
+                    .write_concern
+                    .map(bson::from_document)
+                    .transpose()
+                    .map_err(|e| e.to_string())?;
+                if let Some(rp) = options.read_preference {
+                    coll_options.selection_criteria = Some(SelectionCriteria::ReadPreference(
+                        read_preference_from(Bson::Document(rp))?,
+                    ));
+                }
+                Entity::Collection(db.collection_with_options(&c.collection_name, coll_options))
+            }
+            EntityDef::Session(s) => {
+                let client = ctx.entities.client(&s.client)?;
+                let mut options = crate::mongodb::options::SessionOptions::default();
+                if let Some(o) = &s.session_options {
+                    options.causal_consistency = o.causal_consistency;
+                    options.snapshot = o.snapshot;
+                    options.default_transaction_options = o
+                        .default_transaction_options
+                        .clone()
+                        .map(bson::from_document)
+                        .transpose()
+                        .map_err(|e| format!("session {}: defaultTransactionOptions: {e}", s.id))?;
+                }
+                let session = client
+                    .client
+                    .start_session()
+                    .with_options(options)
+                    .await
+                    .map_err(|e| format!("session {}: cannot start: {e}", s.id))?;
+                Entity::Session(SessionEntity {
+                    lsid: session.id().clone(),
+                    session: Arc::new(AsyncMutex::new(Some(session))),
+                    client: s.client.clone(),
+                })
+            }
+            other => return Err(format!("entity {:?} cannot be created", other.id())),
+        };
+        ctx.entities.insert(def.id(), entity)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! Every reason a case is skipped, in one place. `docs/spec-tests.md` lists the same table; keep
+//! the two in step.
+
+/// Whole specs (by directory name) whose cases are all skipped.
+pub const SKIPPED_SPECS: &[(&str, &str)] = &[(
+    "client-side-operations-timeout",
+    "timeoutMS not implemented",
+)];
+
+/// Operations (by `name`, any object) the runner cannot execute, and why.
+pub const UNSUPPORTED_OPERATIONS: &[(&str, &str)] = &[
+    ("bulkWrite", "collection-level bulkWrite has no Rust API"),
+    ("count", "the Rust driver has no deprecated count helper"),
+    ("mapReduce", "the Rust driver has no mapReduce helper"),
+    ("rename", "runner does not implement rename"),
+    (
+        "download",
+        "GridFS bucket entities are not implemented by the runner",
+    ),
+    (
+        "downloadByName",
+        "GridFS bucket entities are not implemented by the runner",
+    ),
+    (
+        "upload",
+        "GridFS bucket entities are not implemented by the runner",
+    ),
+    (
+        "delete",
+        "GridFS bucket entities are not implemented by the runner",
+    ),
+    (
+        "drop",
+        "GridFS bucket entities are not implemented by the runner",
+    ),
+    (
+        "createCommandCursor",
+        "runner does not implement createCommandCursor",
+    ),
+    (
+        "runCursorCommand",
+        "runner does not implement runCursorCommand",
+    ),
+    ("runOnThread", "runner does not implement thread entities"),
+    ("waitForThread", "runner does not implement thread entities"),
+    (
+        "assertSessionTransactionState",
+        "the Rust driver does not expose a session's transaction state",
+    ),
+    (
+        "assertSessionPinned",
+        "the Rust driver does not expose session pinning",
+    ),
+    (
+        "assertSessionUnpinned",
+        "the Rust driver does not expose session pinning",
+    ),
+    (
+        "assertSessionDirty",
+        "the Rust driver does not expose a session's dirty flag",
+    ),
+    (
+        "assertSessionNotDirty",
+        "the Rust driver does not expose a session's dirty flag",
+    ),
+];
+
+/// Entity types the runner does not create.
+pub const UNSUPPORTED_ENTITIES: &[(&str, &str)] = &[
+    (
+        "bucket",
+        "GridFS bucket entities are not implemented by the runner",
+    ),
+    ("thread", "runner does not implement thread entities"),
+    (
+        "clientEncryption",
+        "client-side encryption is not enabled in this build",
+    ),
+];
+
+/// Client `uriOptions` the Rust driver has no setting for.
+pub const UNSUPPORTED_CLIENT_URI_OPTIONS: &[(&str, &str)] = &[
+    ("timeoutMS", "timeoutMS not implemented"),
+    ("socketTimeoutMS", "the Rust driver has no socketTimeoutMS"),
+    (
+        "waitQueueTimeoutMS",
+        "the Rust driver has no waitQueueTimeoutMS",
+    ),
+];
+
+/// Client entity fields the runner does not implement.
+pub const UNSUPPORTED_CLIENT_FIELDS: &[(&str, &str)] = &[
+    (
+        "observeLogMessages",
+        "log message assertions are not implemented by the runner",
+    ),
+    (
+        "autoEncryptOpts",
+        "client-side encryption is not enabled in this build",
+    ),
+    (
+        "storeEventsAsEntities",
+        "runner does not implement storeEventsAsEntities",
+    ),
+];
+
+/// URI options (uri-options suite) with no field in the Rust `ClientOptions`, or a build feature
+/// this crate does not enable.
+pub const URI_OPTIONS_WITHOUT_FIELD: &[(&str, &str)] = &[
+    ("timeoutMS", "timeoutMS not implemented"),
+    ("socketTimeoutMS", "the Rust driver has no socketTimeoutMS"),
+    (
+        "serverSelectionTryOnce",
+        "the Rust driver has no serverSelectionTryOnce",
+    ),
+    (
+        "tlsInsecure",
+        "the Rust driver exposes no tlsInsecure field",
+    ),
+    (
+        "tlsAllowInvalidHostnames",
+        "the Rust driver has this field only with the openssl-tls feature",
+    ),
+    (
+        "tlsCertificateKeyFilePassword",
+        "the Rust driver exposes no tlsCertificateKeyFilePassword field",
+    ),
+    (
+        "tlsDisableCertificateRevocationCheck",
+        "the Rust driver has no certificate revocation settings",
+    ),
+    (
+        "tlsDisableOCSPEndpointCheck",
+        "the Rust driver has no OCSP settings",
+    ),
+    (
+        "compressors",
+        "compression features are not enabled in this build",
+    ),
+    (
+        "zlibCompressionLevel",
+        "compression features are not enabled in this build",
+    ),
+];
+
+/// Connection-string fragments (matched case-insensitively) that need a driver feature this
+/// crate does not enable.
+pub const URI_FEATURES: &[(&str, &str)] = &[
+    (
+        "proxyhost=",
+        "SOCKS5 proxy options need the driver's socks5-proxy feature (not enabled)",
+    ),
+    (
+        "authmechanism=gssapi",
+        "GSSAPI needs the driver's gssapi-auth feature (not enabled)",
+    ),
+];
+
+/// SRV URIs need a DNS lookup, which the test machines cannot do.
+pub const URI_SRV_NEEDS_DNS: &str = "mongodb+srv URIs need DNS SRV lookups (no network in tests)";
+
+/// Used while no emulator is available and `MONGODB_URI` is unset.
+pub const NO_TARGET: &str = "no server: lab::Emulator has not landed and MONGODB_URI is unset";
+
+/// Cases (`<spec>/<file-stem>/<description>`, or a `<spec>/<file-stem>` prefix) that are known to
+/// fail, with the reason. They are reported as ignored, never as passed.
+pub const KNOWN_FAILURES: &[(&str, &str)] = &[(
+    "uri-options/connection-pool-options/maxPoolSize=0 does not error",
+    "the Rust driver rejects maxPoolSize=0 (upstream 3.9.1 behaviour; the spec reads it as \
+     no limit)",
+)];
+
+fn lookup(table: &'static [(&'static str, &'static str)], key: &str) -> Option<&'static str> {
+    table.iter().find(|(k, _)| *k == key).map(|(_, r)| *r)
+}
+
+pub fn spec(spec: &str) -> Option<&'static str> {
+    lookup(SKIPPED_SPECS, spec)
+}
+
+pub fn operation(name: &str) -> Option<&'static str> {
+    lookup(UNSUPPORTED_OPERATIONS, name)
+}
+
+pub fn entity(kind: &str) -> Option<&'static str> {
+    lookup(UNSUPPORTED_ENTITIES, kind)
+}
+
+pub fn client_uri_option(key: &str) -> Option<&'static str> {
+    UNSUPPORTED_CLIENT_URI_OPTIONS
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(key))
+        .map(|(_, r)| *r)
+}
+
+pub fn client_field(field: &str) -> Option<&'static str> {
+    lookup(UNSUPPORTED_CLIENT_FIELDS, field)
+}
+
+pub fn uri_option_without_field(key: &str) -> Option<&'static str> {
+    URI_OPTIONS_WITHOUT_FIELD
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(key))
+        .map(|(_, r)| *r)
+}
+
+/// The feature a connection string needs and this build lacks, if any.
+pub fn uri_feature(uri: &str) -> Option<&'static str> {
+    let lower = uri.to_ascii_lowercase();
+    URI_FEATURES
+        .iter()
+        .find(|(needle, _)| lower.contains(needle))
+        .map(|(_, r)| *r)
+}
+
+/// The known-failure reason for a case name, matching whole names or `<spec>/<stem>` prefixes.
+pub fn known_failure(case_name: &str) -> Option<&'static str> {
+    KNOWN_FAILURES
+        .iter()
+        .find(|(k, _)| {
+            case_name == *k
+                || case_name
+                    .strip_prefix(k)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
+        .map(|(_, r)| *r)
+}

@@ -1,0 +1,200 @@
+//! The spec test harness: one trial per case, named `<spec>/<file-stem>/<description>`, so a case
+//! can be listed (`--list`), filtered and rerun alone. Skipped cases are reported as ignored with
+//! their reason; a failure message starts with the test's description. After the run, one line
+//! per file gives its counts and skip reasons.
+//!
+//! Data: `SPEC_DIR` (a checkout root holding `source/`), else `spec-tests/data/`. Without data
+//! the run fails. Target: a fresh emulator per case, or `MONGODB_URI`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+use spec_tests::discovery::{self, SpecFile};
+use spec_tests::runner::{self, LoadedFile};
+use spec_tests::target::{self, Mode};
+use spec_tests::uri_options;
+
+#[derive(Default)]
+struct FileTally {
+    passed: usize,
+    failed: usize,
+    skipped: BTreeMap<String, usize>,
+}
+
+type Tallies = Arc<Mutex<BTreeMap<String, FileTally>>>;
+
+fn record(tallies: &Tallies, file: &str, outcome: Result<(), Option<&str>>) {
+    if let Ok(mut t) = tallies.lock() {
+        let tally = t.entry(file.to_string()).or_default();
+        match outcome {
+            Ok(()) => tally.passed += 1,
+            Err(None) => tally.failed += 1,
+            Err(Some(reason)) => *tally.skipped.entry(reason.to_string()).or_insert(0) += 1,
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failed> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Failed::from(format!("cannot build a tokio runtime: {e}")))
+}
+
+fn skipped(name: String, file: String, reason: String, tallies: &Tallies) -> Trial {
+    let tallies = tallies.clone();
+    Trial::ignorable_test(name, move || {
+        record(&tallies, &file, Err(Some(&reason)));
+        Ok(Completion::ignored_with(reason))
+    })
+}
+
+fn failing(name: String, message: String) -> Trial {
+    Trial::test(name, move || Err(message.into()))
+}
+
+fn unified_trials(
+    mode: &Arc<Mode>,
+    files: &[SpecFile],
+    tallies: &Tallies,
+    trials: &mut Vec<Trial>,
+) {
+    for source in files {
+        let file_name = source.name();
+        let (loaded, cases): (Arc<LoadedFile>, _) = match runner::plan_file(source, mode) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let tallies = tallies.clone();
+                let name = file_name.clone();
+                trials.push(Trial::test(file_name.clone(), move || {
+                    record(&tallies, &name, Err(None));
+                    Err(format!("cannot load the file: {e}").into())
+                }));
+                continue;
+            }
+        };
+        for case in cases {
+            if let Some(reason) = case.skip {
+                trials.push(skipped(case.name, file_name.clone(), reason, tallies));
+                continue;
+            }
+            let (loaded, mode, tallies, file) = (
+                loaded.clone(),
+                mode.clone(),
+                tallies.clone(),
+                file_name.clone(),
+            );
+            trials.push(Trial::test(case.name, move || {
+                let result = runtime()?.block_on(runner::run_case(&loaded, case.index, &mode));
+                record(
+                    &tallies,
+                    &file,
+                    result.as_ref().map(|_| ()).map_err(|_| None),
+                );
+                result.map_err(|e| format!("{}: {e}", case.description).into())
+            }));
+        }
+    }
+}
+
+fn uri_trials(files: &[SpecFile], tallies: &Tallies, trials: &mut Vec<Trial>) {
+    for source in files {
+        let file_name = source.name();
+        let cases = match uri_options::load(&source.path) {
+            Ok(cases) => cases,
+            Err(e) => {
+                trials.push(failing(file_name, format!("cannot load the file: {e}")));
+                continue;
+            }
+        };
+        for case in cases {
+            let name = format!("{file_name}/{}", case.description);
+            if let Some(reason) = uri_options::skip_reason(&case, &name) {
+                trials.push(skipped(name, file_name.clone(), reason, tallies));
+                continue;
+            }
+            let (tallies, file) = (tallies.clone(), file_name.clone());
+            trials.push(Trial::test(name, move || {
+                let result = runtime()?.block_on(uri_options::run(&case));
+                record(
+                    &tallies,
+                    &file,
+                    result.as_ref().map(|_| ()).map_err(|_| None),
+                );
+                result.map_err(|e| format!("{}: {e}", case.description).into())
+            }));
+        }
+    }
+}
+
+fn mode_from_env() -> Result<Mode, String> {
+    match std::env::var("MONGODB_URI") {
+        Ok(uri) if !uri.is_empty() => {
+            let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+            let info = rt.block_on(target::probe(&uri))?;
+            Ok(Mode::External { uri, info })
+        }
+        _ => Ok(Mode::Emulator),
+    }
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    let tallies: Tallies = Arc::default();
+    let mut trials = Vec::new();
+    match build(&mut args, &tallies, &mut trials) {
+        Ok(()) => {}
+        Err(message) => {
+            eprintln!("spec tests: {message}");
+            trials.push(failing("spec-data".to_string(), message));
+        }
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
+    if !args.list {
+        print_summary(&tallies);
+    }
+    conclusion.exit();
+}
+
+fn build(args: &mut Arguments, tallies: &Tallies, trials: &mut Vec<Trial>) -> Result<(), String> {
+    let root = discovery::data_root()?;
+    let mode = Arc::new(mode_from_env()?);
+    if matches!(*mode, Mode::External { .. }) {
+        // Fail points are global to a deployment: cases must not overlap.
+        args.test_threads = Some(1);
+    }
+    for suite in discovery::UNIFIED_SUITES {
+        let files = discovery::suite_files(&root.path, *suite)?;
+        unified_trials(&mode, &files, tallies, trials);
+    }
+    let files = discovery::suite_files(&root.path, discovery::URI_OPTIONS_SUITE)?;
+    uri_trials(&files, tallies, trials);
+    if trials.is_empty() {
+        return Err(format!("no test cases found under {}", root.path.display()));
+    }
+    Ok(())
+}
+
+fn print_summary(tallies: &Tallies) {
+    let Ok(tallies) = tallies.lock() else {
+        return;
+    };
+    if tallies.is_empty() {
+        return;
+    }
+    println!("\nper-file results:");
+    for (file, t) in tallies.iter() {
+        let skipped: usize = t.skipped.values().sum();
+        let mut line = format!(
+            "  {file}: {} passed, {} failed, {skipped} skipped",
+            t.passed, t.failed
+        );
+        if !t.skipped.is_empty() {
+            let reasons: Vec<String> = t.skipped.iter().map(|(r, n)| format!("{n}× {r}")).collect();
+            line.push_str(&format!(" ({})", reasons.join("; ")));
+        }
+        println!("{line}");
+    }
+}
