@@ -282,7 +282,12 @@ mod tests {
 
     #[test]
     fn durations_are_validated_like_millis() {
-        assert_eq!(ServerBaseBackoff::from_duration(ms(250)).unwrap().as_duration(), ms(250));
+        assert_eq!(
+            ServerBaseBackoff::from_duration(ms(250))
+                .unwrap()
+                .as_duration(),
+            ms(250)
+        );
         assert!(ServerBaseBackoff::from_duration(Duration::ZERO).is_err());
         assert!(ServerBaseBackoff::from_duration(Duration::MAX).is_err());
     }

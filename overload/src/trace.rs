@@ -14,3 +14,127 @@ pub const TARGET: &str = "mongodb::overload";
 pub fn ignored_base_backoff(why: &InvalidServerBase) {
     tracing::warn!(target: TARGET, reason = %why, "ignoring the server's baseBackoffMS");
 }
+
+/// One retry the driver is about to make.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryAttempt<'a> {
+    /// The command name, e.g. `find`.
+    pub operation: &'a str,
+    /// The retry's number: 1 for the first retry.
+    pub attempt: u32,
+    /// The most retries this operation may make (it can rise to `maxAdaptiveRetries` once an
+    /// overload error is seen).
+    pub max_retries: u32,
+    /// The server whose failure caused the retry, as `host:port`.
+    pub server: &'a str,
+    /// The failure's server error code, when it was a server error.
+    pub error_code: Option<i32>,
+    /// The failure's error labels, sorted so log lines compare.
+    pub error_labels: &'a [&'a str],
+    /// The backoff before the retry; `None` when the failure was not an overload error, which
+    /// the specification retries without backoff.
+    pub backoff: Option<std::time::Duration>,
+}
+
+/// Logs a retry at DEBUG: under overload there is one per retried request, too many for INFO.
+pub fn retry_attempt(event: &RetryAttempt<'_>) {
+    tracing::debug!(
+        target: TARGET,
+        operation = event.operation,
+        attempt = event.attempt,
+        maxRetries = event.max_retries,
+        server = event.server,
+        errorCode = event.error_code,
+        errorLabels = ?event.error_labels,
+        backoffMS = event.backoff.map(|b| b.as_secs_f64() * 1000.0),
+        "retrying operation"
+    );
+}
+
+/// Whether [`retry_attempt`] events would be recorded, so callers can skip assembling them.
+pub fn retry_attempts_enabled() -> bool {
+    tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Runs `f` with a subscriber that keeps what it formats, at `level`, and returns the text.
+    fn captured(level: tracing::Level, f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn retry_attempt_names_everything_an_operator_needs() {
+        let labels = ["RetryableError", "SystemOverloadedError"];
+        let text = captured(tracing::Level::DEBUG, || {
+            assert!(retry_attempts_enabled());
+            retry_attempt(&RetryAttempt {
+                operation: "find",
+                attempt: 2,
+                max_retries: 2,
+                server: "db1.example:27017",
+                error_code: Some(462),
+                error_labels: &labels,
+                backoff: Some(Duration::from_millis(150)),
+            });
+        });
+        for needle in [
+            "mongodb::overload",
+            "retrying operation",
+            "operation=\"find\"",
+            "attempt=2",
+            "maxRetries=2",
+            "server=\"db1.example:27017\"",
+            "errorCode=462",
+            "SystemOverloadedError",
+            "backoffMS=150",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in {text}");
+        }
+    }
+
+    #[test]
+    fn retry_attempts_are_debug_level() {
+        let text = captured(tracing::Level::INFO, || {
+            assert!(!retry_attempts_enabled());
+        });
+        assert!(text.is_empty());
+    }
+
+    #[test]
+    fn ignored_base_backoff_warns_with_the_reason() {
+        let text = captured(tracing::Level::WARN, || {
+            ignored_base_backoff(&InvalidServerBase::NotPositive(-1.0))
+        });
+        assert!(
+            text.contains("WARN") && text.contains("baseBackoffMS -1 is not positive"),
+            "{text}"
+        );
+    }
+}
