@@ -62,6 +62,7 @@ codes! {
     invalid_pipeline_operator => 168, "InvalidPipelineOperator";
     bson_object_too_large => 10334, "BSONObjectTooLarge";
     duplicate_key => 11000, "DuplicateKey";
+    merge_stage_no_matching_document => 13113, "MergeStageNoMatchingDocument";
 }
 
 impl EngineError {

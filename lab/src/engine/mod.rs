@@ -36,9 +36,6 @@
 //! documents nested deeper than [`MAX_DEPTH`] are rejected (15 Overflow), every loop is bounded
 //! by its input, and no input makes the engine panic.
 
-// Scaffolding: removed once every helper is wired in.
-#![allow(dead_code)]
-
 mod aggregate;
 mod catalog;
 mod compare;
