@@ -121,7 +121,15 @@ pub(crate) async fn handle(
     let Some(name) = body.keys().next().cloned() else {
         return Outcome::Close;
     };
-    shared.counters.commands.fetch_add(1, Ordering::Relaxed);
+    let counter = match name.as_str() {
+        "insert" => &shared.counters.inserts,
+        "find" => &shared.counters.queries,
+        "update" => &shared.counters.updates,
+        "delete" => &shared.counters.deletes,
+        "getMore" => &shared.counters.getmores,
+        _ => &shared.counters.commands,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
     let db = match body.get("$db") {
         Some(Bson::String(db)) if !db.is_empty() => db.clone(),
         _ => {
@@ -195,7 +203,10 @@ pub(crate) async fn handle(
 
     if is_hello {
         if let Some(wait) = hello::await_time(shared, member, &body) {
-            sleep_or_shutdown(shared, wait).await;
+            tokio::select! {
+                _ = sleep_or_shutdown(shared, wait) => {}
+                _ = member.wake.notified() => {}
+            }
         }
         let mut r = hello::reply(shared, member, &name, &body, conn.connection_id);
         if shared.is_replicated() {
@@ -212,7 +223,26 @@ pub(crate) async fn handle(
         }
     }
 
-    let result = execute(shared, member, conn, &name, &db, &body, &generic);
+    let mut close_after = false;
+    let mut result = execute(
+        shared,
+        member,
+        conn,
+        &name,
+        &db,
+        &body,
+        &generic,
+        &mut close_after,
+    );
+    if close_after {
+        return Outcome::Close;
+    }
+    if member.role == Role::Mongos && generic.autocommit == Some(false) {
+        // mongos hands out a recovery token with every transaction statement.
+        if let Ok(reply) = &mut result {
+            reply.insert("recoveryToken", doc! { "recoveryShardId": "shard0" });
+        }
+    }
     let supports_wc =
         data::is_write(&name) || matches!(name.as_str(), "commitTransaction" | "abortTransaction");
     let wce = if supports_wc && result.is_ok() {
@@ -253,7 +283,7 @@ fn change_stream_wait(shared: &Shared, db: &str, body: &Document) -> Option<Dura
 /// `$clusterTime` and `operationTime`.
 fn finish(
     shared: &Shared,
-    member: &Member,
+    member: &Arc<Member>,
     result: Result<Document, CommandError>,
     ctx: LabelContext,
     override_labels: Option<Vec<String>>,
@@ -263,7 +293,15 @@ fn finish(
         Ok(mut d) => {
             let mut labels = Vec::new();
             if let Some(w) = wce {
-                let code = w.get_i32("code").unwrap_or(0);
+                let code = match w.get("code") {
+                    Some(Bson::Int32(c)) => *c,
+                    Some(Bson::Int64(c)) => i32::try_from(*c).unwrap_or(0),
+                    Some(Bson::Double(c)) => *c as i32,
+                    _ => 0,
+                };
+                if is_not_primary_code(code) || is_shutdown_code(code) {
+                    wake_soon(member);
+                }
                 d.insert("writeConcernError", w);
                 labels = match &override_labels {
                     Some(l) => l.clone(),
@@ -283,12 +321,16 @@ fn finish(
                 .clone()
                 .unwrap_or_else(|| computed_labels(e.code, ctx));
             let mut d = e.to_document();
-            if matches!(
-                e.code,
-                codes::NOT_WRITABLE_PRIMARY | codes::NOT_PRIMARY_NO_SECONDARY_OK
-            ) && shared.config.topology_version
+            if is_not_primary_code(e.code)
+                && shared.is_replicated()
+                && shared.config.topology_version
             {
+                // mongod reports its current topologyVersion with "not primary" errors, so a
+                // driver that already knows it ignores the error instead of marking the server
+                // unknown.
                 d.insert("topologyVersion", hello::topology_version(member));
+            } else if is_not_primary_code(e.code) || is_shutdown_code(e.code) {
+                wake_soon(member);
             }
             (d, labels)
         }
@@ -315,11 +357,23 @@ fn finish(
     reply
 }
 
+/// The driver marks a member unknown after a state-change error without a topologyVersion and
+/// then waits for its monitor; answer the monitor's pending awaitable hello shortly (once the
+/// driver has processed the error) instead of after the whole maxAwaitTimeMS.
+fn wake_soon(member: &Arc<Member>) {
+    let member = member.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        member.wake.notify_waiters();
+    });
+}
+
 fn ok() -> Document {
     doc! { "ok": 1.0 }
 }
 
 /// Runs a command under the state lock.
+#[allow(clippy::too_many_arguments)]
 fn execute(
     shared: &Shared,
     member: &Member,
@@ -328,6 +382,7 @@ fn execute(
     db: &str,
     body: &Document,
     g: &Generic,
+    close_after: &mut bool,
 ) -> Result<Document, CommandError> {
     let admin_only = |n: &str| -> Result<(), CommandError> {
         if db != "admin" {
@@ -410,7 +465,7 @@ fn execute(
         "getLog" => Ok(doc! { "totalLinesWritten": 0i32, "log": [], "ok": 1.0 }),
         n if data::is_data_command(n) => {
             check_role(shared, member, name, body, g)?;
-            run_data_command(shared, conn, name, db, body, g)
+            run_data_command(shared, member, conn, name, db, body, g, close_after)
         }
         other => Err(CommandError::new(
             codes::COMMAND_NOT_FOUND,
@@ -481,13 +536,16 @@ fn has_write_errors(reply: &Document) -> bool {
 }
 
 /// Runs a data command with session, retryable-write and transaction semantics.
+#[allow(clippy::too_many_arguments)]
 fn run_data_command(
     shared: &Shared,
+    member: &Member,
     conn: &ConnCtx,
     name: &str,
     db: &str,
     body: &Document,
     g: &Generic,
+    close_after: &mut bool,
 ) -> Result<Document, CommandError> {
     let cfg = &shared.config;
     if g.txn_number.is_some() && !shared.is_replicated() {
@@ -601,6 +659,22 @@ fn run_data_command(
                 session.txn = None;
             }
         }
+        let fired = lock(&member.primary_write_fail_point).evaluate_mode(&mut rand::rng());
+        if let Some(fp) = &fired {
+            *close_after = !matches!(fp.get("closeConnection"), Some(Bson::Boolean(false)));
+            if let Some(code) = fp.get("failBeforeCommitExceptionCode") {
+                let code = match code {
+                    Bson::Int32(c) => *c,
+                    Bson::Int64(c) => i32::try_from(*c).unwrap_or(1),
+                    Bson::Double(c) => *c as i32,
+                    _ => 1,
+                };
+                return Err(CommandError::new(
+                    code,
+                    "Failing write for test before commit (onPrimaryTransactionalWrite)",
+                ));
+            }
+        }
         let result = data::run(name, db, body, &mut st.store, &mut ctx);
         st.write_version += 1;
         if let Ok(reply) = &result {
@@ -618,6 +692,14 @@ fn run_data_command(
         st.write_version += 1;
     }
     result
+}
+
+fn is_not_primary_code(code: i32) -> bool {
+    matches!(code, 10107 | 13435 | 13436 | 11602 | 189)
+}
+
+fn is_shutdown_code(code: i32) -> bool {
+    matches!(code, 91 | 11600)
 }
 
 fn no_such_transaction(n: i64, active: Option<i64>) -> CommandError {
@@ -861,19 +943,25 @@ fn configure_fail_point(member: &Member, body: &Document) -> Result<Document, Co
             ))
         }
     };
-    if name != "failCommand" {
-        return Err(CommandError::bad_value(format!(
-            "Cannot find FailPoint named {name} (the emulator only has failCommand)"
-        )));
-    }
+    let slot = match name {
+        "failCommand" => &member.fail_point,
+        "onPrimaryTransactionalWrite" => &member.primary_write_fail_point,
+        _ => {
+            return Err(CommandError::bad_value(format!(
+                "Cannot find FailPoint named {name} (the emulator has failCommand and onPrimaryTransactionalWrite)"
+            )))
+        }
+    };
     let mode = failpoint::parse_mode(body.get("mode"))?;
     let data = match body.get("data") {
         None => Document::new(),
         Some(Bson::Document(d)) => d.clone(),
         Some(_) => return Err(CommandError::type_mismatch("'data' must be a document")),
     };
-    failpoint::validate_data(&data)?;
-    tracing::info!(member = member.index, ?mode, %data, "configureFailPoint failCommand");
-    let count = lock(&member.fail_point).configure(mode, data);
+    if name == "failCommand" {
+        failpoint::validate_data(&data)?;
+    }
+    tracing::info!(member = member.index, fail_point = name, ?mode, %data, "configureFailPoint");
+    let count = lock(slot).configure(mode, data);
     Ok(doc! { "count": count, "ok": 1.0 })
 }

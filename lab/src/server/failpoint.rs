@@ -278,6 +278,16 @@ impl FailPoint {
         }
     }
 
+    /// Evaluates a fail point without a command predicate (mode only); returns its data when it
+    /// fires.
+    pub fn evaluate_mode<R: Rng>(&mut self, rng: &mut R) -> Option<Document> {
+        if self.mode == Mode::Off || !self.fire_by_mode(rng) {
+            return None;
+        }
+        self.times_entered += 1;
+        Some(self.data.clone())
+    }
+
     /// Evaluates the fail point for one command: predicate first (a miss consumes nothing), then
     /// the mode. Returns what to do when it fires.
     pub fn evaluate<R: Rng>(

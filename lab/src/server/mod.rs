@@ -117,6 +117,12 @@ pub(crate) struct Member {
     pub(crate) host: String,
     pub(crate) process_id: ObjectId,
     pub(crate) fail_point: Mutex<FailPoint>,
+    /// mongod's `onPrimaryTransactionalWrite`: acts on retryable writes (close the connection
+    /// after the write, or fail before it with `failBeforeCommitExceptionCode`).
+    pub(crate) primary_write_fail_point: Mutex<FailPoint>,
+    /// Wakes pending awaitable hellos early (after errors that make drivers mark the member
+    /// unknown).
+    pub(crate) wake: tokio::sync::Notify,
 }
 
 /// Server parameters readable with getParameter and settable with setParameter.
@@ -278,6 +284,8 @@ impl Emulator {
                 host,
                 process_id: ObjectId::new(),
                 fail_point: Mutex::new(FailPoint::default()),
+                primary_write_fail_point: Mutex::new(FailPoint::default()),
+                wake: tokio::sync::Notify::new(),
             }));
         }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
