@@ -28,6 +28,10 @@
 use std::fmt;
 use std::time::Duration;
 
+/// The specification's default for `maxAdaptiveRetries`: retries after overload errors, not
+/// counting the first attempt.
+pub const DEFAULT_MAX_ADAPTIVE_RETRIES: u32 = 2;
+
 /// The specification's default base backoff.
 pub const DEFAULT_BASE: Duration = Duration::from_millis(100);
 
