@@ -186,7 +186,17 @@ pub(crate) async fn handle(
         tracing::debug!(conn = conn.connection_id, command = %name, ?action, "failCommand fired");
         override_labels = action.labels.clone();
         if let Some(d) = action.block {
-            sleep_or_shutdown(shared, d).await;
+            // The block is interruptible by the operation's maxTimeMS, like mongod's sleep on
+            // the operation context.
+            let max_time = max_time_ms(&body);
+            match max_time {
+                Some(limit) if limit < d => {
+                    sleep_or_shutdown(shared, limit).await;
+                    let err = CommandError::new(50, "operation exceeded time limit");
+                    return Outcome::Reply(finish(shared, member, Err(err), label_ctx, None, None));
+                }
+                _ => sleep_or_shutdown(shared, d).await,
+            }
         }
         if action.close {
             return Outcome::Close;
@@ -692,6 +702,17 @@ fn run_data_command(
         st.write_version += 1;
     }
     result
+}
+
+/// `maxTimeMS` of a command (absent or 0: no limit).
+fn max_time_ms(body: &Document) -> Option<Duration> {
+    let ms = match body.get("maxTimeMS")? {
+        Bson::Int32(i) => i64::from(*i),
+        Bson::Int64(i) => *i,
+        Bson::Double(d) if d.is_finite() => *d as i64,
+        _ => return None,
+    };
+    (ms > 0).then(|| Duration::from_millis(ms as u64))
 }
 
 fn is_not_primary_code(code: i32) -> bool {
