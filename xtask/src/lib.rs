@@ -3,6 +3,7 @@
 
 pub mod fork;
 pub mod git;
+pub mod lab;
 pub mod pristine;
 pub mod project;
 pub mod rebase;

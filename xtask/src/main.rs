@@ -44,6 +44,12 @@ enum Cmd {
     },
     /// Run every test (xtask, workspace, spec suites, patch-app); uses SPEC_DIR.
     Test,
+    /// Run the overload lab (upstream and the fork side by side); arguments go to `lab run`.
+    Lab {
+        /// Arguments for `lab run`, e.g. `--full` or `--scenario sustained`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Copy the spec suites the project runs from a specifications checkout into spec-tests/data.
     SyncSpec {
         /// A checkout of the specifications repository (it has a `source/` directory).
@@ -125,6 +131,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 tally.passed, tally.failed, tally.skipped
             );
             if tally.failed > 0 {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Cmd::Lab { args } => {
+            if let DriverOutcome::Built { patches } = ws.build_driver(false)? {
+                println!("built driver/ with {patches} patches");
+            }
+            let status = ws.run_lab(&args)?;
+            if !status.success() {
                 return Ok(ExitCode::FAILURE);
             }
         }

@@ -1,0 +1,32 @@
+//! `cargo xtask lab`: builds the overload lab with the `lab` profile and runs it.
+
+use std::process::{Command, ExitStatus};
+
+use anyhow::{Context, Result};
+
+use crate::fork::Workspace;
+
+impl Workspace {
+    /// Runs `lab run <args>`: the load generator against its in-process emulator, upstream and
+    /// the fork side by side.
+    pub fn run_lab(&self, args: &[String]) -> Result<ExitStatus> {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        Command::new(cargo)
+            .args([
+                "run",
+                "--quiet",
+                "--profile",
+                "lab",
+                "-p",
+                "lab",
+                "--bin",
+                "lab",
+            ])
+            .arg("--manifest-path")
+            .arg(self.project.root().join("Cargo.toml"))
+            .args(["--", "run"])
+            .args(args)
+            .status()
+            .context("cannot run cargo for the lab")
+    }
+}
