@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bson::{Bson, Document};
+use bson::{doc, Bson, Document};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::matching::EntityLookup;
@@ -50,8 +50,10 @@ pub struct Observed {
     pub previous_type: Option<String>,
     pub new_type: Option<String>,
     pub awaited: Option<bool>,
-    /// Commands carrying speculative authentication or on the sensitive list.
+    /// Commands on the sensitive list, or hellos the driver redacted (speculative auth).
     pub sensitive: bool,
+    /// Pairs a started event with its succeeded/failed event.
+    pub request_id: Option<i32>,
 }
 
 impl Observed {
@@ -71,6 +73,7 @@ impl Observed {
             new_type: None,
             awaited: None,
             sensitive: false,
+            request_id: None,
         }
     }
 }
@@ -82,20 +85,25 @@ fn type_name<T: serde::Serialize>(value: &T) -> Option<String> {
     }
 }
 
+fn is_hello(name: &str) -> bool {
+    name.eq_ignore_ascii_case("hello") || name.eq_ignore_ascii_case("isMaster")
+}
+
+/// Sensitive: on the list, or a hello whose body the driver redacted (it does so for hellos
+/// carrying `speculativeAuthenticate`).
+fn sensitive(name: &str, body: &Document) -> bool {
+    SENSITIVE_COMMANDS
+        .iter()
+        .any(|s| s.eq_ignore_ascii_case(name))
+        || (is_hello(name) && body.is_empty())
+}
+
 fn from_command(event: CommandEvent) -> Observed {
-    let sensitive = |name: &str, cmd: Option<&Document>| {
-        SENSITIVE_COMMANDS
-            .iter()
-            .any(|s| s.eq_ignore_ascii_case(name))
-            || (["hello", "ismaster"]
-                .iter()
-                .any(|s| s.eq_ignore_ascii_case(name))
-                && cmd.is_none_or(|c| c.contains_key("speculativeAuthenticate")))
-    };
     match event {
         CommandEvent::Started(e) => {
             let mut o = Observed::new("commandStartedEvent", EventType::Command);
-            o.sensitive = sensitive(&e.command_name, Some(&e.command));
+            o.sensitive = sensitive(&e.command_name, &e.command);
+            o.request_id = Some(e.request_id);
             o.command_name = Some(e.command_name);
             o.database_name = Some(e.db);
             o.command = Some(e.command);
@@ -105,7 +113,8 @@ fn from_command(event: CommandEvent) -> Observed {
         }
         CommandEvent::Succeeded(e) => {
             let mut o = Observed::new("commandSucceededEvent", EventType::Command);
-            o.sensitive = sensitive(&e.command_name, None);
+            o.sensitive = sensitive(&e.command_name, &e.reply);
+            o.request_id = Some(e.request_id);
             o.command_name = Some(e.command_name);
             o.reply = Some(e.reply);
             o.has_service_id = e.service_id.is_some();
@@ -114,7 +123,8 @@ fn from_command(event: CommandEvent) -> Observed {
         }
         CommandEvent::Failed(e) => {
             let mut o = Observed::new("commandFailedEvent", EventType::Command);
-            o.sensitive = sensitive(&e.command_name, None);
+            o.sensitive = sensitive(&e.command_name, &doc! {"redacted": false});
+            o.request_id = Some(e.request_id);
             o.command_name = Some(e.command_name);
             o.has_service_id = e.service_id.is_some();
             o.has_server_connection_id = e.connection.server_id.is_some();
@@ -240,9 +250,20 @@ pub struct ClientEntity {
 impl ClientEntity {
     /// The recorded events the test observes, in order.
     pub fn observed(&self) -> Vec<Observed> {
-        self.log
-            .snapshot()
-            .into_iter()
+        let all = self.log.snapshot();
+        // A failed event has no body to judge by: it is as sensitive as its started event.
+        let sensitive_ids: Vec<i32> = all
+            .iter()
+            .filter(|e| e.sensitive && e.name == "commandStartedEvent")
+            .filter_map(|e| e.request_id)
+            .collect();
+        all.into_iter()
+            .map(|mut e| {
+                if e.request_id.is_some_and(|id| sensitive_ids.contains(&id)) {
+                    e.sensitive = true;
+                }
+                e
+            })
             .filter(|e| self.observe.iter().any(|o| o == e.name))
             .filter(|e| {
                 e.command_name.as_ref().is_none_or(|name| {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use bson::{doc, Bson, Document};
 
 use crate::entities::{Entity, EntityMap, Observed};
-use crate::matching::{match_root, match_root_document, EntityLookup};
+use crate::matching::{match_root, match_root_document, match_root_optional, EntityLookup};
 use crate::mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 use crate::mongodb::results::{
     DeleteResult, InsertOneResult, SummaryBulkWriteResult, UpdateResult, VerboseBulkWriteResult,
@@ -225,14 +225,20 @@ pub fn check_error(
     if let Some(partial) = &expected.expect_result {
         let actual = match bulk.as_ref().and_then(|b| b.partial_result.as_ref()) {
             Some(crate::mongodb::error::PartialBulkWriteResult::Summary(s)) => {
-                summary_bulk_result(s)
+                Some(summary_bulk_result(s))
             }
             Some(crate::mongodb::error::PartialBulkWriteResult::Verbose(v)) => {
-                verbose_bulk_result(v)
+                Some(verbose_bulk_result(v))
             }
-            None => Bson::Null,
+            // insertMany's error carries no result the Rust API exposes: the result is unset.
+            None => None,
         };
-        check_result(partial, &actual, entities).map_err(|m| format!("partial result {m}"))?;
+        match_root_optional(partial, actual.as_ref(), entities).map_err(|m| {
+            format!(
+                "partial result {m}; the partial result was {}",
+                actual.map_or("unset".to_string(), |a| a.to_string())
+            )
+        })?;
     }
     if let Some(write_errors) = &expected.write_errors {
         let b = bulk

@@ -55,6 +55,16 @@ pub fn match_root(expected: &Bson, actual: &Bson, entities: &dyn EntityLookup) -
     Matcher { entities }.value(expected, Some(actual), true, "$")
 }
 
+/// Matches a value that may be absent (`None`) as a root-level value: only `$$exists: false` and
+/// `$$unsetOrMatches` accept an absent value.
+pub fn match_root_optional(
+    expected: &Bson,
+    actual: Option<&Bson>,
+    entities: &dyn EntityLookup,
+) -> MatchResult {
+    Matcher { entities }.value(expected, actual, true, "$")
+}
+
 /// Matches `actual` against `expected` as a nested (non-root) value.
 pub fn match_nested(expected: &Bson, actual: &Bson, entities: &dyn EntityLookup) -> MatchResult {
     Matcher { entities }.value(expected, Some(actual), false, "$")
@@ -586,6 +596,14 @@ mod tests {
             doc! {"json": "not json"}
         )
         .is_err());
+    }
+
+    #[test]
+    fn absent_values() {
+        let unset = Bson::Document(doc! {"$$unsetOrMatches": {"n": 1}});
+        assert!(match_root_optional(&unset, None, &NoEntities).is_ok());
+        let plain = Bson::Document(doc! {"n": 1});
+        assert!(match_root_optional(&plain, None, &NoEntities).is_err());
     }
 
     #[test]

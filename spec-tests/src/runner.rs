@@ -115,6 +115,7 @@ pub fn plan_file(
             }
         };
         let skip = skip
+            .or_else(|| skips::skipped_case(&name).map(str::to_string))
             .or_else(|| skips::known_failure(&name).map(|r| format!("known failure: {r}")))
             .or_else(|| {
                 (matches!(mode, Mode::Emulator) && !target::emulator_available())

@@ -7,7 +7,7 @@ use crate::requirements::{parse_version, TargetInfo};
 use crate::schema::TopologyKind;
 
 /// The server version the emulator reports, for requirement checks.
-pub const EMULATOR_SERVER_VERSION: (u32, u32, u32) = (8, 0, 0);
+pub const EMULATOR_SERVER_VERSION: (u32, u32, u32) = (8, 2, 0);
 
 /// How this run reaches a server.
 #[derive(Debug, Clone)]
@@ -120,11 +120,65 @@ pub async fn probe(uri: &str) -> Result<TargetInfo, String> {
     })
 }
 
-/// The emulator, while `lab::Emulator` has not landed: starting it fails with the reason.
+/// Replica-set members the emulator starts: one keeps SDAM event counts deterministic.
+pub const EMULATOR_RS_MEMBERS: usize = 1;
+/// Routers in the sharded persona: two, so `useMultipleMongoses` means something.
+pub const EMULATOR_ROUTERS: usize = 2;
+
+/// A running `lab::Emulator`.
+#[cfg(feature = "emulator")]
+struct EmulatorHandle {
+    emulator: lab::Emulator,
+}
+
+#[cfg(feature = "emulator")]
+impl EmulatorHandle {
+    const AVAILABLE: bool = true;
+
+    async fn start(topology: TopologyKind) -> Result<Self, String> {
+        let topology = match topology {
+            TopologyKind::Single => lab::Topology::Standalone,
+            TopologyKind::ReplicaSet => lab::Topology::ReplicaSet {
+                name: "rs0".to_string(),
+                members: EMULATOR_RS_MEMBERS,
+            },
+            TopologyKind::Sharded | TopologyKind::ShardedReplicaSet => lab::Topology::Sharded {
+                routers: EMULATOR_ROUTERS,
+            },
+            TopologyKind::LoadBalanced => {
+                return Err("the emulator has no load-balanced persona".to_string())
+            }
+        };
+        let config = lab::EmulatorConfig {
+            topology,
+            server_version: format!(
+                "{}.{}.{}",
+                EMULATOR_SERVER_VERSION.0, EMULATOR_SERVER_VERSION.1, EMULATOR_SERVER_VERSION.2
+            ),
+            ..lab::EmulatorConfig::default()
+        };
+        let emulator = lab::Emulator::start(config)
+            .await
+            .map_err(|e| format!("cannot start the emulator: {e}"))?;
+        Ok(EmulatorHandle { emulator })
+    }
+
+    fn uri(&self) -> String {
+        self.emulator.uri()
+    }
+
+    async fn shutdown(self) {
+        self.emulator.shutdown().await;
+    }
+}
+
+/// Stands in for the emulator when the `emulator` feature is off: starting it fails.
+#[cfg(not(feature = "emulator"))]
 struct EmulatorHandle {
     uri: String,
 }
 
+#[cfg(not(feature = "emulator"))]
 impl EmulatorHandle {
     const AVAILABLE: bool = false;
 
