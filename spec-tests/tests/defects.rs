@@ -1,0 +1,512 @@
+//! Upstream 3.9.1's Client Backpressure defects, each reproduced on upstream and shown fixed on
+//! the fork, in the same scenario against the emulator.
+//!
+//! Every scenario is written once, in the `scenarios!` macro, and instantiated for both driver
+//! crates linked into this test binary: `mongodb` (the fork, `driver/`) and `mongodb_upstream`
+//! (unmodified 3.9.1 from crates.io). A test passes only when upstream shows the defect *and* the
+//! fork does not, so a fix that stops working, or a scenario that stops reproducing the defect,
+//! fails either way.
+
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use lab::{Emulator, EmulatorConfig, Topology};
+
+/// An emulator on its own runtime thread, so tests may pause their own clock without pausing
+/// the server's.
+struct Server {
+    uri: String,
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(topology: Topology) -> Self {
+        let (uri_tx, uri_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("emulator runtime");
+            rt.block_on(async move {
+                let config = EmulatorConfig {
+                    topology,
+                    ..EmulatorConfig::default()
+                };
+                let emulator = Emulator::start(config).await.expect("emulator starts");
+                uri_tx.send(emulator.uri()).expect("test waits for the uri");
+                let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
+                emulator.shutdown().await;
+            });
+        });
+        let uri = uri_rx.recv().expect("emulator reports its uri");
+        Self {
+            uri,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    fn standalone() -> Self {
+        Self::start(Topology::Standalone)
+    }
+
+    fn replica_set() -> Self {
+        Self::start(Topology::ReplicaSet {
+            name: "rs0".into(),
+            members: 1,
+        })
+    }
+
+    /// The connection string with extra options appended.
+    fn uri_with(&self, options: &str) -> String {
+        let sep = if self.uri.contains('?') { '&' } else { '?' };
+        format!("{}{sep}{options}", self.uri)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Pauses the test runtime's clock (sleeps then complete at once) until dropped, also when the
+/// operation panics, so a panicking upstream scenario cannot leave the clock frozen.
+struct PausedClock;
+
+impl PausedClock {
+    fn new() -> Self {
+        tokio::time::pause();
+        Self
+    }
+}
+
+impl Drop for PausedClock {
+    fn drop(&mut self) {
+        tokio::time::resume();
+    }
+}
+
+/// What a scenario saw, in plain data both drivers can report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Outcome {
+    /// Commands started with this name (the attempts).
+    attempts: usize,
+    /// The operation succeeded.
+    ok: bool,
+    /// The final error's server code, when it was a server error.
+    code: Option<i32>,
+    /// The final error carried the overload labels.
+    overload_labels: bool,
+}
+
+macro_rules! scenarios {
+    ($module:ident, $driver:ident) => {
+        mod $module {
+            #![allow(dead_code)]
+
+            use std::sync::{Arc, Mutex};
+
+            use ::$driver::{
+                bson::{doc, Document},
+                error::{Error, ErrorKind},
+                event::{command::CommandEvent, EventHandler},
+                options::ClientOptions,
+                Client,
+            };
+
+            use super::Outcome;
+
+            /// Every started command, in order.
+            #[derive(Clone, Default)]
+            pub struct Started(Arc<Mutex<Vec<Document>>>);
+
+            impl Started {
+                pub fn named(&self, name: &str) -> Vec<Document> {
+                    self.0
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .filter(|c| c.keys().next().map(String::as_str) == Some(name))
+                        .cloned()
+                        .collect()
+                }
+            }
+
+            pub async fn client(uri: &str) -> (Client, Started) {
+                let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+                let started = Started::default();
+                let sink = started.clone();
+                options.command_event_handler =
+                    Some(EventHandler::callback(move |event: CommandEvent| {
+                        if let CommandEvent::Started(e) = event {
+                            sink.0.lock().unwrap().push(e.command);
+                        }
+                    }));
+                (Client::with_options(options).expect("client"), started)
+            }
+
+            pub fn server_code(error: &Error) -> Option<i32> {
+                match error.kind.as_ref() {
+                    ErrorKind::Command(e) => Some(e.code),
+                    _ => None,
+                }
+            }
+
+            pub fn outcome<T>(result: &Result<T, Error>, attempts: usize) -> Outcome {
+                match result {
+                    Ok(_) => Outcome {
+                        attempts,
+                        ok: true,
+                        ..Outcome::default()
+                    },
+                    Err(e) => Outcome {
+                        attempts,
+                        ok: false,
+                        code: server_code(e),
+                        overload_labels: e.contains_label("SystemOverloadedError")
+                            && e.contains_label("RetryableError"),
+                    },
+                }
+            }
+
+            /// Sets `failCommand` to reject `command` `times` times with code 462 and the
+            /// retryable-overload labels.
+            pub async fn fail_with_overload(client: &Client, command: &str, mode: ::$driver::bson::Bson) {
+                client
+                    .database("admin")
+                    .run_command(doc! {
+                        "configureFailPoint": "failCommand",
+                        "mode": mode,
+                        "data": {
+                            "failCommands": [command],
+                            "errorCode": 462,
+                            "errorLabels": ["SystemOverloadedError", "RetryableError"],
+                        },
+                    })
+                    .await
+                    .expect("configureFailPoint");
+            }
+
+            pub async fn fail_point_off(client: &Client) {
+                client
+                    .database("admin")
+                    .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
+                    .await
+                    .expect("configureFailPoint off");
+            }
+
+            /// B1: a collection/database command rejected twice with a retryable overload error.
+            pub async fn catalog_command_under_overload(uri: &str, command: &str) -> Outcome {
+                let (client, started) = client(uri).await;
+                let db = client.database("b1");
+                // Make sure the namespace exists for drop, and not for create.
+                db.collection::<Document>("existing").insert_one(doc! {}).await.expect("seed");
+                fail_with_overload(&client, command, doc! { "times": 2 }.into()).await;
+                let result = match command {
+                    "create" => db.create_collection("fresh").await,
+                    "drop" => db.collection::<Document>("existing").drop().await,
+                    "dropDatabase" => db.drop().await,
+                    other => panic!("no scenario for {other}"),
+                };
+                fail_point_off(&client).await;
+                outcome(&result, started.named(command).len())
+            }
+
+            /// B3: many overload retries against a server that always rejects. With
+            /// `virtual_time` the backoffs pass on a paused clock.
+            pub async fn many_overload_retries(uri: &str, max_retries: u32, virtual_time: bool) -> Outcome {
+                let (client, started) =
+                    client(&format!("{uri}&maxAdaptiveRetries={max_retries}")).await;
+                let coll = client.database("b3").collection::<Document>("c");
+                coll.find_one(doc! {}).await.expect("warm up");
+                fail_with_overload(&client, "find", "alwaysOn".into()).await;
+                // Forty backoffs of up to 10 s each pass in virtual time.
+                let clock = virtual_time.then(super::PausedClock::new);
+                let result = coll.find_one(doc! {}).await;
+                drop(clock);
+                fail_point_off(&client).await;
+                outcome(&result, started.named("find").len() - 1)
+            }
+
+            /// B5: a client whose options came from serde with `adaptiveRetries: true`, after
+            /// enough overload retries to spend a 1000-token bucket.
+            pub async fn serde_enabled_token_bucket(uri: &str) -> Outcome {
+                let parsed = ClientOptions::parse(uri).await.expect("valid uri");
+                let hosts: Vec<String> = parsed.hosts.iter().map(|h| h.to_string()).collect();
+                let mut options: ClientOptions = ::$driver::bson::from_document(doc! {
+                    "hosts": hosts,
+                    "adaptiveRetries": true,
+                    "maxAdaptiveRetries": 2,
+                })
+                .expect("options deserialize");
+                options.repl_set_name = parsed.repl_set_name.clone();
+                let started = Started::default();
+                let sink = started.clone();
+                options.command_event_handler =
+                    Some(EventHandler::callback(move |event: CommandEvent| {
+                        if let CommandEvent::Started(e) = event {
+                            sink.0.lock().unwrap().push(e.command);
+                        }
+                    }));
+                let client = Client::with_options(options).expect("client");
+                let coll = client.database("b5").collection::<Document>("c");
+                coll.find_one(doc! {}).await.expect("warm up");
+                // A 1 ms server base keeps 1000 backoffs short.
+                client
+                    .database("admin")
+                    .run_command(doc! { "setParameter": 1, "externalClientBaseBackoffMS": 1 })
+                    .await
+                    .expect("setParameter");
+                fail_with_overload(&client, "find", "alwaysOn".into()).await;
+                // 1000 tokens, one per overload retry, two retries per operation.
+                for _ in 0..500 {
+                    let _ = coll.find_one(doc! {}).await;
+                }
+                let before = started.named("find").len();
+                let result = coll.find_one(doc! {}).await;
+                let attempts = started.named("find").len() - before;
+                fail_point_off(&client).await;
+                outcome(&result, attempts)
+            }
+
+            /// B7: the "did you mean" suggestion for a misspelt overload option.
+            pub async fn suggestion_for(option: &str) -> String {
+                let uri = format!("mongodb://localhost:27017/?{option}=true");
+                match ClientOptions::parse(uri).await {
+                    Ok(_) => "accepted".to_owned(),
+                    Err(e) => e.to_string(),
+                }
+            }
+
+            /// B7: the writeConcern of the retried commitTransaction after a retryable write
+            /// error that carries `SystemOverloadedError` but not `RetryableError`.
+            pub async fn commit_retry_write_concern(uri: &str) -> Option<Document> {
+                let (client, started) = client(uri).await;
+                let coll = client.database("b7").collection::<Document>("c");
+                coll.insert_one(doc! { "seed": 1 }).await.expect("seed");
+                client
+                    .database("admin")
+                    .run_command(doc! {
+                        "configureFailPoint": "failCommand",
+                        "mode": { "times": 1 },
+                        "data": {
+                            "failCommands": ["commitTransaction"],
+                            "errorCode": 91,
+                            "errorLabels": ["RetryableWriteError", "SystemOverloadedError"],
+                        },
+                    })
+                    .await
+                    .expect("configureFailPoint");
+                let mut session = client.start_session().await.expect("session");
+                session.start_transaction().await.expect("start");
+                coll.insert_one(doc! { "in": "txn" })
+                    .session(&mut session)
+                    .await
+                    .expect("insert in txn");
+                session.commit_transaction().await.expect("commit after one retry");
+                let commits = started.named("commitTransaction");
+                assert_eq!(commits.len(), 2, "one failure, one retry");
+                commits[1].get_document("writeConcern").ok().cloned()
+            }
+
+            /// The handshake's `client.driver` as the server recorded it.
+            pub async fn recorded_driver(uri: &str) -> Document {
+                let (client, _) = client(uri).await;
+                let reply = client
+                    .database("admin")
+                    .run_command(doc! { "labClientMetadata": 1 })
+                    .await
+                    .expect("labClientMetadata");
+                let records = reply.get_array("metadata").expect("metadata records");
+                records
+                    .iter()
+                    .rev()
+                    .find_map(|r| r.as_document()?.get_document("driver").ok())
+                    .expect("a handshake with client.driver")
+                    .clone()
+            }
+        }
+    };
+}
+
+scenarios!(fork, mongodb);
+scenarios!(upstream, mongodb_upstream);
+
+#[tokio::test]
+async fn b1_create_drop_and_drop_database_retry_on_overload() {
+    let server = Server::standalone();
+    let uri = server.uri_with("retryWrites=true");
+    for command in ["create", "drop", "dropDatabase"] {
+        let up = upstream::catalog_command_under_overload(&uri, command).await;
+        assert_eq!(
+            (up.attempts, up.ok, up.code),
+            (1, false, Some(462)),
+            "upstream 3.9.1 should give {command} a single attempt (defect B1): {up:?}"
+        );
+        let fork = fork::catalog_command_under_overload(&uri, command).await;
+        assert_eq!(
+            (fork.attempts, fork.ok),
+            (3, true),
+            "the fork retries {command} twice and succeeds: {fork:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn b3_backoff_survives_more_than_31_retries() {
+    // Each driver gets its own server: upstream panics with the fail point still on.
+    let upstream_server = Server::standalone();
+    let up_uri = upstream_server.uri_with("retryReads=true");
+    // Upstream's `2u32.pow(attempt)` overflows at attempt 32: a panic in debug builds, where
+    // tests run. The panic happens inside the operation's future, so run it as a task.
+    let up = tokio::spawn(async move { upstream::many_overload_retries(&up_uri, 40, true).await })
+        .await;
+    match up {
+        Err(join) if join.is_panic() => {}
+        Err(join) => panic!("upstream scenario failed unexpectedly: {join}"),
+        Ok(outcome) if cfg!(debug_assertions) => {
+            panic!("upstream 3.9.1 should overflow at retry 32 (defect B3), got {outcome:?}")
+        }
+        // Release builds wrap to a zero backoff instead: the retry storm is not observable
+        // from the outcome alone.
+        Ok(_) => {}
+    }
+    let fork_server = Server::standalone();
+    // Jitter pinned to 0 makes every backoff zero without skipping its arithmetic, which is
+    // where upstream overflows; the run is then deterministic and needs no virtual time.
+    let fork_uri = fork_server.uri_with("retryReads=true");
+    let fork = mongodb::fork::test_hooks::with_pinned_jitter(
+        0.0,
+        fork::many_overload_retries(&fork_uri, 40, false),
+    )
+    .await;
+    assert_eq!(
+        (fork.attempts, fork.ok, fork.code, fork.overload_labels),
+        (41, false, Some(462), true),
+        "the fork makes all 40 retries and returns the overload error: {fork:?}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn b5_token_bucket_cannot_be_enabled_through_serde() {
+    let server = Server::standalone();
+    let up = upstream::serde_enabled_token_bucket(&server.uri).await;
+    assert_eq!(
+        up.attempts, 1,
+        "upstream 3.9.1 lets serde enable the withdrawn bucket, which then refuses retries (defect B5): {up:?}"
+    );
+    let fork = fork::serde_enabled_token_bucket(&server.uri).await;
+    assert_eq!(fork.attempts, 3, "the fork keeps retrying as the spec requires: {fork:?}");
+}
+
+#[tokio::test]
+async fn b7_uri_suggestions_name_real_overload_options() {
+    let up = upstream::suggestion_for("enableOverloadRetargetting").await;
+    let fork = fork::suggestion_for("enableOverloadRetargetting").await;
+    assert!(
+        !up.contains("enableoverloadretargeting"),
+        "upstream 3.9.1 cannot suggest enableOverloadRetargeting (defect B7): {up}"
+    );
+    assert!(fork.contains("enableoverloadretargeting"), "{fork}");
+
+    // Upstream rejects `adaptiveRetries` and then suggests that very option.
+    let up = upstream::suggestion_for("adaptiveRetries").await;
+    let fork = fork::suggestion_for("adaptiveRetries").await;
+    assert!(
+        up.contains("similar name exists: adaptiveretries"),
+        "upstream suggests the option it just rejected (defect B7): {up}"
+    );
+    assert!(!fork.contains("exists: adaptiveretries"), "{fork}");
+}
+
+#[tokio::test]
+async fn b7_commit_retry_after_non_retryable_overload_upgrades_write_concern() {
+    let server = Server::replica_set();
+    let up = upstream::commit_retry_write_concern(&server.uri).await;
+    assert!(
+        up.as_ref().and_then(|wc| wc.get_str("w").ok()) != Some("majority"),
+        "upstream 3.9.1 skips the majority upgrade on SystemOverloadedError alone (defect B7): {up:?}"
+    );
+    let fork = fork::commit_retry_write_concern(&server.uri).await;
+    assert_eq!(
+        fork.as_ref().and_then(|wc| wc.get_str("w").ok()),
+        Some("majority"),
+        "the fork applies the retryable-writes rule: {fork:?}"
+    );
+}
+
+#[tokio::test]
+async fn handshake_names_the_fork() {
+    let server = Server::standalone();
+    let up = upstream::recorded_driver(&server.uri).await;
+    assert_eq!(up.get_str("name"), Ok("mongo-rust-driver"), "{up}");
+    let fork = fork::recorded_driver(&server.uri).await;
+    assert_eq!(fork.get_str("name"), Ok("mongo-rust-driver|mongodb-overload"), "{fork}");
+    assert_eq!(
+        fork.get_str("version"),
+        Ok(format!("3.9.1|{}", mongodb::fork::FORK_VERSION).as_str()),
+        "{fork}"
+    );
+}
+
+/// A minimal tracing subscriber that counts events on the fork's overload target.
+mod overload_events {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use tracing::{span, Event, Metadata, Subscriber};
+
+    #[derive(Clone, Default)]
+    pub struct Counter(pub Arc<AtomicUsize>);
+
+    impl Subscriber for Counter {
+        fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+            metadata.target() == "mongodb::overload"
+        }
+        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+            span::Id::from_u64(1)
+        }
+        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+        fn event(&self, event: &Event<'_>) {
+            if event.metadata().target() == "mongodb::overload" {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        fn enter(&self, _: &span::Id) {}
+        fn exit(&self, _: &span::Id) {}
+    }
+
+    impl Counter {
+        pub fn count(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn b7_every_retry_is_logged_on_the_overload_target() {
+    let server = Server::standalone();
+    let uri = server.uri_with("retryReads=true");
+    let events = overload_events::Counter::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+
+    let (client, _) = upstream::client(&uri).await;
+    let coll = client.database("b7").collection::<mongodb_upstream::bson::Document>("c");
+    upstream::fail_with_overload(&client, "find", mongodb_upstream::bson::doc! { "times": 2 }.into()).await;
+    coll.find_one(mongodb_upstream::bson::doc! {}).await.expect("find after two retries");
+    assert_eq!(events.count(), 0, "upstream 3.9.1 logs no retry (defect B7)");
+
+    let (client, _) = fork::client(&uri).await;
+    let coll = client.database("b7").collection::<mongodb::bson::Document>("c");
+    fork::fail_with_overload(&client, "find", mongodb::bson::doc! { "times": 2 }.into()).await;
+    coll.find_one(mongodb::bson::doc! {}).await.expect("find after two retries");
+    assert_eq!(events.count(), 2, "the fork logs each of the two retries");
+}
