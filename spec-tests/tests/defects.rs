@@ -178,7 +178,11 @@ macro_rules! scenarios {
 
             /// Sets `failCommand` to reject `command` `times` times with code 462 and the
             /// retryable-overload labels.
-            pub async fn fail_with_overload(client: &Client, command: &str, mode: ::$driver::bson::Bson) {
+            pub async fn fail_with_overload(
+                client: &Client,
+                command: &str,
+                mode: ::$driver::bson::Bson,
+            ) {
                 client
                     .database("admin")
                     .run_command(doc! {
@@ -207,7 +211,10 @@ macro_rules! scenarios {
                 let (client, started) = client(uri).await;
                 let db = client.database("b1");
                 // Make sure the namespace exists for drop, and not for create.
-                db.collection::<Document>("existing").insert_one(doc! {}).await.expect("seed");
+                db.collection::<Document>("existing")
+                    .insert_one(doc! {})
+                    .await
+                    .expect("seed");
                 fail_with_overload(&client, command, doc! { "times": 2 }.into()).await;
                 let result = match command {
                     "create" => db.create_collection("fresh").await,
@@ -221,7 +228,11 @@ macro_rules! scenarios {
 
             /// B3: many overload retries against a server that always rejects. With
             /// `virtual_time` the backoffs pass on a paused clock.
-            pub async fn many_overload_retries(uri: &str, max_retries: u32, virtual_time: bool) -> Outcome {
+            pub async fn many_overload_retries(
+                uri: &str,
+                max_retries: u32,
+                virtual_time: bool,
+            ) -> Outcome {
                 let (client, started) =
                     client(&format!("{uri}&maxAdaptiveRetries={max_retries}")).await;
                 let coll = client.database("b3").collection::<Document>("c");
@@ -310,7 +321,10 @@ macro_rules! scenarios {
                     .session(&mut session)
                     .await
                     .expect("insert in txn");
-                session.commit_transaction().await.expect("commit after one retry");
+                session
+                    .commit_transaction()
+                    .await
+                    .expect("commit after one retry");
                 let commits = started.named("commitTransaction");
                 assert_eq!(commits.len(), 2, "one failure, one retry");
                 commits[1].get_document("writeConcern").ok().cloned()
@@ -366,8 +380,8 @@ async fn b3_backoff_survives_more_than_31_retries() {
     let up_uri = upstream_server.uri_with("retryReads=true");
     // Upstream's `2u32.pow(attempt)` overflows at attempt 32: a panic in debug builds, where
     // tests run. The panic happens inside the operation's future, so run it as a task.
-    let up = tokio::spawn(async move { upstream::many_overload_retries(&up_uri, 40, true).await })
-        .await;
+    let up =
+        tokio::spawn(async move { upstream::many_overload_retries(&up_uri, 40, true).await }).await;
     match up {
         Err(join) if join.is_panic() => {}
         Err(join) => panic!("upstream scenario failed unexpectedly: {join}"),
@@ -403,7 +417,10 @@ async fn b5_token_bucket_cannot_be_enabled_through_serde() {
         "upstream 3.9.1 lets serde enable the withdrawn bucket, which then refuses retries (defect B5): {up:?}"
     );
     let fork = fork::serde_enabled_token_bucket(&server.uri).await;
-    assert_eq!(fork.attempts, 3, "the fork keeps retrying as the spec requires: {fork:?}");
+    assert_eq!(
+        fork.attempts, 3,
+        "the fork keeps retrying as the spec requires: {fork:?}"
+    );
 }
 
 #[tokio::test]
@@ -448,7 +465,11 @@ async fn handshake_names_the_fork() {
     let up = upstream::recorded_driver(&server.uri).await;
     assert_eq!(up.get_str("name"), Ok("mongo-rust-driver"), "{up}");
     let fork = fork::recorded_driver(&server.uri).await;
-    assert_eq!(fork.get_str("name"), Ok("mongo-rust-driver|mongodb-overload"), "{fork}");
+    assert_eq!(
+        fork.get_str("name"),
+        Ok("mongo-rust-driver|mongodb-overload"),
+        "{fork}"
+    );
     assert_eq!(
         fork.get_str("version"),
         Ok(format!("3.9.1|{}", mongodb::fork::FORK_VERSION).as_str()),
@@ -499,14 +520,31 @@ async fn b7_every_retry_is_logged_on_the_overload_target() {
     let _guard = tracing::subscriber::set_default(events.clone());
 
     let (client, _) = upstream::client(&uri).await;
-    let coll = client.database("b7").collection::<mongodb_upstream::bson::Document>("c");
-    upstream::fail_with_overload(&client, "find", mongodb_upstream::bson::doc! { "times": 2 }.into()).await;
-    coll.find_one(mongodb_upstream::bson::doc! {}).await.expect("find after two retries");
-    assert_eq!(events.count(), 0, "upstream 3.9.1 logs no retry (defect B7)");
+    let coll = client
+        .database("b7")
+        .collection::<mongodb_upstream::bson::Document>("c");
+    upstream::fail_with_overload(
+        &client,
+        "find",
+        mongodb_upstream::bson::doc! { "times": 2 }.into(),
+    )
+    .await;
+    coll.find_one(mongodb_upstream::bson::doc! {})
+        .await
+        .expect("find after two retries");
+    assert_eq!(
+        events.count(),
+        0,
+        "upstream 3.9.1 logs no retry (defect B7)"
+    );
 
     let (client, _) = fork::client(&uri).await;
-    let coll = client.database("b7").collection::<mongodb::bson::Document>("c");
+    let coll = client
+        .database("b7")
+        .collection::<mongodb::bson::Document>("c");
     fork::fail_with_overload(&client, "find", mongodb::bson::doc! { "times": 2 }.into()).await;
-    coll.find_one(mongodb::bson::doc! {}).await.expect("find after two retries");
+    coll.find_one(mongodb::bson::doc! {})
+        .await
+        .expect("find after two retries");
     assert_eq!(events.count(), 2, "the fork logs each of the two retries");
 }
