@@ -170,3 +170,66 @@ async fn transactions_commit_and_abort_in_isolation() {
     assert_eq!(r.get_i32("code"), Ok(251));
     emu.shutdown().await;
 }
+
+#[tokio::test]
+async fn write_conflicts_between_transactions() {
+    let emu = common::start(common::rs(1)).await;
+    let (client, _) = common::client(&emu.uri()).await;
+    let coll = client.database("db").collection::<Document>("c");
+    coll.insert_one(doc! { "_id": 0 }).await.unwrap();
+    let mut s0 = client.start_session().await.unwrap();
+    let mut s1 = client.start_session().await.unwrap();
+    s0.start_transaction().await.unwrap();
+    coll.insert_one(doc! { "_id": 1 })
+        .session(&mut s0)
+        .await
+        .unwrap();
+    s1.start_transaction().await.unwrap();
+    let err = coll
+        .insert_one(doc! { "_id": 1 })
+        .session(&mut s1)
+        .await
+        .unwrap_err();
+    assert!(err.contains_label("TransientTransactionError"), "{err:?}");
+    assert!(format!("{err:?}").contains("WriteConflict"), "{err:?}");
+    s0.commit_transaction().await.unwrap();
+    let err = s1.commit_transaction().await.unwrap_err();
+    assert!(format!("{err:?}").contains("NoSuchTransaction"), "{err:?}");
+    assert!(err.contains_label("TransientTransactionError"));
+
+    // Different documents do not conflict.
+    s0.start_transaction().await.unwrap();
+    s1.start_transaction().await.unwrap();
+    coll.update_one(doc! { "_id": 0 }, doc! { "$set": { "a": 1 } })
+        .session(&mut s0)
+        .await
+        .unwrap();
+    coll.update_one(doc! { "_id": 1 }, doc! { "$set": { "b": 1 } })
+        .session(&mut s1)
+        .await
+        .unwrap();
+    s0.commit_transaction().await.unwrap();
+    s1.commit_transaction().await.unwrap();
+    let mut c = coll.find(doc! {}).sort(doc! { "_id": 1 }).await.unwrap();
+    let mut docs = Vec::new();
+    while c.advance().await.unwrap() {
+        docs.push(c.deserialize_current().unwrap());
+    }
+    assert_eq!(
+        docs,
+        vec![doc! { "_id": 0, "a": 1 }, doc! { "_id": 1, "b": 1 }]
+    );
+
+    // An unsatisfiable write concern: the write applies, the reply carries a write concern error.
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    let r = raw
+        .command(&doc! { "insert": "c", "documents": [{ "_id": 7 }], "writeConcern": { "w": 10 }, "$db": "db" })
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("n"), Ok(1));
+    assert_eq!(
+        r.get_document("writeConcernError").unwrap().get_i32("code"),
+        Ok(100)
+    );
+    emu.shutdown().await;
+}

@@ -82,7 +82,20 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
+    // Install the handler before announcing the URI, so an early Ctrl-C is never fatal.
+    #[cfg(unix)]
+    let mut interrupt =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("labd: cannot handle Ctrl-C: {e}");
+                return std::process::ExitCode::from(1);
+            }
+        };
     println!("{}", emulator.uri());
+    #[cfg(unix)]
+    interrupt.recv().await;
+    #[cfg(not(unix))]
     if let Err(e) = tokio::signal::ctrl_c().await {
         eprintln!("labd: cannot wait for Ctrl-C: {e}");
     }

@@ -256,7 +256,7 @@ pub(crate) async fn handle(
     let supports_wc =
         data::is_write(&name) || matches!(name.as_str(), "commitTransaction" | "abortTransaction");
     let wce = if supports_wc && result.is_ok() {
-        wce
+        wce.or_else(|| unsatisfiable_write_concern(shared, &body))
     } else {
         None
     };
@@ -612,6 +612,7 @@ fn run_data_command(
                 snapshot: Some(st.store.clone()),
                 base_version: st.write_version,
                 writes: Vec::new(),
+                written: Default::default(),
             });
         }
         let Some(txn) = session
@@ -624,23 +625,49 @@ fn run_data_command(
         let Some(snapshot) = txn.snapshot.as_mut() else {
             return Err(no_such_transaction(n, session.txn_number));
         };
+        // Which documents the statement changes, for write-conflict detection between
+        // transactions (the engine does not report them, so compare before and after).
+        let targets = data::write_targets(name, db, body);
+        let before: Vec<Vec<Document>> = targets
+            .iter()
+            .map(|(d, c)| snapshot.documents(d, c).to_vec())
+            .collect();
         let result = data::run(name, db, body, snapshot, &mut ctx);
-        match &result {
-            Ok(reply) if !has_write_errors(reply) => {
-                if data::is_write(name) || (name == "aggregate" && data::pipeline_writes(body)) {
-                    txn.writes.push((db.to_string(), body.clone()));
+        let succeeded = matches!(&result, Ok(reply) if !has_write_errors(reply));
+        let mut touched = std::collections::HashSet::new();
+        if succeeded {
+            for ((d, c), old) in targets.iter().zip(&before) {
+                for id in data::changed_ids(old, snapshot.documents(d, c)) {
+                    touched.insert(format!("{d}.{c}/{id}"));
                 }
             }
-            _ => {
-                tracing::debug!(
-                    txn = n,
-                    command = name,
-                    "statement failed; transaction aborted"
-                );
-                txn.state = TxnState::Aborted;
-                txn.snapshot = None;
-                txn.writes.clear();
+        }
+        let conflict = succeeded && st.sessions.conflicts(key, &touched);
+        let Some(txn) = st.sessions.get_mut(key).and_then(|s| s.txn.as_mut()) else {
+            return result;
+        };
+        if succeeded && !conflict {
+            if data::is_write(name) || (name == "aggregate" && data::pipeline_writes(body)) {
+                txn.writes.push((db.to_string(), body.clone()));
             }
+            txn.written.extend(touched);
+            return result;
+        }
+        tracing::debug!(
+            txn = n,
+            command = name,
+            conflict,
+            "statement failed; transaction aborted"
+        );
+        txn.state = TxnState::Aborted;
+        txn.snapshot = None;
+        txn.writes.clear();
+        txn.written.clear();
+        if conflict {
+            return Err(CommandError::new(
+                112,
+                "Write conflict during plan execution and yielding is disabled. :: Please retry your write.",
+            ));
         }
         return result;
     }
@@ -702,6 +729,34 @@ fn run_data_command(
         st.write_version += 1;
     }
     result
+}
+
+/// mongod's write concern error for a numeric `w` above the number of data-bearing members.
+fn unsatisfiable_write_concern(shared: &Shared, body: &Document) -> Option<Document> {
+    let wc = body.get_document("writeConcern").ok()?;
+    let w = match wc.get("w")? {
+        Bson::Int32(w) => i64::from(*w),
+        Bson::Int64(w) => *w,
+        Bson::Double(w) => *w as i64,
+        _ => return None,
+    };
+    let nodes = shared
+        .config
+        .write_concern_nodes
+        .unwrap_or(match &shared.config.topology {
+            super::Topology::Standalone => 1,
+            super::Topology::ReplicaSet { members, .. } => (*members).max(3),
+            super::Topology::Sharded { .. } => 3,
+        });
+    if w <= nodes as i64 {
+        return None;
+    }
+    Some(doc! {
+        "code": 100,
+        "codeName": "UnsatisfiableWriteConcern",
+        "errmsg": "Not enough data-bearing nodes",
+        "errInfo": { "writeConcern": wc.clone() },
+    })
 }
 
 /// `maxTimeMS` of a command (absent or 0: no limit).

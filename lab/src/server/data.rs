@@ -1,6 +1,8 @@
 //! Data commands (CRUD, catalog, cursors, client bulkWrite) on one [`Store`]: either the shared
 //! store or a transaction's private copy.
 
+use std::collections::HashMap;
+
 use bson::{doc, Bson, Document};
 
 use super::cursor::{self, BatchLimit, CursorKind, Cursors};
@@ -84,6 +86,56 @@ pub(crate) fn pipeline_writes(body: &Document) -> bool {
         Some(Bson::Document(d)) => d.contains_key("$out") || d.contains_key("$merge"),
         _ => false,
     }
+}
+
+/// The collections a write command changes (`(db, coll)`), for write-conflict detection.
+pub(crate) fn write_targets(name: &str, db: &str, body: &Document) -> Vec<(String, String)> {
+    match name {
+        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" => {
+            match body.get(name) {
+                Some(Bson::String(c)) => vec![(db.to_string(), c.clone())],
+                _ => Vec::new(),
+            }
+        }
+        "bulkWrite" => match body.get("nsInfo") {
+            Some(Bson::Array(infos)) => infos
+                .iter()
+                .filter_map(|i| i.as_document()?.get_str("ns").ok())
+                .filter_map(split_ns)
+                .map(|(d, c)| (d.to_string(), c.to_string()))
+                .collect(),
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+/// A comparable rendering of an `_id` (numbers of any type compare by value, as in an index).
+fn id_key(v: &Bson) -> String {
+    match v {
+        Bson::Int32(i) => format!("n:{}", f64::from(*i)),
+        Bson::Int64(i) => format!("n:{}", *i as f64),
+        Bson::Double(d) => format!("n:{d}"),
+        other => format!("{other:?}"),
+    }
+}
+
+/// `_id`s of documents that differ between `before` and `after` (inserted, deleted or changed).
+pub(crate) fn changed_ids(before: &[Document], after: &[Document]) -> Vec<String> {
+    let index = |docs: &[Document]| -> HashMap<String, Document> {
+        docs.iter()
+            .filter_map(|d| Some((id_key(d.get("_id")?), d.clone())))
+            .collect()
+    };
+    let old = index(before);
+    let new = index(after);
+    let mut out: Vec<String> = old
+        .iter()
+        .filter(|(k, d)| new.get(*k) != Some(*d))
+        .map(|(k, _)| k.clone())
+        .collect();
+    out.extend(new.keys().filter(|k| !old.contains_key(*k)).cloned());
+    out
 }
 
 /// Context a data command needs besides the store.

@@ -77,6 +77,10 @@ pub struct EmulatorConfig {
     pub max_sessions: usize,
     /// Most handshake records kept for [`Emulator::client_metadata`].
     pub max_metadata_records: usize,
+    /// Data-bearing members counted for a numeric write concern `w` (a larger `w` gets a
+    /// 100 UnsatisfiableWriteConcern write concern error). `None`: 1 for standalone, otherwise
+    /// at least 3, so suites written for three-member sets also pass on smaller emulated sets.
+    pub write_concern_nodes: Option<usize>,
 }
 
 impl Default for EmulatorConfig {
@@ -95,6 +99,7 @@ impl Default for EmulatorConfig {
             max_cursors: 20_000,
             max_sessions: 10_000,
             max_metadata_records: 10_000,
+            write_concern_nodes: None,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Logical sessions: retryable-write results and multi-statement transactions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use bson::{Bson, Document};
@@ -38,6 +38,8 @@ pub(crate) struct Transaction {
     /// `State::write_version` when the transaction started.
     pub(crate) base_version: u64,
     pub(crate) writes: Vec<(String, Document)>,
+    /// `db.coll/_id` of every document the transaction changed.
+    pub(crate) written: HashSet<String>,
 }
 
 /// Per-session server state.
@@ -91,6 +93,17 @@ impl Sessions {
     /// The session for `key`, if tracked.
     pub(crate) fn get_mut(&mut self, key: &SessionKey) -> Option<&mut Session> {
         self.map.get_mut(key)
+    }
+
+    /// Whether another session's open transaction already changed one of `keys`.
+    pub(crate) fn conflicts(&self, me: &SessionKey, keys: &HashSet<String>) -> bool {
+        !keys.is_empty()
+            && self.map.iter().any(|(k, s)| {
+                k != me
+                    && s.txn.as_ref().is_some_and(|t| {
+                        t.state == TxnState::InProgress && !t.written.is_disjoint(keys)
+                    })
+            })
     }
 
     /// Forgets a session (endSessions); returns whether it existed.
