@@ -10,7 +10,7 @@ use rand::seq::SliceRandom;
 use super::catalog::Collection;
 use super::compare::{bson_eq, OrdBson};
 use super::expression::{eval_opt, fold_values};
-use super::limits::{check_depth, check_value_depth};
+use super::limits::{check_depth, check_value_depth, MAX_DEPTH};
 use super::path::get_exact;
 use super::projection::{add_fields, replace_root, Projection};
 use super::query::match_document;
@@ -28,6 +28,24 @@ impl Store {
         coll: &str,
         pipeline: &[Document],
     ) -> EngineResult<Vec<Document>> {
+        // A leading `$match` filters while copying, so large collections are not cloned whole.
+        let leading_match = pipeline
+            .first()
+            .filter(|s| s.len() == 1)
+            .and_then(|s| s.get("$match"));
+        if let Some(Bson::Document(filter)) = leading_match {
+            check_depth(filter)?;
+            let mut input = Vec::new();
+            for d in self.documents(db, coll) {
+                if match_document(filter, d)? {
+                    input.push(d.clone());
+                }
+            }
+            if input.is_empty() {
+                match_document(filter, &Document::new())?;
+            }
+            return self.run_pipeline(db, input, pipeline.get(1..).unwrap_or(&[]));
+        }
         let input = self.documents(db, coll).to_vec();
         self.run_pipeline(db, input, pipeline)
     }
@@ -125,6 +143,7 @@ impl Store {
             .ok_or_else(|| EngineError::location(40320, "$lookup requires a 'from' field"))?;
         let as_field = field("as")?
             .ok_or_else(|| EngineError::location(40321, "must specify 'as' field for a $lookup"))?;
+        check_field_path(&as_field)?;
         let local = field("localField")?;
         let foreign = field("foreignField")?;
         if spec.contains_key("let") {
@@ -814,6 +833,15 @@ fn unwind(arg: &Bson, docs: Vec<Document>) -> EngineResult<Vec<Document>> {
         }
     }
     Ok(out)
+}
+
+fn check_field_path(path: &str) -> EngineResult<()> {
+    if path.split('.').count() > MAX_DEPTH || path.split('.').any(str::is_empty) {
+        return Err(EngineError::bad_value(format!(
+            "invalid field path '{path}'"
+        )));
+    }
+    Ok(())
 }
 
 /// Sets a dotted path through documents, creating (or replacing non-document) intermediates.

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use bson::{Bson, Document};
 
 use super::catalog::Collection;
-use super::compare::OrdBson;
+use super::compare::{bson_eq, type_rank, OrdBson};
 use super::expression::{bson_type_name, is_truthy};
 use super::limits::check_depth;
 use super::path::lookup_unwound;
@@ -170,6 +170,22 @@ pub(crate) fn parse_find_and_modify(cmd: &Document) -> EngineResult<FindAndModif
     })
 }
 
+/// The value of a filter that is exactly `{_id: <scalar>}` (not a document, array, regex or
+/// null, whose matching rules are richer than plain equality).
+fn id_equality(filter: &Document) -> Option<&Bson> {
+    if filter.len() != 1 {
+        return None;
+    }
+    match filter.get("_id")? {
+        Bson::Document(_)
+        | Bson::Array(_)
+        | Bson::RegularExpression(_)
+        | Bson::Null
+        | Bson::Undefined => None,
+        v => Some(v),
+    }
+}
+
 /// Indexes of the documents matching `filter`, in natural order, or ordered by `sort`.
 fn matching_indexes(
     docs: &[Document],
@@ -177,6 +193,15 @@ fn matching_indexes(
     sort: Option<&Document>,
 ) -> EngineResult<Vec<usize>> {
     check_depth(filter)?;
+    if let Some(id) = id_equality(filter) {
+        // `_id` is unique, so the common `{_id: <value>}` filter needs no full match and stops
+        // at the first hit.
+        let hit = docs.iter().position(|d| {
+            d.get("_id")
+                .is_some_and(|v| type_rank(v) == type_rank(id) && bson_eq(v, id))
+        });
+        return Ok(hit.into_iter().collect());
+    }
     let mut hits = Vec::new();
     for (i, d) in docs.iter().enumerate() {
         if match_document(filter, d)? {
@@ -428,7 +453,10 @@ impl Store {
             _ => {}
         }
         let projection = match &spec.fields {
-            Some(p) if !p.is_empty() => Some(Projection::parse(p, true)?),
+            Some(p) if !p.is_empty() => {
+                check_depth(p)?;
+                Some(Projection::parse(p, true)?)
+            }
             _ => None,
         };
         let project = |d: Document| -> EngineResult<Document> {

@@ -1,1 +1,351 @@
-//! Randomized no-panic tests over matching, updates and pipelines.
+//! Randomized no-panic tests: random BSON thrown at matching, updates, projections and
+//! pipelines must produce results or errors, never panics. Seeds are fixed so failures
+//! reproduce.
+
+use bson::{oid::ObjectId, Binary, Bson, Document, Regex};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+const FIELDS: &[&str] = &[
+    "a", "b", "_id", "a.b", "a.0", "a.$", "a.$[]", "a.$[x]", "x", "", "a..b", "0", "$bad", "b.c.d",
+];
+
+const QUERY_OPS: &[&str] = &[
+    "$eq",
+    "$ne",
+    "$gt",
+    "$gte",
+    "$lt",
+    "$lte",
+    "$in",
+    "$nin",
+    "$exists",
+    "$type",
+    "$not",
+    "$regex",
+    "$options",
+    "$elemMatch",
+    "$size",
+    "$all",
+    "$mod",
+    "$foo",
+    "$and",
+    "$or",
+    "$nor",
+    "$expr",
+    "$comment",
+];
+
+const UPDATE_OPS: &[&str] = &[
+    "$set",
+    "$unset",
+    "$inc",
+    "$mul",
+    "$min",
+    "$max",
+    "$rename",
+    "$setOnInsert",
+    "$push",
+    "$addToSet",
+    "$pop",
+    "$pull",
+    "$pullAll",
+    "$currentDate",
+    "$bit",
+    "$each",
+    "$slice",
+    "$sort",
+    "$position",
+    "$nope",
+];
+
+const EXPR_OPS: &[&str] = &[
+    "$add",
+    "$subtract",
+    "$multiply",
+    "$divide",
+    "$mod",
+    "$abs",
+    "$concat",
+    "$toUpper",
+    "$toLower",
+    "$eq",
+    "$gt",
+    "$and",
+    "$or",
+    "$not",
+    "$cond",
+    "$ifNull",
+    "$size",
+    "$arrayElemAt",
+    "$literal",
+    "$in",
+    "$map",
+    "$filter",
+    "$let",
+    "$sum",
+    "$first",
+    "$mergeObjects",
+    "$type",
+    "$toString",
+];
+
+const STAGES: &[&str] = &[
+    "$match",
+    "$project",
+    "$addFields",
+    "$set",
+    "$unset",
+    "$group",
+    "$sort",
+    "$skip",
+    "$limit",
+    "$count",
+    "$unwind",
+    "$replaceRoot",
+    "$replaceWith",
+    "$sortByCount",
+    "$lookup",
+    "$facet",
+    "$sample",
+    "$documents",
+    "$out",
+    "$merge",
+    "$bogus",
+];
+
+/// Iteration count: the default keeps the suite fast; `ENGINE_FUZZ_SCALE=<n>` multiplies it
+/// for longer local runs, and `ENGINE_FUZZ_SEED=<n>` varies the seeds.
+fn iterations(default: usize) -> usize {
+    let scale = std::env::var("ENGINE_FUZZ_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(1);
+    default.saturating_mul(scale.max(1))
+}
+
+fn rng_for(base: u64) -> StdRng {
+    let extra = std::env::var("ENGINE_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0);
+    StdRng::seed_from_u64(base ^ extra)
+}
+
+fn pick<'a>(rng: &mut StdRng, items: &[&'a str]) -> &'a str {
+    items[rng.random_range(0..items.len())]
+}
+
+fn scalar(rng: &mut StdRng) -> Bson {
+    match rng.random_range(0..16) {
+        0 => Bson::Null,
+        1 => Bson::Int32(rng.random_range(-3..4)),
+        2 => Bson::Int64(if rng.random_bool(0.1) {
+            i64::MAX
+        } else {
+            rng.random_range(-3..4)
+        }),
+        3 => Bson::Double(match rng.random_range(0..4) {
+            0 => f64::NAN,
+            1 => f64::INFINITY,
+            2 => -0.0,
+            _ => rng.random_range(-3.0..3.0),
+        }),
+        4 => {
+            Bson::String(pick(rng, &["", "a", "$a", "$$ROOT", "$a.b", "^a", "(", "abc"]).to_owned())
+        }
+        5 => Bson::Boolean(rng.random()),
+        6 => Bson::ObjectId(ObjectId::new()),
+        7 => Bson::RegularExpression(Regex {
+            pattern: pick(rng, &["a", "^$", "[", ".*"]).to_owned(),
+            options: "i".into(),
+        }),
+        8 => Bson::MinKey,
+        9 => Bson::MaxKey,
+        10 => Bson::Int32(i32::MAX),
+        11 => Bson::Binary(Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes: vec![1, 2],
+        }),
+        12 => Bson::DateTime(bson::DateTime::from_millis(rng.random_range(-5..5))),
+        13 => Bson::Undefined,
+        14 => Bson::Int32(1),
+        _ => Bson::String(pick(rng, &["string", "number", "array", "int", "x"]).to_owned()),
+    }
+}
+
+/// A random value; `ops` are the operator names that may appear as keys.
+fn value(rng: &mut StdRng, depth: u32, ops: &[&str]) -> Bson {
+    if depth == 0 {
+        return scalar(rng);
+    }
+    match rng.random_range(0..6) {
+        0 | 1 => scalar(rng),
+        2 => Bson::Array(
+            (0..rng.random_range(0..4))
+                .map(|_| value(rng, depth - 1, ops))
+                .collect(),
+        ),
+        3 => Bson::Document(document(rng, depth - 1, ops)),
+        _ => {
+            let mut d = Document::new();
+            d.insert(pick(rng, ops), value(rng, depth - 1, ops));
+            Bson::Document(d)
+        }
+    }
+}
+
+fn document(rng: &mut StdRng, depth: u32, ops: &[&str]) -> Document {
+    let mut d = Document::new();
+    for _ in 0..rng.random_range(0..4) {
+        let key = if rng.random_bool(0.3) {
+            pick(rng, ops)
+        } else {
+            pick(rng, FIELDS)
+        };
+        d.insert(key, value(rng, depth, ops));
+    }
+    d
+}
+
+fn stored_doc(rng: &mut StdRng) -> Document {
+    let mut d = Document::new();
+    d.insert("_id", rng.random_range(0..5));
+    for k in ["a", "b", "x"] {
+        if rng.random_bool(0.7) {
+            d.insert(k, value(rng, 3, &["c", "b", "0"]));
+        }
+    }
+    d
+}
+
+#[test]
+fn matching_random_filters_never_panics() {
+    let mut rng = rng_for(0x5eed_0001);
+    for _ in 0..iterations(4000) {
+        let filter = document(&mut rng, 3, QUERY_OPS);
+        let doc = stored_doc(&mut rng);
+        let _ = matches(&filter, &doc);
+    }
+}
+
+#[test]
+fn updates_with_random_operators_never_panic() {
+    let mut rng = rng_for(0x5eed_0002);
+    for _ in 0..iterations(4000) {
+        let mut doc = stored_doc(&mut rng);
+        let update = if rng.random_bool(0.8) {
+            let mut u = Document::new();
+            for _ in 0..rng.random_range(1..3) {
+                u.insert(pick(&mut rng, UPDATE_OPS), value(&mut rng, 3, UPDATE_OPS));
+            }
+            UpdateModification::Document(u)
+        } else {
+            UpdateModification::Pipeline(
+                (0..rng.random_range(0..3))
+                    .map(|_| {
+                        let mut s = Document::new();
+                        s.insert(pick(&mut rng, STAGES), value(&mut rng, 2, EXPR_OPS));
+                        s
+                    })
+                    .collect(),
+            )
+        };
+        let filters = [document(&mut rng, 2, QUERY_OPS)];
+        let query = document(&mut rng, 2, QUERY_OPS);
+        let ctx = UpdateContext {
+            is_insert: rng.random(),
+            array_filters: &filters,
+            query: Some(&query),
+        };
+        let _ = apply_update(&mut doc, &update, &ctx);
+    }
+}
+
+#[test]
+fn random_pipelines_and_finds_never_panic() {
+    let mut rng = rng_for(0x5eed_0003);
+    for round in 0..iterations(600) {
+        let mut store = Store::new();
+        let docs: Vec<Document> = (0..rng.random_range(0..6))
+            .map(|_| stored_doc(&mut rng))
+            .collect();
+        store.insert("db", "c", docs, false);
+        let pipeline: Vec<Document> = (0..rng.random_range(1..4))
+            .map(|_| {
+                let mut s = Document::new();
+                let ops: &[&str] = if rng.random_bool(0.5) {
+                    EXPR_OPS
+                } else {
+                    QUERY_OPS
+                };
+                s.insert(pick(&mut rng, STAGES), value(&mut rng, 3, ops));
+                s
+            })
+            .collect();
+        let _ = store.aggregate("db", "c", &pipeline);
+        let spec = FindSpec {
+            filter: document(&mut rng, 2, QUERY_OPS),
+            sort: Some(document(&mut rng, 1, &["$meta"])),
+            projection: Some(document(
+                &mut rng,
+                2,
+                &["$slice", "$elemMatch", "$add", "$literal"],
+            )),
+            skip: rng.random_range(0..3),
+            limit: Some(rng.random_range(-3..3)),
+        };
+        let _ = store.find("db", "c", &spec);
+        let stmt = UpdateStatement {
+            filter: document(&mut rng, 2, QUERY_OPS),
+            update: UpdateModification::Document(document(&mut rng, 2, UPDATE_OPS)),
+            upsert: rng.random(),
+            multi: rng.random(),
+            array_filters: vec![],
+            sort: None,
+        };
+        let _ = store.update("db", "c", &[stmt], round % 2 == 0);
+        let _ = store.distinct("db", "c", pick(&mut rng, FIELDS), &Document::new());
+        let _ = evaluate(&value(&mut rng, 3, EXPR_OPS), &stored_doc(&mut rng));
+    }
+}
+
+#[test]
+fn deeply_nested_input_is_rejected_not_overflowing() {
+    let mut filter = Document::new();
+    filter.insert("a", 1);
+    for _ in 0..300 {
+        let mut outer = Document::new();
+        outer.insert("$and", vec![Bson::Document(filter)]);
+        filter = outer;
+    }
+    assert_eq!(
+        matches(&filter, &Document::new()).map_err(|e| e.code),
+        Err(15)
+    );
+    let long_path = vec!["a"; 100_000].join(".");
+    let mut f = Document::new();
+    f.insert(long_path.clone(), 1);
+    assert_eq!(matches(&f, &Document::new()), Ok(false));
+    let mut set = Document::new();
+    set.insert(long_path.clone(), 1);
+    let mut u = Document::new();
+    u.insert("$set", set);
+    let mut doc = Document::new();
+    assert!(apply_update(
+        &mut doc,
+        &UpdateModification::Document(u),
+        &UpdateContext::default()
+    )
+    .is_err());
+    let mut proj = Document::new();
+    proj.insert(long_path, 1);
+    let store = Store::new();
+    let spec = FindSpec {
+        projection: Some(proj),
+        ..Default::default()
+    };
+    assert!(store.find("db", "c", &spec).is_err());
+}

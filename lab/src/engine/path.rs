@@ -2,6 +2,8 @@
 
 use bson::{Bson, Document};
 
+use super::limits::MAX_DEPTH;
+
 /// A value reached by a dotted path, as the query layer sees it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Found<'a> {
@@ -30,6 +32,10 @@ pub(crate) fn array_index(part: &str) -> Option<usize> {
 /// its elements.
 pub(crate) fn lookup<'a>(doc: &'a Document, path: &str) -> Vec<Found<'a>> {
     let parts: Vec<&str> = path.split('.').collect();
+    // No stored document nests this deep, and the walk recurses once per component.
+    if parts.len() > 2 * MAX_DEPTH {
+        return vec![Found::Missing];
+    }
     let mut out = Vec::new();
     lookup_in_doc(doc, &parts, &mut out);
     out

@@ -4,6 +4,7 @@
 use bson::{Bson, Document};
 
 use super::expression::eval_opt;
+use super::limits::MAX_DEPTH;
 use super::query::{is_operator_doc, match_document, match_value};
 use super::{EngineError, EngineResult};
 
@@ -33,6 +34,15 @@ fn node_get<'a>(node: &'a Node, key: &str) -> Option<&'a Spec> {
 }
 
 fn insert_path(node: &mut Node, path: &str, spec: Spec) -> EngineResult<()> {
+    if path.split('.').count() > MAX_DEPTH {
+        return Err(EngineError::overflow(format!(
+            "projection path '{path}' has more than {MAX_DEPTH} components"
+        )));
+    }
+    insert_path_parts(node, path, spec)
+}
+
+fn insert_path_parts(node: &mut Node, path: &str, spec: Spec) -> EngineResult<()> {
     let (head, rest) = match path.split_once('.') {
         Some((h, r)) => (h, Some(r)),
         None => (path, None),
@@ -63,7 +73,7 @@ fn insert_path(node: &mut Node, path: &str, spec: Spec) -> EngineResult<()> {
                 }
             };
             match node.get_mut(idx) {
-                Some((_, Spec::Nested(child))) => insert_path(child, rest, spec)?,
+                Some((_, Spec::Nested(child))) => insert_path_parts(child, rest, spec)?,
                 _ => {
                     return Err(EngineError::location(
                         31250,

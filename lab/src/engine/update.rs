@@ -43,6 +43,9 @@ pub fn apply_update(
     update: &UpdateModification,
     ctx: &UpdateContext<'_>,
 ) -> EngineResult<bool> {
+    for filter in ctx.array_filters.iter().chain(ctx.query) {
+        check_depth(filter)?;
+    }
     let mut work = doc.clone();
     match update {
         UpdateModification::Pipeline(stages) => apply_pipeline(&mut work, stages)?,
