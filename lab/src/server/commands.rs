@@ -604,9 +604,24 @@ fn run_data_command(
                     format!("Cannot start transaction {n} on session because a newer transaction has already started"),
                 ));
             }
+            let replacing = session
+                .txn
+                .as_ref()
+                .is_some_and(|t| t.state == TxnState::InProgress);
+            if !replacing && st.sessions.open_transactions() >= cfg.max_transactions {
+                return Err(CommandError::new(
+                    codes::OPERATION_FAILED,
+                    format!(
+                        "too many transactions in progress (the emulator allows {})",
+                        cfg.max_transactions
+                    ),
+                ));
+            }
+            let session = st.sessions.touch(key, lsid, cfg.max_sessions);
             session.txn_number = Some(n);
             session.retry_reply = None;
             session.txn = Some(Transaction {
+                started: std::time::Instant::now(),
                 number: n,
                 state: TxnState::InProgress,
                 snapshot: Some(st.store.clone()),
@@ -615,6 +630,7 @@ fn run_data_command(
                 written: Default::default(),
             });
         }
+        let session = st.sessions.touch(key, lsid, cfg.max_sessions);
         let Some(txn) = session
             .txn
             .as_mut()

@@ -81,6 +81,10 @@ pub struct EmulatorConfig {
     /// 100 UnsatisfiableWriteConcern write concern error). `None`: 1 for standalone, otherwise
     /// at least 3, so suites written for three-member sets also pass on smaller emulated sets.
     pub write_concern_nodes: Option<usize>,
+    /// Most transactions in progress at once (each holds a private copy of the store).
+    pub max_transactions: usize,
+    /// Transactions still open after this long are aborted (`transactionLifetimeLimitSeconds`).
+    pub transaction_lifetime: Duration,
 }
 
 impl Default for EmulatorConfig {
@@ -100,6 +104,8 @@ impl Default for EmulatorConfig {
             max_sessions: 10_000,
             max_metadata_records: 10_000,
             write_concern_nodes: None,
+            max_transactions: 1000,
+            transaction_lifetime: Duration::from_secs(60),
         }
     }
 }
@@ -409,6 +415,8 @@ async fn reaper(shared: Arc<Shared>) {
             _ = tokio::time::sleep(period) => {
                 let mut st = shared.state();
                 st.cursors.reap(shared.config.cursor_timeout);
+                let idle = Duration::from_secs(60 * shared.config.logical_session_timeout_minutes.max(1) as u64);
+                st.sessions.reap(idle, shared.config.transaction_lifetime);
             }
             _ = shutdown.changed() => break,
         }

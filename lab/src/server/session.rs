@@ -38,6 +38,9 @@ pub(crate) struct Transaction {
     /// `State::write_version` when the transaction started.
     pub(crate) base_version: u64,
     pub(crate) writes: Vec<(String, Document)>,
+    /// When the transaction started (transactions are aborted after
+    /// `transactionLifetimeLimitSeconds`).
+    pub(crate) started: Instant,
     /// `db.coll/_id` of every document the transaction changed.
     pub(crate) written: HashSet<String>,
 }
@@ -93,6 +96,38 @@ impl Sessions {
     /// The session for `key`, if tracked.
     pub(crate) fn get_mut(&mut self, key: &SessionKey) -> Option<&mut Session> {
         self.map.get_mut(key)
+    }
+
+    /// Number of transactions in progress.
+    pub(crate) fn open_transactions(&self) -> usize {
+        self.map
+            .values()
+            .filter(|s| {
+                s.txn
+                    .as_ref()
+                    .is_some_and(|t| t.state == TxnState::InProgress)
+            })
+            .count()
+    }
+
+    /// Aborts transactions older than `txn_lifetime` and forgets sessions idle for longer than
+    /// `idle` (mongod's transaction lifetime limit and logical session timeout).
+    pub(crate) fn reap(&mut self, idle: std::time::Duration, txn_lifetime: std::time::Duration) {
+        let now = Instant::now();
+        self.map
+            .retain(|_, s| now.duration_since(s.last_use) < idle);
+        for s in self.map.values_mut() {
+            if let Some(t) = s.txn.as_mut() {
+                if t.state == TxnState::InProgress && now.duration_since(t.started) >= txn_lifetime
+                {
+                    tracing::debug!(txn = t.number, "transaction exceeded its lifetime; aborted");
+                    t.state = TxnState::Aborted;
+                    t.snapshot = None;
+                    t.writes.clear();
+                    t.written.clear();
+                }
+            }
+        }
     }
 
     /// Whether another session's open transaction already changed one of `keys`.

@@ -207,8 +207,50 @@ fn parse_document(bytes: &[u8]) -> Result<(Document, usize), WireError> {
         .ok_or(WireError::Truncated("document"))?;
     let raw =
         bson::RawDocument::from_bytes(slice).map_err(|e| WireError::InvalidBson(e.to_string()))?;
+    // Validate every element and bound the nesting before building the owned document, whose
+    // conversion recurses once per level.
+    check_nesting(raw, 0)?;
     let doc = Document::try_from(raw).map_err(|e| WireError::InvalidBson(e.to_string()))?;
     Ok((doc, declared))
+}
+
+/// Deepest nesting of documents and arrays accepted in a request (mongod allows 180 levels in
+/// user documents plus a few for the command around them).
+pub const MAX_NESTING: usize = 200;
+
+fn check_nesting(doc: &bson::RawDocument, depth: usize) -> Result<(), WireError> {
+    if depth >= MAX_NESTING {
+        return Err(WireError::InvalidBson(format!(
+            "nesting deeper than {MAX_NESTING} levels"
+        )));
+    }
+    for element in doc {
+        let (_, value) = element.map_err(|e| WireError::InvalidBson(e.to_string()))?;
+        check_value(value, depth)?;
+    }
+    Ok(())
+}
+
+fn check_value(value: bson::RawBsonRef<'_>, depth: usize) -> Result<(), WireError> {
+    match value {
+        bson::RawBsonRef::Document(d) => check_nesting(d, depth + 1),
+        bson::RawBsonRef::JavaScriptCodeWithScope(c) => check_nesting(c.scope, depth + 1),
+        bson::RawBsonRef::Array(a) => {
+            if depth + 1 >= MAX_NESTING {
+                return Err(WireError::InvalidBson(format!(
+                    "nesting deeper than {MAX_NESTING} levels"
+                )));
+            }
+            for item in a {
+                check_value(
+                    item.map_err(|e| WireError::InvalidBson(e.to_string()))?,
+                    depth + 1,
+                )?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 fn read_cstring(bytes: &[u8]) -> Result<(&str, usize), WireError> {

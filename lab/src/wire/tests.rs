@@ -201,3 +201,41 @@ async fn read_message_from_stream() {
         Err(WireError::Truncated(_))
     ));
 }
+
+#[test]
+fn deep_nesting_is_rejected_without_recursing_deeply() {
+    // 100,000 nested documents: {a: {a: {a: ...}}}, built as raw bytes.
+    let levels = 100_000usize;
+    let mut inner: Vec<u8> = vec![5, 0, 0, 0, 0];
+    for _ in 0..levels {
+        let mut d = Vec::with_capacity(inner.len() + 8);
+        let len = (4 + 1 + 2 + inner.len() + 1) as i32;
+        d.extend_from_slice(&len.to_le_bytes());
+        d.push(0x03);
+        d.extend_from_slice(b"a\0");
+        d.extend_from_slice(&inner);
+        d.push(0);
+        inner = d;
+    }
+    let mut msg = Vec::new();
+    Header {
+        message_length: (HEADER_LEN + 5 + inner.len()) as i32,
+        request_id: 1,
+        response_to: 0,
+        op_code: OP_MSG,
+    }
+    .write_to(&mut msg);
+    msg.extend_from_slice(&[0, 0, 0, 0, 0]);
+    msg.extend_from_slice(&inner);
+    assert!(matches!(
+        decode_message(&msg),
+        Err(WireError::InvalidBson(_))
+    ));
+    // 50 levels are fine.
+    let mut d = doc! { "x": 1 };
+    for _ in 0..50 {
+        d = doc! { "a": d };
+    }
+    let ok = encode_op_msg(1, 0, 0, &d).unwrap();
+    assert!(decode_message(&ok).is_ok());
+}
