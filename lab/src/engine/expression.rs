@@ -619,6 +619,356 @@ impl Ctx<'_> {
                 }
                 Bson::Array(out)
             }
+            "$floor" | "$ceil" | "$trunc" | "$round" => {
+                let args = self.args(arg)?;
+                let Some(first) = args.first() else {
+                    return Err(EngineError::location(
+                        16020,
+                        format!("Expression {op} takes at least 1 argument"),
+                    ));
+                };
+                match first {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Null,
+                    Some(v @ (Bson::Int32(_) | Bson::Int64(_))) => v.clone(),
+                    Some(v) => match Num::of(v) {
+                        Some(n) => {
+                            let f = n.as_f64();
+                            Bson::Double(match op {
+                                "$floor" => f.floor(),
+                                "$ceil" => f.ceil(),
+                                "$trunc" => f.trunc(),
+                                // mongod rounds half to even.
+                                _ => {
+                                    let r = f.round();
+                                    if (f - f.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
+                                        r - f.signum()
+                                    } else {
+                                        r
+                                    }
+                                }
+                            })
+                        }
+                        None => {
+                            return Err(EngineError::location(
+                                28765,
+                                format!("{op} only supports numeric types, not {}", type_name(v)),
+                            ));
+                        }
+                    },
+                }
+            }
+            "$toInt" | "$toLong" | "$toDouble" | "$toBool" => {
+                let args = self.exact_args(op, arg, 1)?;
+                let v = args.into_iter().next().flatten();
+                let Some(v) = v.filter(|v| !matches!(v, Bson::Null | Bson::Undefined)) else {
+                    return Ok(Some(Bson::Null));
+                };
+                let fail = |v: &Bson| {
+                    EngineError::location(241, format!("Unsupported conversion from {} to {} in $convert with no onError value", type_name(v), &op[3..].to_lowercase()))
+                };
+                if op == "$toBool" {
+                    Bson::Boolean(is_truthy(&v))
+                } else {
+                    let n = match &v {
+                        Bson::Boolean(b) => Num::Int(i64::from(*b)),
+                        Bson::String(s) => match s.trim().parse::<i64>() {
+                            Ok(i) => Num::Int(i),
+                            Err(_) => Num::Float(s.trim().parse::<f64>().map_err(|_| fail(&v))?),
+                        },
+                        Bson::DateTime(d) => Num::Int(d.timestamp_millis()),
+                        other => Num::of(other).ok_or_else(|| fail(other))?,
+                    };
+                    match (op, n) {
+                        ("$toDouble", n) => Bson::Double(n.as_f64()),
+                        ("$toInt", Num::Int(i)) => {
+                            Bson::Int32(i32::try_from(i).map_err(|_| fail(&v))?)
+                        }
+                        ("$toInt", Num::Float(f)) if f.is_finite() && f.abs() < 2_147_483_648.0 => {
+                            Bson::Int32(f.trunc() as i32)
+                        }
+                        ("$toLong", Num::Int(i)) => Bson::Int64(i),
+                        ("$toLong", Num::Float(f)) if f.is_finite() && f.abs() < 9.2e18 => {
+                            Bson::Int64(f.trunc() as i64)
+                        }
+                        _ => return Err(fail(&v)),
+                    }
+                }
+            }
+            "$reverseArray" => {
+                let args = self.exact_args(op, arg, 1)?;
+                match args.into_iter().next().flatten() {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Null,
+                    Some(Bson::Array(mut items)) => {
+                        items.reverse();
+                        Bson::Array(items)
+                    }
+                    Some(other) => {
+                        return Err(EngineError::location(34435, format!("The argument to $reverseArray must be an array, but was of type: {}", type_name(&other))));
+                    }
+                }
+            }
+            "$slice" => {
+                let args = self.args(arg)?;
+                if !(2..=3).contains(&args.len()) {
+                    return Err(EngineError::location(
+                        28667,
+                        "Expression $slice takes at least 2 arguments, and at most 3",
+                    ));
+                }
+                let items = match &args[0] {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(Some(Bson::Null)),
+                    Some(Bson::Array(items)) => items.clone(),
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            28724,
+                            format!(
+                                "First argument to $slice must be an array, but is of type: {}",
+                                type_name(other)
+                            ),
+                        ));
+                    }
+                };
+                let int_arg = |v: &Option<Bson>| match v.as_ref().and_then(Num::of) {
+                    Some(Num::Int(i)) => Ok(i),
+                    Some(Num::Float(f)) if f.fract() == 0.0 && f.is_finite() => Ok(f as i64),
+                    _ => Err(EngineError::location(
+                        28725,
+                        "$slice arguments must be integral numbers",
+                    )),
+                };
+                let len = items.len() as i64;
+                let (start, count) = if args.len() == 2 {
+                    let n = int_arg(&args[1])?;
+                    if n >= 0 {
+                        (0, n)
+                    } else {
+                        ((len + n).max(0), len)
+                    }
+                } else {
+                    let pos = int_arg(&args[1])?;
+                    let n = int_arg(&args[2])?;
+                    if n <= 0 {
+                        return Err(EngineError::location(
+                            28729,
+                            "Third argument to $slice must be positive",
+                        ));
+                    }
+                    (
+                        if pos >= 0 {
+                            pos.min(len)
+                        } else {
+                            (len + pos).max(0)
+                        },
+                        n,
+                    )
+                };
+                let start = usize::try_from(start).unwrap_or(0);
+                let count = usize::try_from(count).unwrap_or(0);
+                Bson::Array(items.into_iter().skip(start).take(count).collect())
+            }
+            "$range" => {
+                let args = self.args(arg)?;
+                if !(2..=3).contains(&args.len()) {
+                    return Err(EngineError::location(
+                        28667,
+                        "Expression $range takes at least 2 arguments, and at most 3",
+                    ));
+                }
+                let int_arg = |v: &Option<Bson>| {
+                    match v.as_ref().and_then(Num::of) {
+                    Some(Num::Int(i)) if i32::try_from(i).is_ok() => Ok(i),
+                    Some(Num::Float(f)) if f.fract() == 0.0 && f.abs() < 2_147_483_648.0 => Ok(f as i64),
+                    _ => Err(EngineError::location(34443, "$range requires a numeric starting value and ending value that can be represented as 32-bit integers")),
+                }
+                };
+                let (start, end) = (int_arg(&args[0])?, int_arg(&args[1])?);
+                let step = match args.get(2) {
+                    Some(s) => int_arg(s)?,
+                    None => 1,
+                };
+                if step == 0 {
+                    return Err(EngineError::location(
+                        34449,
+                        "$range requires a non-zero step value",
+                    ));
+                }
+                let count = if (step > 0 && end > start) || (step < 0 && end < start) {
+                    ((end - start).abs() + step.abs() - 1) / step.abs()
+                } else {
+                    0
+                };
+                if count > 1_000_000 {
+                    return Err(EngineError::location(
+                        34434,
+                        "$range would produce more than 1,000,000 values",
+                    ));
+                }
+                Bson::Array(
+                    (0..count)
+                        .map(|i| Bson::Int32((start + i * step) as i32))
+                        .collect(),
+                )
+            }
+            "$split" => {
+                let args = self.exact_args(op, arg, 2)?;
+                match (&args[0], &args[1]) {
+                    (None | Some(Bson::Null) | Some(Bson::Undefined), _) => Bson::Null,
+                    (Some(Bson::String(s)), Some(Bson::String(sep))) if !sep.is_empty() => {
+                        Bson::Array(
+                            s.split(sep.as_str())
+                                .map(|p| Bson::String(p.to_owned()))
+                                .collect(),
+                        )
+                    }
+                    _ => {
+                        return Err(EngineError::location(
+                            40085,
+                            "$split requires a string and a non-empty string delimiter",
+                        ))
+                    }
+                }
+            }
+            "$substrCP" | "$substr" | "$substrBytes" => {
+                let args = self.exact_args(op, arg, 3)?;
+                let text = match &args[0] {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => String::new(),
+                    Some(Bson::String(s)) => s.clone(),
+                    Some(other) => other.to_string(),
+                };
+                let int_arg = |v: &Option<Bson>| match v.as_ref().and_then(Num::of) {
+                    Some(n) if n.as_f64() >= 0.0 => Ok(n.as_f64() as usize),
+                    _ => Err(EngineError::location(
+                        34452,
+                        format!("{op} requires non-negative numeric start and length"),
+                    )),
+                };
+                let (start, len) = (int_arg(&args[1])?, int_arg(&args[2])?);
+                // Characters (not bytes) for every variant, which never splits a UTF-8 sequence.
+                Bson::String(text.chars().skip(start).take(len).collect())
+            }
+            "$strcasecmp" => {
+                let args = self.exact_args(op, arg, 2)?;
+                let text = |v: &Option<Bson>| match v {
+                    Some(Bson::String(s)) => s.to_lowercase(),
+                    _ => String::new(),
+                };
+                Bson::Int32(match text(&args[0]).cmp(&text(&args[1])) {
+                    Ordering::Less => -1,
+                    Ordering::Equal => 0,
+                    Ordering::Greater => 1,
+                })
+            }
+            "$indexOfArray" => {
+                let args = self.args(arg)?;
+                if args.len() < 2 {
+                    return Err(EngineError::location(
+                        28667,
+                        "Expression $indexOfArray takes at least 2 arguments",
+                    ));
+                }
+                match &args[0] {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Null,
+                    Some(Bson::Array(items)) => {
+                        let needle = args[1].clone().unwrap_or(Bson::Null);
+                        let pos = items
+                            .iter()
+                            .position(|i| compare_bson(i, &needle) == Ordering::Equal);
+                        Bson::Int32(pos.and_then(|p| i32::try_from(p).ok()).unwrap_or(-1))
+                    }
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            40090,
+                            format!(
+                                "$indexOfArray requires an array as a first argument, found: {}",
+                                type_name(other)
+                            ),
+                        ));
+                    }
+                }
+            }
+            "$objectToArray" => {
+                let args = self.exact_args(op, arg, 1)?;
+                match args.into_iter().next().flatten() {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Null,
+                    Some(Bson::Document(d)) => Bson::Array(
+                        d.into_iter()
+                            .map(|(k, v)| {
+                                let mut kv = Document::new();
+                                kv.insert("k", k);
+                                kv.insert("v", v);
+                                Bson::Document(kv)
+                            })
+                            .collect(),
+                    ),
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            40390,
+                            format!(
+                                "$objectToArray requires a document input, found: {}",
+                                type_name(&other)
+                            ),
+                        ));
+                    }
+                }
+            }
+            "$arrayToObject" => {
+                let args = self.exact_args(op, arg, 1)?;
+                match args.into_iter().next().flatten() {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Null,
+                    Some(Bson::Array(items)) => {
+                        let mut out = Document::new();
+                        for item in items {
+                            match item {
+                                Bson::Document(d) => match (d.get("k"), d.get("v")) {
+                                    (Some(Bson::String(k)), Some(v)) if d.len() == 2 => {
+                                        out.insert(k.clone(), v.clone());
+                                    }
+                                    _ => return Err(EngineError::location(40392, "$arrayToObject requires an object keys of 'k' and 'v'")),
+                                },
+                                Bson::Array(pair) if pair.len() == 2 => match (&pair[0], &pair[1]) {
+                                    (Bson::String(k), v) => {
+                                        out.insert(k.clone(), v.clone());
+                                    }
+                                    _ => return Err(EngineError::location(40395, "$arrayToObject requires an array of key-value pairs with string keys")),
+                                },
+                                _ => return Err(EngineError::location(40398, "Unrecognised input type format for $arrayToObject")),
+                            }
+                        }
+                        Bson::Document(out)
+                    }
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            40386,
+                            format!(
+                                "$arrayToObject requires an array input, found: {}",
+                                type_name(&other)
+                            ),
+                        ));
+                    }
+                }
+            }
+            "$setUnion" => {
+                let mut seen = std::collections::BTreeSet::new();
+                let mut out = Vec::new();
+                for a in self.args(arg)? {
+                    match a {
+                        None | Some(Bson::Null) | Some(Bson::Undefined) => {
+                            return Ok(Some(Bson::Null))
+                        }
+                        Some(Bson::Array(items)) => {
+                            for i in items {
+                                if seen.insert(super::compare::OrdBson(i.clone())) {
+                                    out.push(i);
+                                }
+                            }
+                        }
+                        Some(other) => {
+                            return Err(EngineError::location(17043, format!("All operands of $setUnion must be arrays. One argument is of type: {}", type_name(&other))));
+                        }
+                    }
+                }
+                Bson::Array(out)
+            }
             "$isArray" => {
                 let args = self.exact_args(op, arg, 1)?;
                 Bson::Boolean(matches!(args[0], Some(Bson::Array(_))))
@@ -926,6 +1276,59 @@ mod tests {
             ),
             Bson::Int32(5)
         );
+    }
+
+    #[test]
+    fn conversion_and_array_helpers() {
+        assert_eq!(ev(bson::bson!({"$toInt": "42"}), doc! {}), Bson::Int32(42));
+        assert_eq!(ev(bson::bson!({"$toLong": 2.9}), doc! {}), Bson::Int64(2));
+        assert_eq!(
+            ev(bson::bson!({"$toDouble": "1.5"}), doc! {}),
+            Bson::Double(1.5)
+        );
+        assert_eq!(ev(bson::bson!({"$floor": 2.5}), doc! {}), Bson::Double(2.0));
+        assert_eq!(ev(bson::bson!({"$round": 2.5}), doc! {}), Bson::Double(2.0));
+        assert_eq!(ev(bson::bson!({"$round": 3.5}), doc! {}), Bson::Double(4.0));
+        assert_eq!(
+            ev(bson::bson!({"$slice": [[1, 2, 3, 4], -2]}), doc! {}),
+            bson::bson!([3, 4])
+        );
+        assert_eq!(
+            ev(bson::bson!({"$slice": [[1, 2, 3, 4], 1, 2]}), doc! {}),
+            bson::bson!([2, 3])
+        );
+        assert_eq!(
+            ev(bson::bson!({"$range": [0, 10, 4]}), doc! {}),
+            bson::bson!([0, 4, 8])
+        );
+        assert_eq!(
+            ev(bson::bson!({"$range": [5, 0, -2]}), doc! {}),
+            bson::bson!([5, 3, 1])
+        );
+        assert_eq!(
+            ev(bson::bson!({"$split": ["a,b", ","]}), doc! {}),
+            bson::bson!(["a", "b"])
+        );
+        assert_eq!(
+            ev(bson::bson!({"$substrCP": ["héllo", 1, 3]}), doc! {}),
+            Bson::String("éll".into())
+        );
+        assert_eq!(
+            ev(bson::bson!({"$indexOfArray": [[1, 2, 3], 2.0]}), doc! {}),
+            Bson::Int32(1)
+        );
+        assert_eq!(
+            ev(
+                bson::bson!({"$arrayToObject": {"$objectToArray": {"a": 1}}}),
+                doc! {}
+            ),
+            bson::bson!({"a": 1})
+        );
+        assert_eq!(
+            ev(bson::bson!({"$setUnion": [[1, 2], [2, 3]]}), doc! {}),
+            bson::bson!([1, 2, 3])
+        );
+        assert!(evaluate(&bson::bson!({"$range": [0, 2_000_000_000]}), &doc! {}).is_err());
     }
 
     #[test]

@@ -62,6 +62,19 @@ const UPDATE_OPS: &[&str] = &[
 ];
 
 const EXPR_OPS: &[&str] = &[
+    "$floor",
+    "$round",
+    "$toInt",
+    "$toLong",
+    "$slice",
+    "$range",
+    "$split",
+    "$substrCP",
+    "$indexOfArray",
+    "$objectToArray",
+    "$arrayToObject",
+    "$setUnion",
+    "$reverseArray",
     "$add",
     "$subtract",
     "$multiply",
