@@ -1,11 +1,12 @@
 //! Aggregation expression evaluation (`$project`, `$addFields`, `$group`, `$expr`, ...).
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 
 use bson::{Bson, Document};
 
 use super::compare::{compare_bson, Num};
-use super::limits::check_value_depth;
+use super::limits::{check_depth, check_value_depth};
 use super::{EngineError, EngineResult};
 
 /// Evaluates the aggregation expression `expr` with `root` as `$$ROOT` and `$$CURRENT`.
@@ -30,6 +31,70 @@ pub(crate) fn eval_opt(expr: &Bson, root: &Document) -> EngineResult<Option<Bson
         vars: Vec::new(),
     };
     ctx.eval(expr)
+}
+
+thread_local! {
+    /// Variables bound by a command's `let` option for the duration of [`with_variables`].
+    static COMMAND_VARIABLES: RefCell<Vec<(String, Bson)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn command_variable(name: &str) -> Option<Bson> {
+    COMMAND_VARIABLES.with(|v| {
+        v.borrow()
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    })
+}
+
+/// Runs `f` with the variables of a command's `let` option (`find`, `aggregate`, `update`,
+/// `delete`, `findAndModify`) bound, so `$$name` resolves inside `$expr`, projections,
+/// pipelines and pipeline updates. Each value is an expression evaluated once, up front.
+/// Names must start with a lowercase ASCII letter or a non-ASCII character, as in mongod
+/// (2 BadValue otherwise).
+///
+/// ```text
+/// let docs = engine::with_variables(&let_doc, || store.find(db, coll, &spec))??;
+/// ```
+pub fn with_variables<R>(vars: &Document, f: impl FnOnce() -> R) -> EngineResult<R> {
+    check_depth(vars)?;
+    let mut bound = Vec::with_capacity(vars.len());
+    for (name, expr) in vars {
+        let valid_start = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || !c.is_ascii());
+        if !valid_start
+            || !name
+                .chars()
+                .all(|c| c.is_alphanumeric() || c == '_' || !c.is_ascii())
+        {
+            return Err(EngineError::bad_value(format!(
+                "'{name}' starts with an invalid character for a user variable name"
+            )));
+        }
+        bound.push((
+            name.clone(),
+            eval_opt(expr, &Document::new())?.unwrap_or(Bson::Null),
+        ));
+    }
+    /// Restores the outer bindings even if `f` unwinds.
+    struct Restore(Vec<(String, Bson)>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = std::mem::take(&mut self.0);
+            COMMAND_VARIABLES.with(|v| *v.borrow_mut() = outer);
+        }
+    }
+    let outer = COMMAND_VARIABLES.with(|v| {
+        let mut current = v.borrow_mut();
+        let outer = current.clone();
+        current.extend(bound);
+        outer
+    });
+    let _restore = Restore(outer);
+    Ok(f())
 }
 
 /// Truthiness as `$cond`, `$and`, `$expr` use it: false, null, undefined, missing and numeric
@@ -204,8 +269,15 @@ impl Ctx<'_> {
             "ROOT" | "CURRENT" => Bson::Document(self.root.clone()),
             "REMOVE" => return Ok(None),
             "NOW" => Bson::DateTime(bson::DateTime::now()),
-            _ => match self.vars.iter().rev().find(|(n, _)| n == name) {
-                Some((_, v)) => v.clone(),
+            _ => match self
+                .vars
+                .iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .or_else(|| command_variable(name))
+            {
+                Some(v) => v,
                 None => {
                     return Err(EngineError::location(
                         17276,
@@ -1329,6 +1401,32 @@ mod tests {
             bson::bson!([1, 2, 3])
         );
         assert!(evaluate(&bson::bson!({"$range": [0, 2_000_000_000]}), &doc! {}).is_err());
+    }
+
+    #[test]
+    fn command_variables_are_scoped() {
+        let vars = doc! {"limit": {"$add": [1, 1]}, "name": "x"};
+        let inside = with_variables(&vars, || {
+            evaluate(&Bson::String("$$limit".into()), &doc! {})
+        })
+        .expect("valid names");
+        assert_eq!(inside, Ok(Bson::Int32(2)));
+        assert!(evaluate(&Bson::String("$$limit".into()), &doc! {}).is_err());
+        let nested = with_variables(&vars, || {
+            with_variables(&doc! {"other": 1}, || {
+                evaluate(&bson::bson!({"$add": ["$$limit", "$$other"]}), &doc! {})
+            })
+        });
+        assert_eq!(nested, Ok(Ok(Ok(Bson::Int32(3)))));
+        assert_eq!(
+            with_variables(&doc! {"Bad": 1}, || ()).map_err(|e| e.code),
+            Err(2)
+        );
+        let filter = doc! {"$expr": {"$eq": ["$a", "$$name"]}};
+        assert_eq!(
+            with_variables(&vars, || crate::engine::matches(&filter, &doc! {"a": "x"})),
+            Ok(Ok(true))
+        );
     }
 
     #[test]

@@ -22,9 +22,25 @@
 //! [`Store::run_pipeline`] runs the remaining stages over documents the server produced itself
 //! (e.g. for `$changeStream` or `$listLocalSessions`, which the engine does not implement).
 //!
-//! Free functions: [`matches`] (query filter), [`compare_bson`] (BSON type order with numeric
-//! cross-type comparison), [`apply_update`] (update one document in place), [`evaluate`]
-//! (aggregation expressions).
+//! Free functions: [`matches()`] (query filter), [`compare_bson`] (BSON type order with numeric
+//! cross-type comparison), [`strict_equal`] (byte-level equality), [`apply_update`] (update one
+//! document in place), [`evaluate`] (aggregation expressions) and [`with_variables`] (binds a
+//! command's `let` variables around any engine call).
+//!
+//! # Files
+//!
+//! `error.rs` (the error type and mongod's codes), `limits.rs` (16 MiB and nesting limits),
+//! `compare.rs` (ordering and equality), `path.rs` (dotted paths), `query.rs` (filters),
+//! `sort.rs`, `projection.rs` (find projections, `$project`, `$addFields`, `$unset`),
+//! `update.rs` (operators, replacement, pipeline updates, upsert seeds), `expression.rs`,
+//! `aggregate.rs` (stages, `$out`, `$merge`), `catalog.rs` (the [`Store`], collections and
+//! indexes), `crud.rs` (the write and read commands and their parsers) and `fuzz_tests.rs`.
+//!
+//! # Not implemented
+//!
+//! Collation, text/geo queries and indexes, `$where`, views, capped-collection semantics,
+//! the positional `$` projection, `$lookup` with `let`, window functions and `$bucket`.
+//! Indexes other than unique ones are metadata only (every query is a collection scan).
 //!
 //! The `parse` helpers ([`FindSpec::from_command`], [`UpdateStatement::from_command`],
 //! [`DeleteStatement::from_command`], [`FindAndModifySpec::from_command`]) read the fields of
@@ -57,7 +73,7 @@ use bson::{Bson, Document};
 pub use catalog::Store;
 pub use compare::{compare_bson, strict_equal};
 pub use error::{EngineError, EngineResult};
-pub use expression::evaluate;
+pub use expression::{evaluate, with_variables};
 pub use limits::{MAX_BSON_SIZE, MAX_DEPTH};
 pub use query::matches;
 pub use update::{apply_update, UpdateContext};

@@ -12,6 +12,8 @@ use super::{EngineError, EngineResult};
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct SortSpec {
     keys: Vec<(String, bool)>,
+    /// `{$natural: -1}`: reverse natural (insertion) order before applying the other keys.
+    natural_reverse: bool,
 }
 
 impl SortSpec {
@@ -19,7 +21,13 @@ impl SortSpec {
     /// accepted and ignored, since the engine has no text index.
     pub(crate) fn parse(spec: &Document) -> EngineResult<Self> {
         let mut keys = Vec::with_capacity(spec.len());
+        let mut natural_reverse = false;
         for (path, dir) in spec {
+            if path == "$natural" {
+                natural_reverse = matches!(dir, Bson::Int32(-1) | Bson::Int64(-1))
+                    || matches!(dir, Bson::Double(f) if *f == -1.0);
+                continue;
+            }
             if path.is_empty() || path.split('.').any(str::is_empty) {
                 return Err(EngineError::bad_value(format!(
                     "Invalid sort key: '{path}'"
@@ -40,12 +48,15 @@ impl SortSpec {
             };
             keys.push((path.clone(), descending));
         }
-        Ok(SortSpec { keys })
+        Ok(SortSpec {
+            keys,
+            natural_reverse,
+        })
     }
 
     /// Whether the specification has no keys (sorting is then a no-op).
     pub(crate) fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && !self.natural_reverse
     }
 
     /// The sort key of `doc`: per path, the smallest (ascending) or largest (descending) value
@@ -75,6 +86,9 @@ impl SortSpec {
 
     /// Stable sort of arbitrary items by the document each one stands for.
     pub(crate) fn sort_by_doc<T>(&self, items: &mut Vec<T>, doc_of: impl Fn(&T) -> &Document) {
+        if self.natural_reverse {
+            items.reverse();
+        }
         if self.keys.is_empty() {
             return;
         }
@@ -179,6 +193,19 @@ mod tests {
             .expect("valid")
             .sort(&mut desc);
         assert_eq!(ids(&desc), vec![1, 2]);
+    }
+
+    #[test]
+    fn natural_order_can_be_reversed() {
+        let mut docs = vec![doc! {"_id": 1}, doc! {"_id": 2}, doc! {"_id": 3}];
+        SortSpec::parse(&doc! {"$natural": -1})
+            .expect("valid")
+            .sort(&mut docs);
+        assert_eq!(ids(&docs), vec![3, 2, 1]);
+        SortSpec::parse(&doc! {"$natural": 1})
+            .expect("valid")
+            .sort(&mut docs);
+        assert_eq!(ids(&docs), vec![3, 2, 1]);
     }
 
     #[test]
