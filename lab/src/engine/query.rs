@@ -25,7 +25,7 @@ pub fn matches(filter: &Document, doc: &Document) -> EngineResult<bool> {
     match_document(filter, doc)
 }
 
-/// [`matches`] without the depth check, for callers that validated the filter already.
+/// [`matches()`] without the depth check, for callers that validated the filter already.
 pub(crate) fn match_document(filter: &Document, doc: &Document) -> EngineResult<bool> {
     for (key, cond) in filter {
         if !match_top_level(key, cond, doc)? {
