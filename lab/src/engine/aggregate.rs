@@ -9,7 +9,7 @@ use rand::seq::SliceRandom;
 
 use super::catalog::Collection;
 use super::compare::{bson_eq, OrdBson};
-use super::expression::{eval_opt, fold_values};
+use super::expression::{bind_variables, eval_opt, evaluate_variables, fold_values};
 use super::limits::{check_depth, check_value_depth, MAX_DEPTH};
 use super::path::get_exact;
 use super::projection::{add_fields, replace_root, Projection};
@@ -146,19 +146,40 @@ impl Store {
         check_field_path(&as_field)?;
         let local = field("localField")?;
         let foreign = field("foreignField")?;
-        if spec.contains_key("let") {
-            return Err(EngineError::location(
-                40324,
-                "$lookup with 'let' is not supported by the emulator",
+        let let_vars = match spec.get("let") {
+            None => None,
+            Some(Bson::Document(v)) => Some(v.clone()),
+            Some(_) => {
+                return Err(EngineError::failed_to_parse(
+                    "$lookup argument 'let' must be an object",
+                ))
+            }
+        };
+        let sub = spec.get("pipeline").map(pipeline_of).transpose()?;
+        if let_vars.is_some() && sub.is_none() {
+            return Err(EngineError::failed_to_parse(
+                "$lookup with 'let' requires a 'pipeline'",
             ));
         }
-        let mut foreign_docs = self.documents(db, &from).to_vec();
-        if let Some(p) = spec.get("pipeline") {
-            let sub = pipeline_of(p)?;
-            foreign_docs = self.run_pipeline(db, foreign_docs, &sub)?;
-        }
+        let collection_docs = self.documents(db, &from).to_vec();
+        // Without `let` the sub-pipeline does not depend on the local document: run it once.
+        let shared = match (&sub, &let_vars) {
+            (Some(p), None) => self.run_pipeline(db, collection_docs.clone(), p)?,
+            _ => collection_docs.clone(),
+        };
         let mut out = Vec::with_capacity(docs.len());
         for mut d in docs {
+            let per_doc;
+            let foreign_docs = match (&sub, &let_vars) {
+                (Some(p), Some(vars)) => {
+                    let bound = evaluate_variables(vars, &d)?;
+                    per_doc = bind_variables(bound, || {
+                        self.run_pipeline(db, collection_docs.clone(), p)
+                    })?;
+                    &per_doc
+                }
+                _ => &shared,
+            };
             let joined: Vec<Bson> = match (&local, &foreign) {
                 (Some(l), Some(f)) => {
                     let values = match get_exact(&d, l) {
@@ -171,7 +192,7 @@ impl Store {
                     let mut filter = Document::new();
                     filter.insert(f.clone(), cond);
                     let mut hits = Vec::new();
-                    for fd in &foreign_docs {
+                    for fd in foreign_docs {
                         if match_document(&filter, fd)? {
                             hits.push(Bson::Document(fd.clone()));
                         }
@@ -1162,6 +1183,16 @@ mod tests {
         );
         let out = agg(&mut s, vec![doc! {"$lookup": {"from": "names", "localField": "k", "foreignField": "_id", "as": "n"}}, doc! {"$limit": 1}]).expect("ok");
         assert_eq!(out[0].get_array("n").map(|a| a.len()), Ok(1));
+        let correlated = doc! {"$lookup": {"from": "names", "let": {"key": "$k"}, "pipeline": [{"$match": {"$expr": {"$eq": ["$_id", "$$key"]}}}, {"$project": {"_id": 0, "name": 1}}], "as": "n"}};
+        let out = agg(&mut s, vec![correlated, doc! {"$limit": 2}]).expect("ok");
+        assert_eq!(
+            out[0].get_array("n"),
+            Ok(&vec![Bson::Document(doc! {"name": "Alpha"})])
+        );
+        assert_eq!(
+            out[1].get_array("n"),
+            Ok(&vec![Bson::Document(doc! {"name": "Beta"})])
+        );
         let out = agg(&mut s, vec![doc! {"$facet": {"count": [{"$count": "n"}], "first": [{"$limit": 1}, {"$project": {"_id": 1}}]}}]).expect("ok");
         assert_eq!(out, vec![doc! {"count": [{"n": 3}], "first": [{"_id": 1}]}]);
     }

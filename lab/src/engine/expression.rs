@@ -59,6 +59,15 @@ fn command_variable(name: &str) -> Option<Bson> {
 /// ```
 pub fn with_variables<R>(vars: &Document, f: impl FnOnce() -> R) -> EngineResult<R> {
     check_depth(vars)?;
+    let bound = evaluate_variables(vars, &Document::new())?;
+    Ok(bind_variables(bound, f))
+}
+
+/// Evaluates `let`-style variable definitions against `root`, validating the names.
+pub(crate) fn evaluate_variables(
+    vars: &Document,
+    root: &Document,
+) -> EngineResult<Vec<(String, Bson)>> {
     let mut bound = Vec::with_capacity(vars.len());
     for (name, expr) in vars {
         let valid_start = name
@@ -74,11 +83,13 @@ pub fn with_variables<R>(vars: &Document, f: impl FnOnce() -> R) -> EngineResult
                 "'{name}' starts with an invalid character for a user variable name"
             )));
         }
-        bound.push((
-            name.clone(),
-            eval_opt(expr, &Document::new())?.unwrap_or(Bson::Null),
-        ));
+        bound.push((name.clone(), eval_opt(expr, root)?.unwrap_or(Bson::Null)));
     }
+    Ok(bound)
+}
+
+/// Runs `f` with already evaluated variables bound on top of the current ones.
+pub(crate) fn bind_variables<R>(bound: Vec<(String, Bson)>, f: impl FnOnce() -> R) -> R {
     /// Restores the outer bindings even if `f` unwinds.
     struct Restore(Vec<(String, Bson)>);
     impl Drop for Restore {
@@ -94,7 +105,7 @@ pub fn with_variables<R>(vars: &Document, f: impl FnOnce() -> R) -> EngineResult
         outer
     });
     let _restore = Restore(outer);
-    Ok(f())
+    f()
 }
 
 /// Truthiness as `$cond`, `$and`, `$expr` use it: false, null, undefined, missing and numeric
