@@ -1,0 +1,113 @@
+//! Virtual cores: a FIFO semaphore of `cores` permits. A request holds one permit for one
+//! quantum of work (sleeping, not spinning), then queues again, which time-shares the cores
+//! round-robin among runnable requests.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+#[derive(Debug)]
+pub(crate) struct Cores {
+    sem: Semaphore,
+    total: Mutex<CoreCount>,
+    busy: AtomicU32,
+}
+
+#[derive(Debug)]
+struct CoreCount {
+    total: u32,
+    /// Permits still to be removed when they are released (the pool shrank while busy).
+    debt: u32,
+}
+
+/// One core, held for one quantum.
+pub(crate) struct Core<'a> {
+    cores: &'a Cores,
+    permit: Option<SemaphorePermit<'a>>,
+}
+
+impl Drop for Core<'_> {
+    fn drop(&mut self) {
+        self.cores.busy.fetch_sub(1, Ordering::Relaxed);
+        if let Some(p) = self.permit.take() {
+            let mut c = self.cores.lock();
+            if c.debt > 0 {
+                c.debt -= 1;
+                p.forget();
+            }
+        }
+    }
+}
+
+impl Cores {
+    pub(crate) fn new(total: u32) -> Cores {
+        Cores {
+            sem: Semaphore::new(total as usize),
+            total: Mutex::new(CoreCount { total, debt: 0 }),
+            busy: AtomicU32::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CoreCount> {
+        self.total.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for a core (FIFO). Cancel-safe.
+    pub(crate) async fn acquire(&self) -> Core<'_> {
+        // The semaphore is never closed, so acquire cannot fail.
+        let permit = self.sem.acquire().await.ok();
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Core {
+            cores: self,
+            permit,
+        }
+    }
+
+    pub(crate) fn resize(&self, new: u32) {
+        let mut c = self.lock();
+        if new > c.total {
+            let mut add = new - c.total;
+            let repaid = add.min(c.debt);
+            c.debt -= repaid;
+            add -= repaid;
+            self.sem.add_permits(add as usize);
+        } else if new < c.total {
+            let remove = c.total - new;
+            let gone = self.sem.forget_permits(remove as usize) as u32;
+            c.debt += remove - gone;
+        }
+        c.total = new;
+    }
+
+    pub(crate) fn busy(&self) -> u32 {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn total(&self) -> u32 {
+        self.lock().total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn shrink_while_busy_then_grow() {
+        let c = Cores::new(2);
+        let a = c.acquire().await;
+        let b = c.acquire().await;
+        assert_eq!(c.busy(), 2);
+        c.resize(1);
+        drop(a);
+        // The released permit paid the debt: still no core free.
+        assert_eq!(c.sem.available_permits(), 0);
+        drop(b);
+        assert_eq!(c.sem.available_permits(), 1);
+        c.resize(3);
+        assert_eq!(c.sem.available_permits(), 3);
+        assert_eq!(c.total(), 3);
+        assert_eq!(c.busy(), 0);
+    }
+}

@@ -1,0 +1,724 @@
+//! The load-shedding server model: how a loaded mongod admits, queues, runs and abandons
+//! requests (`emulator-notes.md` §5, seed 004).
+//!
+//! A request goes through two steps:
+//!
+//! 1. [`Model::admit`] — the ingress token bucket (`ingressRequestRateLimiter`). Rejects with
+//!    462 IngressRequestRateLimitExceeded, or waits in a bounded queue for a token. Exempt
+//!    commands (hello, ping, ...) pass at once.
+//! 2. [`Admission::execute`] — a read or write ticket (non-FIFO wake-ups, optional bounded
+//!    waiter queue that sheds with 433 AdmissionQueueOverflow), then the command's cost in core
+//!    time on a fixed number of virtual cores, in quanta that *sleep* (real-time emulation, no
+//!    CPU burnt). Every `yieldPeriodMs` of work the request yields: it gives its ticket back and
+//!    queues for it again. `maxTimeMS`, counted from arrival, is checked at every wait and
+//!    every quantum (→ 50 MaxTimeMSExpired). A disconnected client's request is stopped at the
+//!    next check when `killOnClientDisconnect` is on; otherwise it runs to the end. Work done for
+//!    expired, killed, orphaned (client gone) or failed requests is counted as wasted.
+//!
+//! [`ModelConfig::default`] is "model off": both steps return at once. Everything is bounded:
+//! every wait has a deadline (`maxTimeMS`, else `safetyTimeLimitMs`), the ingress queue and the
+//! ticket waiter queues have caps, the time series is a ring. There are no background tasks:
+//! probing and the per-second series advance on model events and on [`Model::snapshot`].
+//! Time is `tokio::time`, so tests run with a paused clock.
+//!
+//! # Integration into the server (about ten lines)
+//!
+//! In `server::Shared`: `model: Arc<Model>`, built with
+//! `Model::new(config.overload.clone())?` (`ModelConfig::default()` when the lab is not used).
+//!
+//! In `server::conn::serve`, take `let arrival = tokio::time::Instant::now();` right after the
+//! message was read, and give `commands::handle` the arrival and a disconnect future. The
+//! request is already read, so the reader is free: a disconnect is the reader hitting EOF,
+//!
+//! ```ignore
+//! let disconnected = async {
+//!     use tokio::io::AsyncBufReadExt;
+//!     match rd.fill_buf().await {
+//!         Ok([]) | Err(_) => {}                      // EOF or error: the client is gone
+//!         Ok(_) => std::future::pending::<()>().await, // pipelined bytes: not a disconnect
+//!     }
+//! };
+//! ```
+//!
+//! (`fill_buf` is cancel-safe and leaves bytes in the buffer for the next `read_message`.)
+//!
+//! In `server::commands::handle`, once `name` is known (before failCommand, like mongod's
+//! ingress limiter):
+//!
+//! ```ignore
+//! let info = model::CommandInfo::from_command(&body, arrival);
+//! let admission = match shared.model.admit(&info).await {
+//!     Ok(a) => a,
+//!     Err(r) => return Outcome::Reply(finish(shared, member, Err(rejection_error(r)), label_ctx, None, None)),
+//! };
+//! ```
+//!
+//! and after failCommand and `Generic::parse`, just before `execute(...)` (the engine call):
+//!
+//! ```ignore
+//! let ran = match admission.execute(disconnected).await {
+//!     Ok(o) => o,
+//!     Err(r) => return Outcome::Reply(finish(shared, member, Err(rejection_error(r)), label_ctx, None, None)),
+//! };
+//! // after the engine: if result.is_err() { shared.model.record_failed(&ran); }
+//! ```
+//!
+//! where `rejection_error(r)` is `CommandError { code: r.code, code_name: r.code_name.into(),
+//! errmsg: r.errmsg.clone(), labels: Some(r.labels()), extra: None }`. The labels are final
+//! (433 carries `RetryableError`, which the code-based label rules would not add, and 462 has
+//! it only with `allowRetries`); `finish` adds `baseBackoffMS` from `externalClientBaseBackoffMS`
+//! to anything labelled `SystemOverloadedError`, so keep [`ModelConfig::base_backoff_ms`] at 0
+//! there, or use [`Rejection::to_document`] directly when the reply needs no `$clusterTime`.
+//!
+//! `serverStatus`: `"labOverload": shared.model.snapshot().to_document()`.
+//! `setParameter` / `getParameter` of `labOverload` (a document):
+//! `shared.model.set_parameters(&doc)` (partial documents merge into the current
+//! configuration) and `shared.model.config().to_document()`.
+
+mod config;
+mod cores;
+mod limiter;
+mod probing;
+mod rejection;
+mod stats;
+mod tickets;
+mod wait;
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use bson::{Bson, Document};
+use tokio::time::{Duration, Instant};
+
+pub use config::{
+    ConfigError, CostConfig, LimiterConfig, ModelConfig, ProbingConfig, TicketConfig, TicketMode,
+    DEFAULT_EXEMPT_COMMANDS,
+};
+pub use rejection::{Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
+pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample};
+
+use cores::Cores;
+use limiter::{Bucket, Take};
+use probing::Prober;
+use stats::{add_us, bump, Counters, Series};
+use tickets::{AcquireError, TicketPool};
+use wait::{Interrupt, Watch};
+
+/// What kind of work a command is, for its cost and its ticket pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CommandKind {
+    /// A lookup by `_id` (read ticket).
+    PointRead,
+    /// A read of about 1,000 documents through an index, or a `getMore` (read ticket).
+    RangeRead,
+    /// A collection scan (read ticket).
+    Scan,
+    /// A write (write ticket).
+    Write,
+    /// Anything else: no ticket; costs `costs.commandMs` of core time (0 by default).
+    Command,
+}
+
+impl CommandKind {
+    /// Classifies a command by name and shape: writes and DDL → `Write`; `find`, `count`,
+    /// `distinct` and `aggregate` (by its leading `$match`) → `PointRead` when the filter
+    /// pins `_id` to one value, `RangeRead` when it constrains `_id` with operators, `Scan`
+    /// otherwise; `aggregate` with `$out`/`$merge` → `Write`; `getMore` → `RangeRead`; the rest
+    /// → `Command`.
+    pub fn classify(name: &str, body: &Document) -> CommandKind {
+        match name {
+            "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
+            | "create" | "drop" | "createIndexes" | "dropIndexes" | "dropDatabase"
+            | "renameCollection" | "collMod" => CommandKind::Write,
+            "find" => by_filter(body.get_document("filter").ok()),
+            "count" | "distinct" => by_filter(body.get_document("query").ok()),
+            "aggregate" => {
+                let stages = body.get_array("pipeline").map(Vec::as_slice).unwrap_or(&[]);
+                let writes = stages.iter().any(|s| {
+                    matches!(s, Bson::Document(d) if d.contains_key("$out") || d.contains_key("$merge"))
+                });
+                if writes {
+                    return CommandKind::Write;
+                }
+                match stages.first() {
+                    Some(Bson::Document(d)) => by_filter(d.get_document("$match").ok()),
+                    _ => CommandKind::Scan,
+                }
+            }
+            "getMore" => CommandKind::RangeRead,
+            _ => CommandKind::Command,
+        }
+    }
+}
+
+fn by_filter(filter: Option<&Document>) -> CommandKind {
+    match filter.and_then(|f| f.get("_id")) {
+        None => CommandKind::Scan,
+        Some(Bson::Document(d)) => match d.keys().next() {
+            Some(k) if k == "$eq" && d.len() == 1 => CommandKind::PointRead,
+            Some(k) if k.starts_with('$') => CommandKind::RangeRead,
+            _ => CommandKind::PointRead,
+        },
+        Some(_) => CommandKind::PointRead,
+    }
+}
+
+/// What the model needs to know about one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandInfo {
+    /// The command name (first key of the body), for the limiter's exemptions.
+    pub name: String,
+    /// Its kind.
+    pub kind: CommandKind,
+    /// `maxTimeMS` (None or 0: no limit but the model's safety limit).
+    pub max_time_ms: Option<u64>,
+    /// Cost in ms that replaces the kind's cost (`comment: {labCostMs: 7}`).
+    pub cost_override_ms: Option<f64>,
+    /// A transaction statement (`autocommit: false`): never yields.
+    pub in_transaction: bool,
+    /// When the request was read off the socket; `maxTimeMS` counts from here.
+    pub arrival: Instant,
+}
+
+impl CommandInfo {
+    /// A request of `kind` without `maxTimeMS` or override.
+    pub fn new(name: impl Into<String>, kind: CommandKind, arrival: Instant) -> CommandInfo {
+        CommandInfo {
+            name: name.into(),
+            kind,
+            max_time_ms: None,
+            cost_override_ms: None,
+            in_transaction: false,
+            arrival,
+        }
+    }
+
+    /// Reads name, kind ([`CommandKind::classify`]), `maxTimeMS`, `comment.labCostMs` and
+    /// `autocommit` from a command body. Malformed fields are ignored.
+    pub fn from_command(body: &Document, arrival: Instant) -> CommandInfo {
+        let name = body.keys().next().cloned().unwrap_or_default();
+        let kind = CommandKind::classify(&name, body);
+        let max_time_ms = match body.get("maxTimeMS") {
+            Some(Bson::Int32(i)) if *i > 0 => Some(*i as u64),
+            Some(Bson::Int64(i)) if *i > 0 => Some(*i as u64),
+            Some(Bson::Double(d)) if d.is_finite() && *d >= 1.0 => Some(*d as u64),
+            _ => None,
+        };
+        let cost_override_ms = match body
+            .get_document("comment")
+            .ok()
+            .and_then(|c| c.get("labCostMs"))
+        {
+            Some(Bson::Int32(i)) if *i >= 0 => Some(f64::from(*i)),
+            Some(Bson::Int64(i)) if *i >= 0 => Some(*i as f64),
+            Some(Bson::Double(d)) if d.is_finite() && *d >= 0.0 => Some(*d),
+            _ => None,
+        };
+        let in_transaction = matches!(body.get("autocommit"), Some(Bson::Boolean(false)));
+        CommandInfo {
+            name,
+            kind,
+            max_time_ms,
+            cost_override_ms,
+            in_transaction,
+            arrival,
+        }
+    }
+
+    /// Sets `maxTimeMS`.
+    pub fn with_max_time_ms(mut self, ms: u64) -> CommandInfo {
+        self.max_time_ms = (ms > 0).then_some(ms);
+        self
+    }
+
+    /// Sets the cost override.
+    pub fn with_cost_ms(mut self, ms: f64) -> CommandInfo {
+        self.cost_override_ms = Some(ms);
+        self
+    }
+
+    fn deadline(&self, cfg: &ModelConfig) -> Instant {
+        let ms = self.max_time_ms.unwrap_or(cfg.safety_time_limit_ms);
+        self.arrival + Duration::from_millis(ms)
+    }
+
+    fn cost_ms(&self, cfg: &ModelConfig) -> f64 {
+        let c = &cfg.costs;
+        let ms = self.cost_override_ms.unwrap_or(match self.kind {
+            CommandKind::PointRead => c.point_read_ms,
+            CommandKind::RangeRead => c.range_read_ms,
+            CommandKind::Scan => c.scan_ms,
+            CommandKind::Write => c.write_ms,
+            CommandKind::Command => c.command_ms,
+        });
+        if ms.is_finite() {
+            ms.clamp(0.0, 3_600_000.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Where a finished request spent its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ExecOutcome {
+    /// Waiting in the ingress queue for a token.
+    pub ingress_wait: Duration,
+    /// Waiting for tickets (first and after each yield).
+    pub ticket_wait: Duration,
+    /// Waiting for a core while holding a ticket.
+    pub core_wait: Duration,
+    /// Core time used.
+    pub work: Duration,
+    /// Times the request yielded.
+    pub yields: u32,
+    /// From arrival to the end of execution.
+    pub total: Duration,
+    /// The client had gone by the end (the work was wasted).
+    pub client_disconnected: bool,
+}
+
+/// The model of one server. Share it as `Arc<Model>`.
+#[derive(Debug)]
+pub struct Model {
+    cfg: RwLock<Arc<ModelConfig>>,
+    start: Instant,
+    bucket: Mutex<Bucket>,
+    read: TicketPool,
+    write: TicketPool,
+    cores: Cores,
+    counters: Counters,
+    in_flight: AtomicU64,
+    prober: Mutex<Prober>,
+    series: Mutex<Series>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const WRITE_SEED_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl Model {
+    /// A model with a validated configuration.
+    pub fn new(config: ModelConfig) -> Result<Arc<Model>, ConfigError> {
+        config.validate()?;
+        let now = Instant::now();
+        let (r, w) = match config.tickets.mode {
+            TicketMode::Fixed => (config.tickets.read, config.tickets.write),
+            TicketMode::Probing => (config.probing_initial(), config.probing_initial()),
+        };
+        let mw = config.tickets.max_waiters;
+        Ok(Arc::new(Model {
+            start: now,
+            bucket: Mutex::new(Bucket::new(config.burst_tokens(), now)),
+            read: TicketPool::new(r, mw, config.seed),
+            write: TicketPool::new(w, mw, config.seed ^ WRITE_SEED_SALT),
+            cores: Cores::new(config.cores),
+            counters: Counters::default(),
+            in_flight: AtomicU64::new(0),
+            prober: Mutex::new(Prober::new(config.probing_initial(), now, 0)),
+            series: Mutex::new(Series::new(config.series_capacity_secs as usize)),
+            cfg: RwLock::new(Arc::new(config)),
+        }))
+    }
+
+    /// A model that lets everything through.
+    pub fn disabled() -> Arc<Model> {
+        // The default configuration is valid.
+        Model::new(ModelConfig::default()).unwrap_or_else(|e| unreachable!("{e}"))
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<ModelConfig> {
+        self.cfg.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the configuration at run time. Requests already waiting or running continue
+    /// under the new limits; counters and the series are kept.
+    pub fn reconfigure(&self, new: ModelConfig) -> Result<(), ConfigError> {
+        new.validate()?;
+        let old = self.config();
+        let now = Instant::now();
+        match new.tickets.mode {
+            TicketMode::Fixed => {
+                self.read.set_total(new.tickets.read);
+                self.write.set_total(new.tickets.write);
+            }
+            TicketMode::Probing => {
+                let mut p = lock(&self.prober);
+                if old.tickets.mode != TicketMode::Probing || !old.enabled {
+                    let done = self.counters.completed.load(Ordering::Relaxed);
+                    *p = Prober::new(new.probing_initial(), now, done);
+                } else {
+                    p.clamp(&new.tickets.probing);
+                }
+                self.read.set_total(p.current());
+                self.write.set_total(p.current());
+            }
+        }
+        self.read.set_max_waiters(new.tickets.max_waiters);
+        self.write.set_max_waiters(new.tickets.max_waiters);
+        if new.seed != old.seed {
+            self.read.reseed(new.seed);
+            self.write.reseed(new.seed ^ WRITE_SEED_SALT);
+        }
+        self.cores.resize(new.cores);
+        lock(&self.series).set_capacity(new.series_capacity_secs as usize);
+        if new.limiter.enabled && !(old.limiter.enabled && old.enabled) {
+            // A limiter switched on starts with a full bucket.
+            lock(&self.bucket).fill(new.burst_tokens(), now);
+        }
+        *self.cfg.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new);
+        Ok(())
+    }
+
+    /// Applies a partial configuration document (`setParameter`) and returns the result.
+    pub fn set_parameters(&self, changes: &Document) -> Result<Arc<ModelConfig>, ConfigError> {
+        let new = self.config().merged(changes)?;
+        self.reconfigure(new)?;
+        Ok(self.config())
+    }
+
+    /// Step 1: the ingress limiter. May wait in the ingress queue (bounded by
+    /// `maxQueueDepth` and by the request's deadline). Errors: 462, or 50 if the deadline
+    /// passes in the queue.
+    pub async fn admit(self: &Arc<Self>, info: &CommandInfo) -> Result<Admission, Rejection> {
+        let cfg = self.config();
+        let now = Instant::now();
+        self.maintain(now, &cfg);
+        let deadline = info.deadline(&cfg);
+        let mut ingress_wait = Duration::ZERO;
+        let l = &cfg.limiter;
+        if cfg.enabled && l.enabled && !l.exempt_commands.contains(&info.name) {
+            let cap = cfg.burst_tokens();
+            let take = lock(&self.bucket).take(now, l.rate_per_sec, cap, l.max_queue_depth);
+            match take {
+                Take::Now => {}
+                Take::Reject => {
+                    bump(&self.counters.rejected);
+                    return Err(Rejection::rate_limited(
+                        l.allow_retries,
+                        cfg.base_backoff_ms,
+                    ));
+                }
+                Take::At(valid) => {
+                    let mut slot = QueueSlot {
+                        model: self,
+                        refund: true,
+                    };
+                    if valid > deadline {
+                        tokio::time::sleep_until(deadline).await;
+                        drop(slot);
+                        bump(&self.counters.expired);
+                        return Err(Rejection::expired(Duration::ZERO));
+                    }
+                    tokio::time::sleep_until(valid).await;
+                    slot.refund = false;
+                    drop(slot);
+                    ingress_wait = Instant::now() - now;
+                }
+            }
+        }
+        bump(&self.counters.admitted);
+        Ok(Admission {
+            model: self.clone(),
+            kind: info.kind,
+            cost_ms: info.cost_ms(&cfg),
+            in_transaction: info.in_transaction,
+            arrival: info.arrival,
+            deadline,
+            ingress_wait,
+        })
+    }
+
+    /// Everything the model knows now (also advances probing and the time series).
+    pub fn snapshot(&self) -> ModelSnapshot {
+        let cfg = self.config();
+        let now = Instant::now();
+        self.maintain(now, &cfg);
+        ModelSnapshot {
+            enabled: cfg.enabled,
+            uptime_secs: (now - self.start).as_secs_f64(),
+            counters: self.counters.read(),
+            gauges: self.gauges(now, &cfg),
+        }
+    }
+
+    /// The last `n` per-second samples, oldest first.
+    pub fn series(&self, n: usize) -> Vec<Sample> {
+        let cfg = self.config();
+        self.maintain(Instant::now(), &cfg);
+        lock(&self.series).last(n)
+    }
+
+    /// The server reports that a request the model completed then failed (e.g. a write error):
+    /// its work moves from useful to wasted.
+    pub fn record_failed(&self, outcome: &ExecOutcome) {
+        bump(&self.counters.failed);
+        if outcome.client_disconnected {
+            return; // already wasted
+        }
+        let us = u64::try_from(outcome.work.as_micros()).unwrap_or(u64::MAX);
+        let _ = self
+            .counters
+            .useful_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(us))
+            });
+        self.counters.wasted_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    fn gauges(&self, now: Instant, cfg: &ModelConfig) -> GaugeSnapshot {
+        let (queued, tokens) = {
+            let b = lock(&self.bucket);
+            (
+                b.queued(),
+                b.tokens_at(now, cfg.limiter.rate_per_sec, cfg.burst_tokens()),
+            )
+        };
+        let r = self.read.counts();
+        let w = self.write.counts();
+        GaugeSnapshot {
+            ingress_queue_depth: queued,
+            ingress_tokens: tokens,
+            read_waiters: r.waiters,
+            write_waiters: w.waiters,
+            read_tickets_in_use: r.in_use,
+            read_tickets_total: r.total,
+            write_tickets_in_use: w.in_use,
+            write_tickets_total: w.total,
+            cores_busy: self.cores.busy(),
+            cores_total: self.cores.total(),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Advances throughput probing and the time series.
+    fn maintain(&self, now: Instant, cfg: &ModelConfig) {
+        if cfg.enabled && cfg.tickets.mode == TicketMode::Probing {
+            let mut p = lock(&self.prober);
+            let done = self.counters.completed.load(Ordering::Relaxed);
+            let changed = p.tick(&cfg.tickets.probing, now, done, || {
+                let r = self.read.take_pressure();
+                let w = self.write.take_pressure();
+                r || w
+            });
+            if let Some(n) = changed {
+                tracing::debug!(tickets = n, "throughput probing");
+                self.read.set_total(n);
+                self.write.set_total(n);
+            }
+        }
+        let secs = now.saturating_duration_since(self.start).as_secs();
+        let due = lock(&self.series).due(secs);
+        if due {
+            let counters = self.counters.read();
+            let gauges = self.gauges(now, cfg);
+            lock(&self.series).record(secs, counters, gauges);
+        }
+    }
+}
+
+/// A slot in the ingress queue; dropping it leaves the queue (refunding the borrowed token if
+/// the request gave up before the token became valid).
+struct QueueSlot<'a> {
+    model: &'a Model,
+    refund: bool,
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        let cfg = self.model.config();
+        let now = Instant::now();
+        lock(&self.model.bucket).leave_queue(
+            self.refund,
+            now,
+            cfg.limiter.rate_per_sec,
+            cfg.burst_tokens(),
+        );
+    }
+}
+
+/// A request past the ingress limiter, not yet run. Holds no resource: dropping it is fine
+/// (e.g. when failCommand answers instead).
+#[derive(Debug)]
+pub struct Admission {
+    model: Arc<Model>,
+    kind: CommandKind,
+    cost_ms: f64,
+    in_transaction: bool,
+    arrival: Instant,
+    deadline: Instant,
+    ingress_wait: Duration,
+}
+
+/// Accounting of one execution; dropping it unsettled (the future was cancelled) counts its work
+/// as wasted.
+struct Run<'a> {
+    model: &'a Model,
+    work: Duration,
+    settled: bool,
+}
+
+impl Run<'_> {
+    fn stop(&mut self, why: Interrupt) -> Rejection {
+        self.settled = true;
+        add_us(&self.model.counters.wasted_us, self.work);
+        match why {
+            Interrupt::Deadline => {
+                bump(&self.model.counters.expired);
+                Rejection::expired(self.work)
+            }
+            Interrupt::Disconnected => {
+                bump(&self.model.counters.killed);
+                Rejection::disconnected(self.work)
+            }
+        }
+    }
+}
+
+impl Drop for Run<'_> {
+    fn drop(&mut self) {
+        self.model.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if !self.settled {
+            add_us(&self.model.counters.wasted_us, self.work);
+        }
+    }
+}
+
+impl Admission {
+    /// The request's deadline (arrival + `maxTimeMS`, or the safety limit).
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Time spent in the ingress queue.
+    pub fn ingress_wait(&self) -> Duration {
+        self.ingress_wait
+    }
+
+    /// Step 2: ticket, cores, yields, deadline. `disconnected` completes when the client has
+    /// gone away (use `std::future::pending()` if unknown). Errors: 433, 50, 279.
+    pub async fn execute<F: Future<Output = ()>>(
+        self,
+        disconnected: F,
+    ) -> Result<ExecOutcome, Rejection> {
+        let model = &*self.model;
+        let cfg = model.config();
+        let mut out = ExecOutcome {
+            ingress_wait: self.ingress_wait,
+            ..ExecOutcome::default()
+        };
+        let disconnected = pin!(disconnected);
+        let mut watch = Watch::new(disconnected, cfg.kill_on_client_disconnect);
+        model.in_flight.fetch_add(1, Ordering::Relaxed);
+        let mut run = Run {
+            model,
+            work: Duration::ZERO,
+            settled: false,
+        };
+        let cost_ms = if cfg.enabled { self.cost_ms } else { 0.0 };
+        let pool = match self.kind {
+            _ if cost_ms <= 0.0 => None,
+            CommandKind::PointRead | CommandKind::RangeRead | CommandKind::Scan => {
+                Some(&model.read)
+            }
+            CommandKind::Write => Some(&model.write),
+            CommandKind::Command => None,
+        };
+        let mut ticket = None;
+        if let Some(p) = pool {
+            let t0 = Instant::now();
+            match p.acquire(true, self.deadline, &mut watch).await {
+                Ok(t) => ticket = Some(t),
+                Err(AcquireError::Shed) => {
+                    run.settled = true;
+                    bump(&model.counters.shed);
+                    return Err(Rejection::queue_overflow(cfg.base_backoff_ms));
+                }
+                Err(AcquireError::Interrupted(i)) => return Err(run.stop(i)),
+            }
+            out.ticket_wait += Instant::now() - t0;
+        }
+        let quantum = Duration::from_secs_f64(cfg.quantum_ms / 1000.0);
+        let yield_period = Duration::from_secs_f64(cfg.yield_period_ms / 1000.0);
+        let mut remaining = Duration::from_secs_f64(cost_ms / 1000.0);
+        let mut since_yield = Duration::ZERO;
+        // Each turn removes at least min(quantum, remaining, time to the next yield) > 0 of
+        // work, and the deadline stops it anyway.
+        while !remaining.is_zero() {
+            if Instant::now() >= self.deadline {
+                return Err(run.stop(Interrupt::Deadline));
+            }
+            if watch.killed().await {
+                return Err(run.stop(Interrupt::Disconnected));
+            }
+            let t0 = Instant::now();
+            let core = match watch.run(self.deadline, model.cores.acquire()).await {
+                Ok(c) => c,
+                Err(i) => return Err(run.stop(i)),
+            };
+            let t1 = Instant::now();
+            out.core_wait += t1 - t0;
+            let mut slice = remaining.min(quantum);
+            if !self.in_transaction {
+                let to_yield = yield_period.saturating_sub(since_yield);
+                if !to_yield.is_zero() {
+                    slice = slice.min(to_yield);
+                }
+            }
+            tokio::time::sleep(slice).await;
+            let used = Instant::now() - t1;
+            drop(core);
+            run.work += used;
+            add_us(&model.counters.busy_us, used);
+            let progress = used.max(slice);
+            remaining = remaining.saturating_sub(progress);
+            since_yield += progress;
+            if remaining.is_zero() {
+                break;
+            }
+            if !self.in_transaction && since_yield >= yield_period {
+                since_yield = Duration::ZERO;
+                out.yields += 1;
+                if let Some(p) = pool {
+                    drop(ticket.take());
+                    if Instant::now() >= self.deadline {
+                        return Err(run.stop(Interrupt::Deadline));
+                    }
+                    let t0 = Instant::now();
+                    match p.acquire(false, self.deadline, &mut watch).await {
+                        Ok(t) => ticket = Some(t),
+                        Err(AcquireError::Interrupted(i)) => return Err(run.stop(i)),
+                        // Not sheddable; treat like running out of time if it ever happened.
+                        Err(AcquireError::Shed) => return Err(run.stop(Interrupt::Deadline)),
+                    }
+                    out.ticket_wait += Instant::now() - t0;
+                }
+            }
+        }
+        drop(ticket);
+        let now = Instant::now();
+        let gone = watch.check().await || watch.fired();
+        out.client_disconnected = gone;
+        out.work = run.work;
+        out.total = now.saturating_duration_since(self.arrival);
+        run.settled = true;
+        bump(&model.counters.completed);
+        if gone {
+            bump(&model.counters.orphaned);
+            add_us(&model.counters.wasted_us, run.work);
+        } else {
+            add_us(&model.counters.useful_us, run.work);
+        }
+        drop(run);
+        model.maintain(now, &cfg);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

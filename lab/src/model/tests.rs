@@ -1,0 +1,68 @@
+//! Model-level tests that need the crate's internals.
+
+use super::*;
+
+#[tokio::test(start_paused = true)]
+async fn dropped_execution_releases_everything_and_counts_waste() {
+    let m = Model::new(ModelConfig {
+        enabled: true,
+        tickets: TicketConfig {
+            read: 1,
+            write: 1,
+            ..TicketConfig::default()
+        },
+        ..ModelConfig::default()
+    })
+    .unwrap();
+    let info = CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(100.0);
+    let a = m.admit(&info).await.unwrap();
+    // Cancel the execution half-way (e.g. the server shuts down).
+    let r =
+        tokio::time::timeout(Duration::from_millis(40), a.execute(std::future::pending())).await;
+    assert!(r.is_err());
+    let s = m.snapshot();
+    assert_eq!(s.gauges.read_tickets_in_use, 0);
+    assert_eq!(s.gauges.cores_busy, 0);
+    assert_eq!(s.gauges.in_flight, 0);
+    assert!((s.counters.wasted_work_ms - 40.0).abs() < 1.0, "{s:?}");
+    // The pool still works.
+    let a = m.admit(&info).await.unwrap();
+    assert!(a.execute(std::future::pending()).await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn woken_waiter_that_expires_passes_its_wake_up_on() {
+    let m = Model::new(ModelConfig {
+        enabled: true,
+        tickets: TicketConfig {
+            read: 1,
+            write: 1,
+            ..TicketConfig::default()
+        },
+        ..ModelConfig::default()
+    })
+    .unwrap();
+    let mk = |cost: f64, max: u64| {
+        CommandInfo::new("find", CommandKind::Scan, Instant::now())
+            .with_cost_ms(cost)
+            .with_max_time_ms(max)
+    };
+    let go = |info: CommandInfo| {
+        let m = m.clone();
+        tokio::spawn(async move {
+            let a = m.admit(&info).await.map_err(|r| r.code)?;
+            a.execute(std::future::pending()).await.map_err(|r| r.code)
+        })
+    };
+    let holder = go(mk(20.0, 0));
+    tokio::task::yield_now().await;
+    // Both wait; whichever is woken first, the other must still get the ticket in time.
+    let short = go(mk(5.0, 20));
+    let long = go(mk(5.0, 1000));
+    assert!(holder.await.unwrap().is_ok());
+    let s = short.await.unwrap();
+    let l = long.await.unwrap();
+    assert!(l.is_ok());
+    assert!(s.is_err() || s.is_ok());
+    assert_eq!(m.snapshot().gauges.read_waiters, 0);
+}
