@@ -7,74 +7,9 @@
 //! fork does not, so a fix that stops working, or a scenario that stops reproducing the defect,
 //! fails either way.
 
-use std::sync::mpsc;
-use std::thread::JoinHandle;
+mod common;
 
-use lab::{Emulator, EmulatorConfig, Topology};
-
-/// An emulator on its own runtime thread, so tests may pause their own clock without pausing
-/// the server's.
-struct Server {
-    uri: String,
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Server {
-    fn start(topology: Topology) -> Self {
-        let (uri_tx, uri_rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("emulator runtime");
-            rt.block_on(async move {
-                let config = EmulatorConfig {
-                    topology,
-                    ..EmulatorConfig::default()
-                };
-                let emulator = Emulator::start(config).await.expect("emulator starts");
-                uri_tx.send(emulator.uri()).expect("test waits for the uri");
-                let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
-                emulator.shutdown().await;
-            });
-        });
-        let uri = uri_rx.recv().expect("emulator reports its uri");
-        Self {
-            uri,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        }
-    }
-
-    fn standalone() -> Self {
-        Self::start(Topology::Standalone)
-    }
-
-    fn replica_set() -> Self {
-        Self::start(Topology::ReplicaSet {
-            name: "rs0".into(),
-            members: 1,
-        })
-    }
-
-    /// The connection string with extra options appended.
-    fn uri_with(&self, options: &str) -> String {
-        let sep = if self.uri.contains('?') { '&' } else { '?' };
-        format!("{}{sep}{options}", self.uri)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
+use common::Server;
 
 /// Pauses the test runtime's clock (sleeps then complete at once) until dropped, also when the
 /// operation panics, so a panicking upstream scenario cannot leave the clock frozen.
@@ -330,6 +265,47 @@ macro_rules! scenarios {
                 commits[1].get_document("writeConcern").ok().cloned()
             }
 
+            /// B8: the error returned after `91` then `10107`, both labelled
+            /// NoWritesPerformed (retryable-writes prose test 6, case 2, expects 91).
+            pub async fn error_after_no_writes_performed_errors(uri: &str) -> Option<i32> {
+                let labels = vec!["RetryableError", "SystemOverloadedError", "NoWritesPerformed"];
+                let fail = |mode: ::$driver::bson::Bson, code: i32| {
+                    doc! {
+                        "configureFailPoint": "failCommand",
+                        "mode": mode,
+                        "data": { "failCommands": ["insert"], "errorCode": code, "errorLabels": labels.clone() },
+                    }
+                };
+                let then = fail("alwaysOn".into(), 10107);
+                let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+                let switched = Arc::new(Mutex::new(false));
+                let hook_uri = uri.to_owned();
+                options.command_event_handler =
+                    Some(EventHandler::callback(move |event: CommandEvent| {
+                        if let CommandEvent::Failed(_) = event {
+                            let mut done = switched.lock().unwrap();
+                            if !*done {
+                                *done = true;
+                                super::common::fail_point_blocking(&hook_uri, then.clone());
+                            }
+                        }
+                    }));
+                let client = Client::with_options(options).expect("client");
+                fail_point_off(&client).await;
+                client
+                    .database("admin")
+                    .run_command(fail(doc! { "times": 1 }.into(), 91))
+                    .await
+                    .expect("configureFailPoint");
+                let result = client
+                    .database("b8")
+                    .collection::<Document>("c")
+                    .insert_one(doc! { "x": 1 })
+                    .await;
+                fail_point_off(&client).await;
+                result.err().and_then(|e| server_code(&e))
+            }
+
             /// The handshake's `client.driver` as the server recorded it.
             pub async fn recorded_driver(uri: &str) -> Document {
                 let (client, _) = client(uri).await;
@@ -547,4 +523,22 @@ async fn b7_every_retry_is_logged_on_the_overload_target() {
         .await
         .expect("find after two retries");
     assert_eq!(events.count(), 2, "the fork logs each of the two retries");
+}
+
+#[tokio::test]
+async fn b8_first_error_returned_when_all_errors_say_no_writes_performed() {
+    let server = Server::replica_set();
+    let uri = server.uri_with("retryWrites=true&maxAdaptiveRetries=2");
+    let up = upstream::error_after_no_writes_performed_errors(&uri).await;
+    assert_eq!(
+        up,
+        Some(10107),
+        "upstream 3.9.1 returns the last error (defect B8)"
+    );
+    let fork = fork::error_after_no_writes_performed_errors(&uri).await;
+    assert_eq!(
+        fork,
+        Some(91),
+        "the fork returns the first error, as the spec requires"
+    );
 }

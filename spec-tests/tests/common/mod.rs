@@ -1,0 +1,99 @@
+//! Helpers shared by the integration tests that drive the emulator with real drivers.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use lab::{Emulator, EmulatorConfig, Topology};
+
+/// An emulator on its own runtime thread, so tests may pause their own clock without pausing
+/// the server's.
+pub struct Server {
+    pub uri: String,
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    pub fn start(topology: Topology) -> Self {
+        let (uri_tx, uri_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("emulator runtime");
+            rt.block_on(async move {
+                let config = EmulatorConfig {
+                    topology,
+                    ..EmulatorConfig::default()
+                };
+                let emulator = Emulator::start(config).await.expect("emulator starts");
+                uri_tx.send(emulator.uri()).expect("test waits for the uri");
+                let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
+                emulator.shutdown().await;
+            });
+        });
+        let uri = uri_rx.recv().expect("emulator reports its uri");
+        Self {
+            uri,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn standalone() -> Self {
+        Self::start(Topology::Standalone)
+    }
+
+    pub fn replica_set() -> Self {
+        Self::replica_set_of(1)
+    }
+
+    pub fn replica_set_of(members: usize) -> Self {
+        Self::start(Topology::ReplicaSet {
+            name: "rs0".into(),
+            members,
+        })
+    }
+
+    /// The connection string with extra options appended.
+    pub fn uri_with(&self, options: &str) -> String {
+        let sep = if self.uri.contains('?') { '&' } else { '?' };
+        format!("{}{sep}{options}", self.uri)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Configures a fail point from inside a command-event callback, before the driver goes on: the
+/// callback cannot await, so a helper thread with its own runtime and client does the work and
+/// the callback waits for it.
+pub fn fail_point_blocking(uri: &str, spec: mongodb::bson::Document) {
+    let uri = uri.to_owned();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
+            client
+                .database("admin")
+                .run_command(spec)
+                .await
+                .expect("configureFailPoint");
+        });
+    })
+    .join()
+    .expect("fail point thread");
+}
