@@ -11,7 +11,7 @@ use super::catalog::Collection;
 use super::compare::{bson_eq, OrdBson};
 use super::expression::{bind_variables, eval_opt, evaluate_variables, fold_values};
 use super::limits::{check_depth, check_value_depth, MAX_DEPTH};
-use super::path::get_exact;
+use super::path::{get_exact, remove_dotted, set_dotted};
 use super::projection::{add_fields, replace_root, Projection};
 use super::query::match_document;
 use super::sort::SortSpec;
@@ -863,36 +863,6 @@ fn check_field_path(path: &str) -> EngineResult<()> {
         )));
     }
     Ok(())
-}
-
-/// Sets a dotted path through documents, creating (or replacing non-document) intermediates.
-fn set_dotted(doc: &mut Document, path: &str, value: Bson) {
-    match path.split_once('.') {
-        None => {
-            doc.insert(path.to_owned(), value);
-        }
-        Some((head, rest)) => {
-            if !matches!(doc.get(head), Some(Bson::Document(_))) {
-                doc.insert(head.to_owned(), Document::new());
-            }
-            if let Some(Bson::Document(child)) = doc.get_mut(head) {
-                set_dotted(child, rest, value);
-            }
-        }
-    }
-}
-
-fn remove_dotted(doc: &mut Document, path: &str) {
-    match path.split_once('.') {
-        None => {
-            doc.remove(path);
-        }
-        Some((head, rest)) => {
-            if let Some(Bson::Document(child)) = doc.get_mut(head) {
-                remove_dotted(child, rest);
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -424,7 +424,7 @@ impl Store {
         for idx in hits.into_iter().skip(skip).take(limit) {
             let Some(d) = docs.get(idx) else { continue };
             out.push(match &projection {
-                Some(p) => p.apply(d)?,
+                Some(p) => p.apply_with_query(d, Some(&spec.filter))?,
                 None => d.clone(),
             });
         }
@@ -461,7 +461,7 @@ impl Store {
         };
         let project = |d: Document| -> EngineResult<Document> {
             match &projection {
-                Some(p) => p.apply(&d),
+                Some(p) => p.apply_with_query(&d, Some(&spec.query)),
                 None => Ok(d),
             }
         };

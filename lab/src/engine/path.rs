@@ -116,6 +116,36 @@ pub(crate) fn lookup_unwound<'a>(doc: &'a Document, path: &str) -> Vec<&'a Bson>
         .collect()
 }
 
+/// Sets a dotted path through documents, creating (or replacing non-document) intermediates.
+pub(crate) fn set_dotted(doc: &mut Document, path: &str, value: Bson) {
+    match path.split_once('.') {
+        None => {
+            doc.insert(path.to_owned(), value);
+        }
+        Some((head, rest)) => {
+            if !matches!(doc.get(head), Some(Bson::Document(_))) {
+                doc.insert(head.to_owned(), Document::new());
+            }
+            if let Some(Bson::Document(child)) = doc.get_mut(head) {
+                set_dotted(child, rest, value);
+            }
+        }
+    }
+}
+
+pub(crate) fn remove_dotted(doc: &mut Document, path: &str) {
+    match path.split_once('.') {
+        None => {
+            doc.remove(path);
+        }
+        Some((head, rest)) => {
+            if let Some(Bson::Document(child)) = doc.get_mut(head) {
+                remove_dotted(child, rest);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

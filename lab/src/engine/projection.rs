@@ -3,8 +3,9 @@
 
 use bson::{Bson, Document};
 
-use super::expression::eval_opt;
+use super::expression::{eval_opt, is_truthy};
 use super::limits::MAX_DEPTH;
+use super::path::set_dotted;
 use super::query::{is_operator_doc, match_document, match_value};
 use super::{EngineError, EngineResult};
 
@@ -18,6 +19,8 @@ enum Spec {
     Slice(i64, Option<i64>),
     /// find's `{$elemMatch: query}`.
     ElemMatch(Document),
+    /// find's `{"field.$": 1}`: the first array element the query matched.
+    Positional,
 }
 
 type Node = Vec<(String, Spec)>;
@@ -97,7 +100,7 @@ fn parse_node(spec: &Document, find_mode: bool, top: bool, node: &mut Node) -> E
                 }
             }
             Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => {
-                if super::expression::is_truthy(value) {
+                if is_truthy(value) {
                     Spec::Include
                 } else {
                     Spec::Exclude
@@ -131,6 +134,21 @@ fn parse_node(spec: &Document, find_mode: bool, top: bool, node: &mut Node) -> E
             other => Spec::Expr(other.clone()),
         };
         let _ = top;
+        if find_mode && (key == "$" || key.ends_with(".$")) {
+            let field = key.strip_suffix(".$").unwrap_or("");
+            if field.is_empty() || field.split('.').any(|p| p == "$") || !is_truthy(value) {
+                return Err(EngineError::bad_value(format!(
+                    "Invalid positional projection: '{key}'"
+                )));
+            }
+            insert_path(node, field, Spec::Positional)?;
+            continue;
+        }
+        if key.split('.').any(|p| p == "$") {
+            return Err(EngineError::bad_value(format!(
+                "Positional projection '{key}' must be the last component"
+            )));
+        }
         insert_path(node, key, parsed)?;
     }
     Ok(())
@@ -178,7 +196,7 @@ fn classify(node: &Node, prefix: &str, top: bool, acc: &mut (Option<String>, Opt
             format!("{prefix}.{key}")
         };
         match spec {
-            Spec::Include | Spec::Expr(_) | Spec::ElemMatch(_) => {
+            Spec::Include | Spec::Expr(_) | Spec::ElemMatch(_) | Spec::Positional => {
                 if !(top && key == "_id") {
                     acc.1.get_or_insert(path);
                 }
@@ -231,8 +249,18 @@ impl Projection {
 
     /// Applies the projection to `doc`.
     pub(crate) fn apply(&self, doc: &Document) -> EngineResult<Document> {
+        self.apply_with_query(doc, None)
+    }
+
+    /// Applies the projection; `query` resolves a positional (`"field.$"`) projection.
+    pub(crate) fn apply_with_query(
+        &self,
+        doc: &Document,
+        query: Option<&Document>,
+    ) -> EngineResult<Document> {
         if self.inclusion {
-            let mut out = include_node(&self.node, doc, doc, true)?;
+            let cx = Cx { root: doc, query };
+            let mut out = include_node(&self.node, doc, &cx, Some(""))?;
             // `_id` is included unless explicitly excluded, and stays first.
             if node_get(&self.node, "_id").is_none() {
                 if let Some(id) = doc.get("_id") {
@@ -249,11 +277,19 @@ impl Projection {
     }
 }
 
+/// What a projection needs beyond the current sub-document.
+struct Cx<'a> {
+    root: &'a Document,
+    query: Option<&'a Document>,
+}
+
+/// `prefix` is the dotted path of `doc` from the root while only documents were traversed
+/// (a positional projection needs it), `None` below an array.
 fn include_node(
     node: &Node,
     doc: &Document,
-    root: &Document,
-    _top: bool,
+    cx: &Cx<'_>,
+    prefix: Option<&str>,
 ) -> EngineResult<Document> {
     let mut out = Document::new();
     for (key, value) in doc {
@@ -266,10 +302,17 @@ fn include_node(
             }
             Spec::Nested(child) => match value {
                 Bson::Document(d) => {
-                    out.insert(key.clone(), include_node(child, d, root, false)?);
+                    let path = prefix.map(|p| {
+                        if p.is_empty() {
+                            key.clone()
+                        } else {
+                            format!("{p}.{key}")
+                        }
+                    });
+                    out.insert(key.clone(), include_node(child, d, cx, path.as_deref())?);
                 }
                 Bson::Array(items) => {
-                    out.insert(key.clone(), include_array(child, items, root)?);
+                    out.insert(key.clone(), include_array(child, items, cx)?);
                 }
                 _ => {}
             },
@@ -281,13 +324,25 @@ fn include_node(
                     out.insert(key.clone(), Bson::Array(vec![hit]));
                 }
             }
+            Spec::Positional => {
+                let path = prefix.map(|p| {
+                    if p.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{p}.{key}")
+                    }
+                });
+                if let Some(hit) = positional_element(value, path.as_deref(), cx)? {
+                    out.insert(key.clone(), Bson::Array(vec![hit]));
+                }
+            }
             Spec::Exclude | Spec::Expr(_) => {}
         }
     }
     // Computed fields, and nested specs with computed fields whose parent is missing.
     for (key, spec) in node {
         match spec {
-            Spec::Expr(e) => match eval_opt(e, root)? {
+            Spec::Expr(e) => match eval_opt(e, cx.root)? {
                 Some(v) => {
                     out.insert(key.clone(), v);
                 }
@@ -298,13 +353,38 @@ fn include_node(
             Spec::Nested(child) if !doc.contains_key(key) && has_expr(child) => {
                 out.insert(
                     key.clone(),
-                    include_node(child, &Document::new(), root, false)?,
+                    include_node(child, &Document::new(), cx, None)?,
                 );
             }
             _ => {}
         }
     }
     Ok(out)
+}
+
+/// The first element of the array at `path` that makes the query match when it is the
+/// array's only element (what the positional `$` projection returns).
+fn positional_element(value: &Bson, path: Option<&str>, cx: &Cx<'_>) -> EngineResult<Option<Bson>> {
+    let Bson::Array(items) = value else {
+        return Ok(Some(value.clone()));
+    };
+    let (Some(path), Some(query)) = (path, cx.query) else {
+        return Err(EngineError::location(
+            51246,
+            "positional operator '.$' couldn't find a matching element in the array",
+        ));
+    };
+    for item in items {
+        let mut probe = cx.root.clone();
+        set_dotted(&mut probe, path, Bson::Array(vec![item.clone()]));
+        if match_document(query, &probe)? {
+            return Ok(Some(item.clone()));
+        }
+    }
+    Err(EngineError::location(
+        51246,
+        "Executor error during find command :: caused by :: positional operator '.$' couldn't find a matching element in the array",
+    ))
 }
 
 fn has_expr(node: &Node) -> bool {
@@ -315,17 +395,17 @@ fn has_expr(node: &Node) -> bool {
     })
 }
 
-fn include_array(node: &Node, items: &[Bson], root: &Document) -> EngineResult<Bson> {
+fn include_array(node: &Node, items: &[Bson], cx: &Cx<'_>) -> EngineResult<Bson> {
     let mut out = Vec::new();
     for item in items {
         match item {
-            Bson::Document(d) => out.push(Bson::Document(include_node(node, d, root, false)?)),
-            Bson::Array(inner) => out.push(include_array(node, inner, root)?),
+            Bson::Document(d) => out.push(Bson::Document(include_node(node, d, cx, None)?)),
+            Bson::Array(inner) => out.push(include_array(node, inner, cx)?),
             _ if has_expr(node) => out.push(Bson::Document(include_node(
                 node,
                 &Document::new(),
-                root,
-                false,
+                cx,
+                None,
             )?)),
             _ => {}
         }
@@ -352,7 +432,7 @@ fn exclude_node(node: &Node, doc: &Document, root: &Document) -> EngineResult<Do
             Some(Spec::Slice(skip, limit)) => {
                 out.insert(key.clone(), slice(value, *skip, *limit));
             }
-            Some(Spec::ElemMatch(_)) | Some(Spec::Expr(_)) => {
+            Some(Spec::ElemMatch(_)) | Some(Spec::Expr(_)) | Some(Spec::Positional) => {
                 out.insert(key.clone(), value.clone());
             }
         }
@@ -572,6 +652,21 @@ mod tests {
         assert_eq!(
             project(doc! {"s": {"$elemMatch": {"k": 2}}}, d),
             Ok(doc! {"_id": 1, "s": [{"k": 2}]})
+        );
+    }
+
+    #[test]
+    fn positional_projection_returns_the_matched_element() {
+        let d = doc! {"_id": 1, "grades": [70, 90, 95], "x": 1};
+        let p = Projection::parse(&doc! {"grades.$": 1}, true).expect("valid");
+        let out = p
+            .apply_with_query(&d, Some(&doc! {"grades": {"$gte": 85}}))
+            .expect("matched");
+        assert_eq!(out, doc! {"_id": 1, "grades": [90]});
+        assert_eq!(p.apply_with_query(&d, None).map_err(|e| e.code), Err(51246));
+        assert_eq!(
+            Projection::parse(&doc! {"a.$.b": 1}, true).map_err(|e| e.code),
+            Err(2)
         );
     }
 
