@@ -10,7 +10,7 @@ use rand::seq::SliceRandom;
 use super::catalog::Collection;
 use super::compare::{bson_eq, OrdBson};
 use super::expression::{bind_variables, eval_opt, evaluate_variables, fold_values};
-use super::limits::{check_depth, check_value_depth, MAX_DEPTH};
+use super::limits::{bson_size, check_depth, check_value_depth, MAX_BSON_SIZE, MAX_DEPTH};
 use super::path::{get_exact, remove_dotted, set_dotted};
 use super::projection::{add_fields, replace_root, Projection};
 use super::query::match_document;
@@ -118,6 +118,15 @@ impl Store {
                 }
                 _ => apply_stage(name, arg, docs)?,
             };
+        }
+        // mongod never returns a pipeline result larger than a BSON document may be.
+        for d in &docs {
+            let size = bson_size(d);
+            if size > MAX_BSON_SIZE {
+                return Err(EngineError::bson_object_too_large(format!(
+                    "BSONObj size: {size} is invalid. Size must be between 0 and {MAX_BSON_SIZE}(16MB)"
+                )));
+            }
         }
         Ok(docs)
     }
@@ -1137,6 +1146,22 @@ mod tests {
             )
             .expect("ok");
         assert_eq!(out, vec![doc! {"x": 2}]);
+    }
+
+    #[test]
+    fn oversized_results_are_rejected() {
+        let mut s = Store::new();
+        let big = "x".repeat(5 * 1024 * 1024);
+        let docs: Vec<Document> = (0..4).map(|i| doc! {"_id": i, "s": big.clone()}).collect();
+        assert_eq!(s.insert("db", "c", docs, true).n, 4);
+        let err = s
+            .aggregate(
+                "db",
+                "c",
+                &[doc! {"$group": {"_id": null, "all": {"$push": "$s"}}}],
+            )
+            .expect_err("too large");
+        assert_eq!(err.code, 10334);
     }
 
     #[test]

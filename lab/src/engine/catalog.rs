@@ -654,6 +654,12 @@ mod tests {
     use bson::doc;
 
     #[test]
+    fn store_can_be_shared_across_threads() {
+        fn assert_shareable<T: Clone + Send + Sync + 'static>() {}
+        assert_shareable::<Store>();
+    }
+
+    #[test]
     fn create_twice_is_namespace_exists() {
         let mut s = Store::new();
         s.create_collection("db", "c", &doc! {"capped": false})
