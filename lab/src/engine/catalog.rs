@@ -339,6 +339,59 @@ impl Store {
         existed
     }
 
+    /// `renameCollection`: moves `from_db.from` to `to_db.to` with its documents, options and
+    /// indexes. 26 NamespaceNotFound when the source is missing, 48 NamespaceExists when the
+    /// target exists and `drop_target` is false, 20 IllegalOperation when source and target
+    /// are the same, 73 InvalidNamespace for a bad target name.
+    pub fn rename_collection(
+        &mut self,
+        from_db: &str,
+        from: &str,
+        to_db: &str,
+        to: &str,
+        drop_target: bool,
+    ) -> EngineResult<()> {
+        validate_db_name(to_db)?;
+        validate_coll_name(to_db, to)?;
+        if from_db == to_db && from == to {
+            return Err(EngineError::illegal_operation(
+                "Can't rename a collection to itself",
+            ));
+        }
+        if !self.has_collection(from_db, from) {
+            return Err(EngineError::namespace_not_found(format!(
+                "Source collection {from_db}.{from} does not exist"
+            )));
+        }
+        if self.has_collection(to_db, to) {
+            if !drop_target {
+                return Err(EngineError::namespace_exists(format!(
+                    "Target namespace {to_db}.{to} already exists"
+                )));
+            }
+            self.drop_collection(to_db, to);
+        }
+        let Some(database) = self.databases.get_mut(from_db) else {
+            return Err(EngineError::namespace_not_found(format!(
+                "Source collection {from_db}.{from} does not exist"
+            )));
+        };
+        let Some(collection) = database.collections.remove(from) else {
+            return Err(EngineError::namespace_not_found(format!(
+                "Source collection {from_db}.{from} does not exist"
+            )));
+        };
+        if database.collections.is_empty() {
+            self.databases.remove(from_db);
+        }
+        self.databases
+            .entry(to_db.to_owned())
+            .or_default()
+            .collections
+            .insert(to.to_owned(), collection);
+        Ok(())
+    }
+
     /// `dropDatabase`: returns whether the database existed.
     pub fn drop_database(&mut self, db: &str) -> bool {
         self.databases.remove(db).is_some()
@@ -690,6 +743,39 @@ mod tests {
         s.create_collection("db", "c", &doc! {}).expect("created");
         assert!(s.drop_database("db"));
         assert!(!s.drop_database("db"));
+    }
+
+    #[test]
+    fn rename_moves_documents_and_checks_targets() {
+        let mut s = Store::new();
+        s.insert("db", "a", vec![doc! {"_id": 1}], true);
+        s.create_indexes("db", "a", &[doc! {"key": {"x": 1}}])
+            .expect("ok");
+        s.create_collection("db", "b", &doc! {}).expect("created");
+        assert_eq!(
+            s.rename_collection("db", "a", "db", "b", false)
+                .map_err(|e| e.code),
+            Err(48)
+        );
+        assert_eq!(
+            s.rename_collection("db", "nope", "db", "c", false)
+                .map_err(|e| e.code),
+            Err(26)
+        );
+        assert_eq!(
+            s.rename_collection("db", "a", "db", "a", false)
+                .map_err(|e| e.code),
+            Err(20)
+        );
+        s.rename_collection("db", "a", "other", "b", false)
+            .expect("renamed");
+        assert!(!s.has_collection("db", "a"));
+        assert_eq!(s.documents("other", "b"), &[doc! {"_id": 1}]);
+        assert_eq!(s.list_indexes("other", "b").map(|l| l.len()), Ok(2));
+        s.rename_collection("other", "b", "db", "b", true)
+            .expect("renamed over target");
+        assert_eq!(s.documents("db", "b").len(), 1);
+        assert!(!s.database_names().contains(&"other".to_owned()));
     }
 
     #[test]

@@ -327,7 +327,7 @@ impl Store {
     ) -> EngineResult<(u64, u64, Option<Bson>)> {
         if stmt.multi {
             if let UpdateModification::Document(d) = &stmt.update {
-                if !d.keys().next().is_some_and(|k| k.starts_with('$')) && !d.is_empty() {
+                if !d.keys().next().is_some_and(|k| k.starts_with('$')) {
                     return Err(EngineError::failed_to_parse(
                         "multi update is not supported for replacement-style update",
                     ));

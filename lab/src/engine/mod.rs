@@ -8,8 +8,8 @@
 //!
 //! Catalog ([`Store`], `catalog.rs`):
 //! * [`Store::create_collection`] (`create`, error 48 NamespaceExists),
-//!   [`Store::drop_collection`], [`Store::drop_database`], [`Store::list_databases`],
-//!   [`Store::list_collections`];
+//!   [`Store::drop_collection`], [`Store::drop_database`], [`Store::rename_collection`],
+//!   [`Store::list_databases`], [`Store::list_collections`];
 //! * [`Store::create_indexes`], [`Store::drop_indexes`], [`Store::list_indexes`] (indexes are
 //!   metadata; only the `_id` index and `unique: true` indexes are enforced).
 //!
