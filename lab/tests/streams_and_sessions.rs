@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use lab::{Emulator, EmulatorConfig, Topology};
 use mongodb::bson::{doc, spec::BinarySubtype, Binary, Document};
+use mongodb::change_stream::{event::ChangeStreamEvent, ChangeStream};
 
 #[tokio::test]
 async fn change_streams_and_local_sessions() {
@@ -130,5 +131,70 @@ async fn block_connection_respects_max_time_ms() {
         .await
         .unwrap();
     assert_eq!(r.get_f64("ok"), Ok(1.0));
+    emu.shutdown().await;
+}
+
+/// The next change event, polling with `next_if_any` for at most 5 s.
+async fn next_event(
+    stream: &mut ChangeStream<ChangeStreamEvent<Document>>,
+) -> ChangeStreamEvent<Document> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(ev) = stream.next_if_any().await.unwrap() {
+            return ev;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no change event within 5 s"
+        );
+    }
+}
+
+#[tokio::test]
+async fn change_streams_deliver_events_and_resume() {
+    let emu = common::start(common::rs(1)).await;
+    let (client, _) = common::client(&emu.uri()).await;
+    let coll = client.database("db").collection::<Document>("c");
+    let other = client.database("db").collection::<Document>("other");
+    let mut stream = coll.watch().await.unwrap();
+    let mut db_stream = client.database("db").watch().await.unwrap();
+    coll.insert_one(doc! { "_id": 1, "a": 1 }).await.unwrap();
+    other.insert_one(doc! { "_id": 9 }).await.unwrap();
+    coll.update_one(
+        doc! { "_id": 1 },
+        doc! { "$set": { "a": 2 }, "$unset": { "x": 1 } },
+    )
+    .await
+    .unwrap();
+    coll.replace_one(doc! { "_id": 1 }, doc! { "b": 1 })
+        .await
+        .unwrap();
+    coll.delete_one(doc! { "_id": 1 }).await.unwrap();
+
+    let mut ops = Vec::new();
+    let mut token = None;
+    for _ in 0..4 {
+        let ev = next_event(&mut stream).await;
+        if ops.is_empty() {
+            assert_eq!(ev.full_document, Some(doc! { "_id": 1, "a": 1 }));
+            token = stream.resume_token();
+        }
+        ops.push(format!("{:?}", ev.operation_type));
+    }
+    assert_eq!(ops, ["Insert", "Update", "Replace", "Delete"]);
+
+    // The database-level stream also sees the other collection.
+    let mut seen = 0;
+    while seen < 5 {
+        next_event(&mut db_stream).await;
+        seen += 1;
+    }
+
+    // Resuming after the first event replays the rest.
+    let mut resumed = coll.watch().resume_after(token.unwrap()).await.unwrap();
+    let ev = next_event(&mut resumed).await;
+    assert_eq!(format!("{:?}", ev.operation_type), "Update");
+    let desc = ev.update_description.unwrap();
+    assert_eq!(desc.updated_fields, doc! { "a": 2 });
     emu.shutdown().await;
 }

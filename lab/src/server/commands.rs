@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
 
+use super::changes::{self, Capture};
 use super::data::{self, DataCtx};
 use super::error::{
     codes, computed_labels, is_retriable_code, set_labels, CommandError, LabelContext,
@@ -228,8 +229,15 @@ pub(crate) async fn handle(
     }
 
     if name == "getMore" {
-        if let Some(wait) = change_stream_wait(shared, &db, &body) {
-            sleep_or_shutdown(shared, wait).await;
+        // Register for change notifications before looking, so none is missed in between.
+        let notified = shared.changes_notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if let Some(wait) = change_stream_wait(shared, &body) {
+            tokio::select! {
+                _ = sleep_or_shutdown(shared, wait) => {}
+                _ = notified => {}
+            }
         }
     }
 
@@ -270,15 +278,15 @@ pub(crate) async fn handle(
     ))
 }
 
-fn change_stream_wait(shared: &Shared, db: &str, body: &Document) -> Option<Duration> {
+/// How long a change-stream getMore waits for events (none when events are already there).
+fn change_stream_wait(shared: &Shared, body: &Document) -> Option<Duration> {
     let id = match body.get("getMore") {
         Some(Bson::Int64(i)) => *i,
         _ => return None,
     };
     let st = shared.state();
-    let (kind, _) = st.cursors.peek(id)?;
-    let _ = db;
-    if kind != super::cursor::CursorKind::ChangeStream {
+    let pos = st.cursors.stream_position(id)?;
+    if pos < st.changes.next_seq() {
         return None;
     }
     let ms = match body.get("maxTimeMS") {
@@ -576,6 +584,17 @@ fn run_data_command(
         st.sessions.touch(key, lsid, cfg.max_sessions);
     }
     let replicated = shared.is_replicated();
+    // Writes outside transactions feed the change log (transactions feed it at commit).
+    let capture = if g.autocommit.is_none() {
+        Capture::take(
+            &st.changes,
+            &st.store,
+            data::write_targets(name, db, body),
+            changes::is_replacement(name, body),
+        )
+    } else {
+        None
+    };
     let mut ctx = DataCtx {
         conn_serial: conn.serial,
         lsid: key.clone(),
@@ -584,6 +603,7 @@ fn run_data_command(
         replicated,
         local_sessions: local,
         cursors: &mut st.cursors,
+        changes: &mut st.changes,
     };
 
     // Transaction statement.
@@ -730,6 +750,7 @@ fn run_data_command(
         }
         let result = data::run(name, db, body, &mut st.store, &mut ctx);
         st.write_version += 1;
+        record_changes(shared, st, capture);
         if let Ok(reply) = &result {
             if !has_write_errors(reply) {
                 if let Some(session) = st.sessions.get_mut(key) {
@@ -744,6 +765,7 @@ fn run_data_command(
     if data::is_write(name) || (name == "aggregate" && data::pipeline_writes(body)) {
         st.write_version += 1;
     }
+    record_changes(shared, st, capture);
     result
 }
 
@@ -794,6 +816,15 @@ fn is_shutdown_code(code: i32) -> bool {
     matches!(code, 91 | 11600)
 }
 
+/// Turns a capture taken before a write into change events.
+fn record_changes(shared: &Shared, st: &mut State, capture: Option<Capture>) {
+    if let Some(c) = capture {
+        let ts = st.tick();
+        c.finish(&mut st.changes, &st.store, ts);
+        shared.changes_notify.notify_waiters();
+    }
+}
+
 fn no_such_transaction(n: i64, active: Option<i64>) -> CommandError {
     let msg = match active {
         Some(a) => format!("Given transaction number {n} does not match any in-progress transactions. The active transaction number is {a}"),
@@ -830,11 +861,22 @@ fn end_transaction(shared: &Shared, name: &str, g: &Generic) -> Result<Document,
             txn.state = TxnState::Committed;
             let base = txn.base_version;
             if !writes.is_empty() {
+                let mut targets: Vec<(String, String)> = Vec::new();
+                for (db, body) in &writes {
+                    let cmd = body.keys().next().map(String::as_str).unwrap_or_default();
+                    for t in data::write_targets(cmd, db, body) {
+                        if !targets.contains(&t) {
+                            targets.push(t);
+                        }
+                    }
+                }
+                let capture = Capture::take(&st.changes, &st.store, targets, false);
                 match snapshot {
                     // Nothing else wrote since the transaction started: its copy is the new state.
                     Some(snap) if base == st.write_version => st.store = snap,
                     _ => {
                         let mut scratch = super::cursor::Cursors::default();
+                        let mut scratch_log = changes::ChangeLog::default();
                         let mut ctx = DataCtx {
                             conn_serial: 0,
                             lsid: None,
@@ -843,6 +885,7 @@ fn end_transaction(shared: &Shared, name: &str, g: &Generic) -> Result<Document,
                             replicated: true,
                             local_sessions: None,
                             cursors: &mut scratch,
+                            changes: &mut scratch_log,
                         };
                         for (db, body) in &writes {
                             let cmd = body.keys().next().cloned().unwrap_or_default();
@@ -853,6 +896,7 @@ fn end_transaction(shared: &Shared, name: &str, g: &Generic) -> Result<Document,
                     }
                 }
                 st.write_version += 1;
+                record_changes(shared, st, capture);
             }
             Ok(ok())
         }

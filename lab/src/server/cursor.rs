@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use bson::{doc, Bson, Document};
 use rand::Rng;
 
+use super::changes::{self, Scope};
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 
@@ -23,9 +24,20 @@ pub(crate) enum CursorKind {
     ChangeStream,
 }
 
+/// Where a change-stream cursor is and what it reads.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamState {
+    pub(crate) scope: Scope,
+    pub(crate) next_seq: u64,
+    /// Pipeline stages after `$changeStream`.
+    pub(crate) stages: Vec<Document>,
+    pub(crate) db: String,
+}
+
 pub(crate) struct Cursor {
     pub(crate) ns: String,
     docs: VecDeque<Document>,
+    stream: Option<StreamState>,
     pub(crate) kind: CursorKind,
     pub(crate) owner_conn: u64,
     pub(crate) lsid: Option<SessionKey>,
@@ -99,29 +111,13 @@ impl Cursors {
         let keep = kind == CursorKind::ChangeStream || (!docs.is_empty() && !single_batch);
         let mut id = 0i64;
         if keep {
-            let owned = self
-                .map
-                .values()
-                .filter(|c| c.owner_conn == owner_conn)
-                .count();
-            if owned >= max_per_conn || self.map.len() >= max_total {
-                return Err(CommandError::new(
-                    codes::TOO_MANY_CURSORS,
-                    format!("too many open cursors (limit {max_per_conn} per connection, {max_total} in total)"),
-                ));
-            }
-            let mut rng = rand::rng();
-            loop {
-                id = rng.random_range(1..i64::MAX);
-                if !self.map.contains_key(&id) {
-                    break;
-                }
-            }
+            id = self.new_id(owner_conn, max_per_conn, max_total)?;
             self.map.insert(
                 id,
                 Cursor {
                     ns: ns.clone(),
                     docs,
+                    stream: None,
                     kind,
                     owner_conn,
                     lsid,
@@ -134,6 +130,109 @@ impl Cursors {
             cursor.insert("postBatchResumeToken", resume_token());
         }
         Ok(doc! { "cursor": cursor, "ok": 1.0 })
+    }
+
+    fn new_id(
+        &self,
+        owner_conn: u64,
+        max_per_conn: usize,
+        max_total: usize,
+    ) -> Result<i64, CommandError> {
+        let owned = self
+            .map
+            .values()
+            .filter(|c| c.owner_conn == owner_conn)
+            .count();
+        if owned >= max_per_conn || self.map.len() >= max_total {
+            return Err(CommandError::new(
+                codes::TOO_MANY_CURSORS,
+                format!("too many open cursors (limit {max_per_conn} per connection, {max_total} in total)"),
+            ));
+        }
+        let mut rng = rand::rng();
+        loop {
+            let id = rng.random_range(1..i64::MAX);
+            if !self.map.contains_key(&id) {
+                return Ok(id);
+            }
+        }
+    }
+
+    /// Registers a change-stream cursor that already produced `first` and is at `state`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn open_stream(
+        &mut self,
+        ns: String,
+        state: StreamState,
+        first: Vec<Bson>,
+        owner_conn: u64,
+        lsid: Option<SessionKey>,
+        max_per_conn: usize,
+        max_total: usize,
+    ) -> Result<Document, CommandError> {
+        let id = self.new_id(owner_conn, max_per_conn, max_total)?;
+        let resume = changes::token(state.next_seq.saturating_sub(1));
+        self.map.insert(
+            id,
+            Cursor {
+                ns: ns.clone(),
+                docs: VecDeque::new(),
+                stream: Some(state),
+                kind: CursorKind::ChangeStream,
+                owner_conn,
+                lsid,
+                last_used: Instant::now(),
+            },
+        );
+        Ok(doc! {
+            "cursor": { "firstBatch": first, "postBatchResumeToken": resume, "id": id, "ns": ns },
+            "ok": 1.0,
+        })
+    }
+
+    /// `getMore` on a change stream: `next` produces the batch and the new position from the
+    /// cursor's state.
+    pub(crate) fn stream_get_more(
+        &mut self,
+        id: i64,
+        ns: &str,
+        next: impl FnOnce(&StreamState) -> Result<(Vec<Bson>, u64), CommandError>,
+    ) -> Result<Document, CommandError> {
+        let Some(cursor) = self.map.get_mut(&id) else {
+            return Err(CommandError::new(
+                codes::CURSOR_NOT_FOUND,
+                format!("cursor id {id} not found"),
+            ));
+        };
+        if cursor.ns != ns {
+            return Err(CommandError::new(
+                codes::UNAUTHORIZED,
+                format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", cursor.ns),
+            ));
+        }
+        let Some(state) = cursor.stream.as_mut() else {
+            return Err(CommandError::new(
+                codes::CURSOR_NOT_FOUND,
+                format!("cursor id {id} is not a change stream"),
+            ));
+        };
+        cursor.last_used = Instant::now();
+        let (batch, pos) = next(state)?;
+        state.next_seq = pos;
+        Ok(doc! {
+            "cursor": {
+                "nextBatch": batch,
+                "postBatchResumeToken": changes::token(pos.saturating_sub(1)),
+                "id": id,
+                "ns": cursor.ns.clone(),
+            },
+            "ok": 1.0,
+        })
+    }
+
+    /// The stream position of a change-stream cursor.
+    pub(crate) fn stream_position(&self, id: i64) -> Option<u64> {
+        self.map.get(&id)?.stream.as_ref().map(|s| s.next_seq)
     }
 
     /// The cursor's kind and namespace, if it exists.

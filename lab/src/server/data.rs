@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use bson::{doc, Bson, Document};
 
-use super::cursor::{self, BatchLimit, CursorKind, Cursors};
+use super::changes::{self, ChangeLog, Scope};
+use super::cursor::{self, BatchLimit, CursorKind, Cursors, StreamState};
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 use crate::engine::{
@@ -148,6 +149,7 @@ pub(crate) struct DataCtx<'a> {
     /// `$listLocalSessions` input, prepared by the caller when the pipeline asks for it.
     pub(crate) local_sessions: Option<Vec<Document>>,
     pub(crate) cursors: &'a mut Cursors,
+    pub(crate) changes: &'a mut ChangeLog,
 }
 
 impl DataCtx<'_> {
@@ -393,7 +395,14 @@ pub(crate) fn run(
             let limit = BatchLimit {
                 size: cursor::batch_size(body.get("batchSize"))?,
             };
-            ctx.cursors.get_more(id, &format!("{db}.{coll}"), limit)
+            let ns = format!("{db}.{coll}");
+            if matches!(ctx.cursors.peek(id), Some((CursorKind::ChangeStream, _))) {
+                let log = &*ctx.changes;
+                return ctx
+                    .cursors
+                    .stream_get_more(id, &ns, |s| stream_batch(log, store, s, limit.size));
+            }
+            ctx.cursors.get_more(id, &ns, limit)
         }
         "killCursors" => {
             let coll = coll_arg(body, name)?;
@@ -577,7 +586,44 @@ fn aggregate(
                 "The $changeStream stage is only supported on replica sets",
             ));
         }
-        return ctx.open_cursor(ns, Vec::new(), CursorKind::ChangeStream, limit, false);
+        let spec = match pipeline[0].get("$changeStream") {
+            Some(Bson::Document(d)) => d.clone(),
+            _ => {
+                return Err(CommandError::failed_to_parse(
+                    "$changeStream takes a document",
+                ))
+            }
+        };
+        let scope = match coll {
+            Some(c) => Scope::Collection(db.to_string(), c.to_string()),
+            None if db == "admin" && bool_arg(&spec, "allChangesForCluster", false) => {
+                Scope::Cluster
+            }
+            None => Scope::Database(db.to_string()),
+        };
+        ctx.changes.enabled = true;
+        let mut state = StreamState {
+            scope,
+            next_seq: ctx.changes.start_position(&spec)?,
+            stages: pipeline[1..].to_vec(),
+            db: db.to_string(),
+        };
+        let (first, pos) = stream_batch(
+            ctx.changes,
+            store,
+            &state,
+            Some(limit.size.unwrap_or(cursor::DEFAULT_FIRST_BATCH)),
+        )?;
+        state.next_seq = pos;
+        return ctx.cursors.open_stream(
+            ns,
+            state,
+            first,
+            ctx.conn_serial,
+            ctx.lsid.clone(),
+            ctx.max_cursors_per_connection,
+            ctx.max_cursors,
+        );
     }
     let writes = pipeline_writes(body);
     let docs = if first_stage == "$listLocalSessions" {
@@ -590,6 +636,39 @@ fn aggregate(
     };
     let docs = if writes { Vec::new() } else { docs };
     ctx.open_cursor(ns, docs, CursorKind::Normal, limit, false)
+}
+
+/// The next batch of a change stream at `state`: events in scope, through the stream's other
+/// stages, at most `batch` of them; returns the new position.
+fn stream_batch(
+    log: &ChangeLog,
+    store: &mut Store,
+    state: &StreamState,
+    batch: Option<usize>,
+) -> Result<(Vec<Bson>, u64), CommandError> {
+    if batch == Some(0) {
+        return Ok((Vec::new(), state.next_seq));
+    }
+    let (events, mut next) = log.read(state.next_seq, &state.scope, 1000);
+    let docs: Vec<Document> = events.into_iter().map(|(_, d)| d).collect();
+    let mut out = if state.stages.is_empty() || docs.is_empty() {
+        docs
+    } else {
+        store.run_pipeline(&state.db, docs, &state.stages)?
+    };
+    if let Some(n) = batch {
+        if out.len() > n {
+            out.truncate(n);
+            if let Some(seq) = out
+                .last()
+                .and_then(|d| d.get("_id"))
+                .and_then(changes::parse_token)
+            {
+                next = seq + 1;
+            }
+        }
+    }
+    Ok((out.into_iter().map(Bson::Document).collect(), next))
 }
 
 fn split_ns(ns: &str) -> Option<(&str, &str)> {

@@ -5,6 +5,7 @@
 //! one document [`Store`](crate::engine::Store), one session table and one cursor table, so
 //! "replication" is instantaneous. Fail points are per member, like mongod's.
 
+mod changes;
 mod commands;
 mod conn;
 mod cursor;
@@ -149,6 +150,7 @@ pub(crate) struct State {
     pub(crate) sessions: Sessions,
     pub(crate) cursors: Cursors,
     pub(crate) params: Params,
+    pub(crate) changes: changes::ChangeLog,
     /// Bumped by every write to `store` (transactions commit by swapping in their copy when
     /// nothing else wrote meanwhile).
     pub(crate) write_version: u64,
@@ -199,6 +201,8 @@ pub(crate) struct Shared {
     pub(crate) election_id: ObjectId,
     pub(crate) started: Instant,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// Signalled when change events were recorded (wakes waiting change-stream getMores).
+    pub(crate) changes_notify: tokio::sync::Notify,
 }
 
 /// Locks a mutex, recovering the data if a previous holder panicked.
@@ -318,6 +322,7 @@ impl Emulator {
                 sessions: Sessions::default(),
                 cursors: Cursors::default(),
                 params: Params { values: params },
+                changes: Default::default(),
                 write_version: 0,
                 cluster_time: Timestamp {
                     time: 0,
@@ -333,6 +338,7 @@ impl Emulator {
                 .unwrap_or_else(|_| ObjectId::new()),
             started: Instant::now(),
             shutdown: shutdown_rx,
+            changes_notify: tokio::sync::Notify::new(),
             config,
         });
         let mut tasks = JoinSet::new();
