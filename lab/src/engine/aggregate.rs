@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use bson::{Bson, Document};
 use rand::seq::SliceRandom;
 
-use super::catalog::Collection;
+use super::catalog::{duplicate_key_error, Collection};
 use super::compare::{bson_eq, OrdBson};
 use super::expression::{bind_variables, eval_opt, evaluate_variables, fold_values};
 use super::limits::{bson_size, check_depth, check_value_depth, MAX_BSON_SIZE, MAX_DEPTH};
@@ -359,10 +359,15 @@ impl Store {
                 Some(idx) => match when_matched.as_str() {
                     "keepExisting" => {}
                     "fail" => {
-                        return Err(EngineError::duplicate_key(format!(
-                            "E11000 duplicate key error collection: {ns} index: _id_ dup key: {{ _id: {} }}",
-                            d.get("_id").cloned().unwrap_or(Bson::Null)
-                        )));
+                        let mut pattern = Document::new();
+                        pattern.insert("_id", 1);
+                        let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+                        return Err(duplicate_key_error(
+                            &ns,
+                            "_id_",
+                            pattern,
+                            &[("_id".to_owned(), id)],
+                        ));
                     }
                     mode => {
                         let Some(existing) = target.docs.get(idx).cloned() else {

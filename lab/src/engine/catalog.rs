@@ -79,6 +79,27 @@ fn dup_key_text(fields: &[(String, Bson)]) -> String {
     format!("{{ {} }}", inner.join(", "))
 }
 
+/// mongod's DuplicateKey error: the E11000 message plus `keyPattern` and `keyValue`.
+pub(crate) fn duplicate_key_error(
+    ns: &str,
+    index: &str,
+    key_pattern: Document,
+    values: &[(String, Bson)],
+) -> EngineError {
+    let mut key_value = Document::new();
+    for (k, v) in values {
+        key_value.insert(k.clone(), v.clone());
+    }
+    let mut details = Document::new();
+    details.insert("keyPattern", key_pattern);
+    details.insert("keyValue", key_value);
+    EngineError::duplicate_key(format!(
+        "E11000 duplicate key error collection: {ns} index: {index} dup key: {}",
+        dup_key_text(values)
+    ))
+    .with_details(details)
+}
+
 /// A value as mongod prints it in messages (`5.0`, `"x"`, `ObjectId('…')`).
 fn shell_text(v: &Bson) -> String {
     match v {
@@ -144,10 +165,14 @@ impl Collection {
     pub(crate) fn insert_prepared(&mut self, ns: &str, doc: Document) -> EngineResult<Bson> {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
         if self.ids.contains(&OrdBson(id.clone())) {
-            return Err(EngineError::duplicate_key(format!(
-                "E11000 duplicate key error collection: {ns} index: _id_ dup key: {}",
-                dup_key_text(&[("_id".to_owned(), id)])
-            )));
+            let mut pattern = Document::new();
+            pattern.insert("_id", 1);
+            return Err(duplicate_key_error(
+                ns,
+                "_id_",
+                pattern,
+                &[("_id".to_owned(), id)],
+            ));
         }
         self.check_unique(ns, &doc, None)?;
         self.ids.insert(OrdBson(id.clone()));
@@ -227,10 +252,7 @@ impl Collection {
                     .zip(existing.iter())
                     .all(|((_, a), (_, b))| bson_eq(a, b))
                 {
-                    return Err(EngineError::duplicate_key(format!(
-                        "E11000 duplicate key error collection: {ns} index: {name} dup key: {}",
-                        dup_key_text(&candidate)
-                    )));
+                    return Err(duplicate_key_error(ns, name, key.clone(), &candidate));
                 }
             }
         }

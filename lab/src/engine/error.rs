@@ -6,7 +6,7 @@ use std::fmt;
 ///
 /// `code_name` is spelled exactly as mongod spells it (for "location" codes that have no
 /// symbolic name mongod reports `Location<code>`, and so does the engine).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineError {
     /// mongod's error code, e.g. 11000.
     pub code: i32,
@@ -14,6 +14,9 @@ pub struct EngineError {
     pub code_name: &'static str,
     /// The human-readable message (mongod's `errmsg`).
     pub message: String,
+    /// Extra fields mongod puts beside `errmsg` (e.g. `keyPattern` and `keyValue` for
+    /// DuplicateKey), for the server to copy into the error or write-error document.
+    pub details: Option<Box<bson::Document>>,
 }
 
 /// Result alias used throughout the engine.
@@ -33,7 +36,7 @@ macro_rules! codes {
             $(
                 #[doc = concat!("`", $name, "` (", stringify!($code), ").")]
                 pub fn $fn_name(message: impl Into<String>) -> Self {
-                    EngineError { code: $code, code_name: $name, message: message.into() }
+                    EngineError { code: $code, code_name: $name, message: message.into(), details: None }
                 }
             )*
         }
@@ -75,7 +78,16 @@ impl EngineError {
             code,
             code_name: location_name(code),
             message: message.into(),
+            details: None,
         }
+    }
+}
+
+impl EngineError {
+    /// Attaches extra reply fields (see [`EngineError::details`]).
+    pub fn with_details(mut self, details: bson::Document) -> Self {
+        self.details = Some(Box::new(details));
+        self
     }
 }
 
