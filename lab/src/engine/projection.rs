@@ -262,13 +262,16 @@ impl Projection {
             let cx = Cx { root: doc, query };
             let mut out = include_node(&self.node, doc, &cx, Some(""))?;
             // `_id` is included unless explicitly excluded, and stays first.
-            if node_get(&self.node, "_id").is_none() {
-                if let Some(id) = doc.get("_id") {
-                    let mut with_id = Document::new();
-                    with_id.insert("_id", id.clone());
-                    with_id.extend(out);
-                    out = with_id;
-                }
+            let id = match node_get(&self.node, "_id") {
+                None => doc.get("_id").cloned(),
+                // A computed `_id` is appended with the other computed fields; move it up.
+                Some(_) => out.remove("_id"),
+            };
+            if let Some(id) = id {
+                let mut with_id = Document::new();
+                with_id.insert("_id", id);
+                with_id.extend(out);
+                out = with_id;
             }
             Ok(out)
         } else {
@@ -617,6 +620,13 @@ mod tests {
             project(doc! {"a.y": 1}, d),
             Ok(doc! {"_id": 1, "a": [{"y": 2}, {"y": 3}]})
         );
+    }
+
+    #[test]
+    fn computed_id_stays_first() {
+        let d = doc! {"_id": 1, "a": 5, "b": 2};
+        let p = Projection::parse(&doc! {"b": 1, "_id": "$a"}, false).expect("valid");
+        assert_eq!(p.apply(&d), Ok(doc! {"_id": 5, "b": 2}));
     }
 
     #[test]
