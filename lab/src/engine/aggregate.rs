@@ -653,6 +653,8 @@ const ACCUMULATORS: &[&str] = &[
     "$addToSet",
     "$count",
     "$mergeObjects",
+    "$stdDevPop",
+    "$stdDevSamp",
 ];
 
 fn group(spec: &Document, docs: Vec<Document>) -> EngineResult<Vec<Document>> {
@@ -730,7 +732,7 @@ fn group(spec: &Document, docs: Vec<Document>) -> EngineResult<Vec<Document>> {
 
 fn finish_accumulator(op: &str, values: Vec<Option<Bson>>) -> EngineResult<Bson> {
     Ok(match op {
-        "$sum" | "$avg" | "$min" | "$max" => {
+        "$sum" | "$avg" | "$min" | "$max" | "$stdDevPop" | "$stdDevSamp" => {
             let present: Vec<Bson> = values.into_iter().flatten().collect();
             fold_values(op, &present)
         }

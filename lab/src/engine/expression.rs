@@ -16,7 +16,10 @@ use super::{EngineError, EngineResult};
 /// object and array literals, and the operators `$add $subtract $multiply $divide $mod $abs
 /// $concat $toUpper $toLower $strLenCP $eq $ne $gt $gte $lt $lte $cmp $and $or $not $cond
 /// $ifNull $size $arrayElemAt $first $last $in $concatArrays $isArray $type $toString $sum $avg
-/// $min $max $mergeObjects $let $map $filter`. A missing value evaluates to `null`. Unknown
+/// $min $max $stdDevPop $stdDevSamp $mergeObjects $let $map $filter $floor $ceil $trunc $round
+/// $toInt $toLong $toDouble $toBool $slice $reverseArray $range $split $substrCP $strcasecmp
+/// $indexOfArray $objectToArray $arrayToObject $setUnion`. Command `let` variables bound with
+/// [`with_variables`] resolve as `$$name`. A missing value evaluates to `null`. Unknown
 /// operators fail with 168 InvalidPipelineOperator.
 pub fn evaluate(expr: &Bson, root: &Document) -> EngineResult<Bson> {
     check_value_depth(expr)?;
@@ -1066,7 +1069,7 @@ impl Ctx<'_> {
                         .to_owned(),
                 )
             }
-            "$sum" | "$avg" | "$min" | "$max" => {
+            "$sum" | "$avg" | "$min" | "$max" | "$stdDevPop" | "$stdDevSamp" => {
                 let args = self.args(arg)?;
                 // With one array argument the operator folds over the array's elements.
                 let values: Vec<Bson> = match args.as_slice() {
@@ -1178,6 +1181,18 @@ impl Ctx<'_> {
 /// `$sum`, `$avg`, `$min` or `$max` over already evaluated values (shared with `$group`).
 pub(crate) fn fold_values(op: &str, values: &[Bson]) -> Bson {
     match op {
+        "$stdDevPop" | "$stdDevSamp" => {
+            let nums: Vec<f64> = values.iter().filter_map(Num::of).map(Num::as_f64).collect();
+            let n = nums.len() as f64;
+            let min_count = if op == "$stdDevPop" { 1.0 } else { 2.0 };
+            if n < min_count {
+                return Bson::Null;
+            }
+            let mean = nums.iter().sum::<f64>() / n;
+            let squares = nums.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>();
+            let divisor = if op == "$stdDevPop" { n } else { n - 1.0 };
+            Bson::Double((squares / divisor).sqrt())
+        }
         "$sum" | "$avg" => {
             let mut total = Bson::Int32(0);
             let mut count = 0u64;
@@ -1322,6 +1337,14 @@ mod tests {
         );
         assert_eq!(ev(bson::bson!({"$sum": "$a"}), d.clone()), Bson::Int32(6));
         assert_eq!(ev(bson::bson!({"$max": "$a"}), d.clone()), Bson::Int32(3));
+        assert_eq!(
+            ev(bson::bson!({"$stdDevPop": "$a"}), d.clone()),
+            Bson::Double((2.0f64 / 3.0).sqrt())
+        );
+        assert_eq!(
+            ev(bson::bson!({"$stdDevSamp": "$a"}), d.clone()),
+            Bson::Double(1.0)
+        );
         assert_eq!(
             ev(
                 bson::bson!({"$map": {"input": "$a", "as": "x", "in": {"$multiply": ["$$x", 2]}}}),
