@@ -1,9 +1,15 @@
 //! Virtual cores: a FIFO semaphore of `cores` permits. A request holds one permit for one
 //! quantum of work (sleeping, not spinning), then queues again, which time-shares the cores
 //! round-robin among runnable requests.
+//!
+//! Tokio's timers fire on millisecond ticks, so a quantum usually lasts a little longer than
+//! asked. A request is charged only the work it needed; the excess core time is banked here and
+//! paid back by shortening later quanta, so the cores' real throughput matches the configured
+//! costs on average. (With a paused clock sleeps are exact and the bank stays empty.)
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
@@ -12,6 +18,8 @@ pub(crate) struct Cores {
     sem: Semaphore,
     total: Mutex<CoreCount>,
     busy: AtomicU32,
+    /// Core time used beyond what requests needed (timer lateness), in ns.
+    owed_ns: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -46,7 +54,32 @@ impl Cores {
             sem: Semaphore::new(total as usize),
             total: Mutex::new(CoreCount { total, debt: 0 }),
             busy: AtomicU32::new(0),
+            owed_ns: AtomicU64::new(0),
         }
+    }
+
+    /// Takes up to `max` of the banked excess, to be subtracted from the next sleep.
+    pub(crate) fn repay(&self, max: Duration) -> Duration {
+        let max = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+        let mut took = 0;
+        let _ = self
+            .owed_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                took = v.min(max);
+                Some(v - took)
+            });
+        Duration::from_nanos(took)
+    }
+
+    /// Banks core time used beyond need; the bank holds at most `cap`.
+    pub(crate) fn bank(&self, excess: Duration, cap: Duration) {
+        let add = u64::try_from(excess.as_nanos()).unwrap_or(u64::MAX);
+        let cap = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
+        let _ = self
+            .owed_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_add(add).min(cap))
+            });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, CoreCount> {
@@ -109,5 +142,15 @@ mod tests {
         assert_eq!(c.sem.available_permits(), 3);
         assert_eq!(c.total(), 3);
         assert_eq!(c.busy(), 0);
+    }
+
+    #[test]
+    fn bank_is_capped_and_repaid() {
+        let c = Cores::new(1);
+        c.bank(Duration::from_millis(3), Duration::from_millis(5));
+        c.bank(Duration::from_millis(3), Duration::from_millis(5));
+        assert_eq!(c.repay(Duration::from_millis(2)), Duration::from_millis(2));
+        assert_eq!(c.repay(Duration::from_millis(9)), Duration::from_millis(3));
+        assert_eq!(c.repay(Duration::from_millis(9)), Duration::ZERO);
     }
 }

@@ -49,7 +49,7 @@
 //! let info = model::CommandInfo::from_command(&body, arrival);
 //! let admission = match shared.model.admit(&info).await {
 //!     Ok(a) => a,
-//!     Err(r) => return Outcome::Reply(finish(shared, member, Err(rejection_error(r)), label_ctx, None, None)),
+//!     Err(r) => return Outcome::Reply(finish(shared, member, Err(rejection_error(&r)), LabelContext::default(), None, None)),
 //! };
 //! ```
 //!
@@ -58,17 +58,21 @@
 //! ```ignore
 //! let ran = match admission.execute(disconnected).await {
 //!     Ok(o) => o,
-//!     Err(r) => return Outcome::Reply(finish(shared, member, Err(rejection_error(r)), label_ctx, None, None)),
+//!     Err(r) => return Outcome::Reply(finish(shared, member, Err(rejection_error(&r)), label_ctx, None, None)),
 //! };
 //! // after the engine: if result.is_err() { shared.model.record_failed(&ran); }
 //! ```
 //!
 //! where `rejection_error(r)` is `CommandError { code: r.code, code_name: r.code_name.into(),
-//! errmsg: r.errmsg.clone(), labels: Some(r.labels()), extra: None }`. The labels are final
-//! (433 carries `RetryableError`, which the code-based label rules would not add, and 462 has
-//! it only with `allowRetries`); `finish` adds `baseBackoffMS` from `externalClientBaseBackoffMS`
-//! to anything labelled `SystemOverloadedError`, so keep [`ModelConfig::base_backoff_ms`] at 0
-//! there, or use [`Rejection::to_document`] directly when the reply needs no `$clusterTime`.
+//! errmsg: r.errmsg.clone(), labels: r.fixed_labels(), extra: None }`. `fixed_labels` is `Some`
+//! for 462 and 433 (433 carries `RetryableError`, which the code-based label rules would not
+//! add, and 462 has it only with `allowRetries`) and `None` for 50 and 279, so the usual rules
+//! (transactions, retryable writes) apply to those. `finish` adds `baseBackoffMS` from
+//! `externalClientBaseBackoffMS` to anything labelled `SystemOverloadedError`, so either keep
+//! [`ModelConfig::base_backoff_ms`] at 0 and use that parameter, or put
+//! `r.base_backoff_ms` into `extra`. [`Rejection::to_document`] renders the whole reply when no
+//! `$clusterTime` is needed. A request that never reaches `execute` (failCommand answered, a
+//! parse error) just drops its [`Admission`].
 //!
 //! `serverStatus`: `"labOverload": shared.model.snapshot().to_document()`.
 //! `setParameter` / `getParameter` of `labOverload` (a document):
@@ -647,6 +651,7 @@ impl Admission {
         let yield_period = Duration::from_secs_f64(cfg.yield_period_ms / 1000.0);
         let mut remaining = Duration::from_secs_f64(cost_ms / 1000.0);
         let mut since_yield = Duration::ZERO;
+        let owed_cap = quantum * cfg.cores * 4;
         // Each turn removes at least min(quantum, remaining, time to the next yield) > 0 of
         // work, and the deadline stops it anyway.
         while !remaining.is_zero() {
@@ -670,14 +675,19 @@ impl Admission {
                     slice = slice.min(to_yield);
                 }
             }
-            tokio::time::sleep(slice).await;
+            // Pay back earlier timer lateness with at most half of this quantum.
+            let repaid = model.cores.repay(slice / 2);
+            tokio::time::sleep(slice - repaid).await;
             let used = Instant::now() - t1;
             drop(core);
-            run.work += used;
-            add_us(&model.counters.busy_us, used);
-            let progress = used.max(slice);
-            remaining = remaining.saturating_sub(progress);
-            since_yield += progress;
+            // Charge the work this request needed; bank what the timer added beyond it.
+            let progress = (used + repaid).max(slice);
+            let charged = progress.min(remaining);
+            model.cores.bank(progress - charged, owed_cap);
+            run.work += charged;
+            add_us(&model.counters.busy_us, charged);
+            remaining -= charged;
+            since_yield += charged;
             if remaining.is_zero() {
                 break;
             }

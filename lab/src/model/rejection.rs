@@ -108,6 +108,16 @@ impl Rejection {
         self.labels.iter().map(|l| l.to_string()).collect()
     }
 
+    /// The labels the server must use as they are (`Some` for 462 and 433, whose labels do not
+    /// follow from the code alone), or `None` when the server's usual label rules apply (50 and
+    /// 279, e.g. `TransientTransactionError` inside a transaction).
+    pub fn fixed_labels(&self) -> Option<Vec<String>> {
+        match self.kind {
+            RejectionKind::RateLimited | RejectionKind::QueueOverflow => Some(self.labels()),
+            RejectionKind::MaxTimeExpired | RejectionKind::ClientDisconnected => None,
+        }
+    }
+
     /// The error reply: `{ok: 0.0, errmsg, code, codeName, errorLabels, baseBackoffMS}`;
     /// `errorLabels` is omitted when empty and `baseBackoffMS` (an Int64) when not configured.
     pub fn to_document(&self) -> Document {

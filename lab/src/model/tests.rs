@@ -66,3 +66,52 @@ async fn woken_waiter_that_expires_passes_its_wake_up_on() {
     assert!(s.is_err() || s.is_ok());
     assert_eq!(m.snapshot().gauges.read_waiters, 0);
 }
+
+fn assert_send<T: Send>(_: &T) {}
+
+#[test]
+fn futures_are_send_for_spawned_connection_tasks() {
+    let m = Model::disabled();
+    let info = CommandInfo::new("find", CommandKind::Scan, Instant::now());
+    let fut = async move {
+        let a = m.admit(&info).await?;
+        a.execute(tokio::time::sleep(Duration::from_secs(1))).await
+    };
+    assert_send(&fut);
+}
+
+#[tokio::test(start_paused = true)]
+async fn kill_on_disconnect_also_ends_a_ticket_wait() {
+    let m = Model::new(ModelConfig {
+        enabled: true,
+        kill_on_client_disconnect: true,
+        tickets: TicketConfig {
+            read: 1,
+            write: 1,
+            ..TicketConfig::default()
+        },
+        ..ModelConfig::default()
+    })
+    .unwrap();
+    let info = CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(50.0);
+    let holder = {
+        let (m, info) = (m.clone(), info.clone());
+        tokio::spawn(async move {
+            let a = m.admit(&info).await.unwrap();
+            a.execute(std::future::pending()).await.is_ok()
+        })
+    };
+    tokio::task::yield_now().await;
+    let t0 = Instant::now();
+    let a = m.admit(&info).await.unwrap();
+    let r = a
+        .execute(tokio::time::sleep(Duration::from_millis(5)))
+        .await
+        .unwrap_err();
+    assert_eq!((r.code, r.work), (279, Duration::ZERO));
+    assert_eq!(t0.elapsed(), Duration::from_millis(5));
+    assert_eq!(r.fixed_labels(), None);
+    assert!(holder.await.unwrap());
+    let c = m.snapshot().counters;
+    assert_eq!((c.killed, c.completed), (1, 1));
+}
