@@ -1,6 +1,6 @@
 //! Aggregation pipelines: `$match $project $addFields $set $unset $group $sort $skip $limit
-//! $count $unwind $replaceRoot $replaceWith $sortByCount $lookup $facet $sample $documents
-//! $out $merge`.
+//! $count $unwind $replaceRoot $replaceWith $sortByCount $bucket $lookup $facet $sample
+//! $documents $out $merge`.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +8,7 @@ use bson::{Bson, Document};
 use rand::seq::SliceRandom;
 
 use super::catalog::{duplicate_key_error, Collection};
-use super::compare::{bson_eq, OrdBson};
+use super::compare::{bson_eq, compare_bson, type_rank, OrdBson};
 use super::expression::{bind_variables, eval_opt, evaluate_variables, fold_values};
 use super::limits::{bson_size, check_depth, check_value_depth, MAX_BSON_SIZE, MAX_DEPTH};
 use super::path::{get_exact, remove_dotted, set_dotted};
@@ -617,6 +617,7 @@ fn apply_stage(name: &str, arg: &Bson, docs: Vec<Document>) -> EngineResult<Vec<
             out
         }
         "$unwind" => unwind(arg, docs)?,
+        "$bucket" => bucket(as_doc(40201)?, docs)?,
         "$sample" => {
             let size = match arg {
                 Bson::Document(d) => d.get("size").and_then(non_negative_int),
@@ -642,6 +643,91 @@ fn apply_stage(name: &str, arg: &Bson, docs: Vec<Document>) -> EngineResult<Vec<
     })
 }
 
+/// `$bucket`: groups by which `[boundaries[i], boundaries[i+1])` range `groupBy` falls in
+/// (`_id` is the lower bound), the rest into `default`; output in boundary order, default last.
+fn bucket(spec: &Document, docs: Vec<Document>) -> EngineResult<Vec<Document>> {
+    let group_by = spec.get("groupBy").ok_or_else(|| {
+        EngineError::location(
+            40198,
+            "$bucket requires 'groupBy' and 'boundaries' to be specified.",
+        )
+    })?;
+    let Some(Bson::Array(boundaries)) = spec.get("boundaries") else {
+        return Err(EngineError::location(
+            40198,
+            "$bucket requires 'groupBy' and 'boundaries' to be specified.",
+        ));
+    };
+    if boundaries.len() < 2 {
+        return Err(EngineError::location(
+            40192,
+            "The $bucket 'boundaries' field must have at least 2 values",
+        ));
+    }
+    for w in boundaries.windows(2) {
+        if compare_bson(&w[0], &w[1]) != std::cmp::Ordering::Less
+            || type_rank(&w[0]) != type_rank(&w[1])
+        {
+            return Err(EngineError::location(40194, "The 'boundaries' option to $bucket must be sorted in ascending order and of the same type"));
+        }
+    }
+    let default = spec.get("default").cloned();
+    if let (Some(d), Some(first), Some(last)) = (&default, boundaries.first(), boundaries.last()) {
+        if type_rank(d) == type_rank(first)
+            && compare_bson(d, first) != std::cmp::Ordering::Less
+            && compare_bson(d, last) == std::cmp::Ordering::Less
+        {
+            return Err(EngineError::location(40199, "The $bucket 'default' field must be less than the lowest boundary or greater than or equal to the highest boundary."));
+        }
+    }
+    let output = match spec.get("output") {
+        None => {
+            let mut count = Document::new();
+            count.insert("$sum", 1);
+            let mut out = Document::new();
+            out.insert("count", count);
+            out
+        }
+        Some(Bson::Document(o)) => o.clone(),
+        Some(_) => {
+            return Err(EngineError::location(
+                40196,
+                "The $bucket 'output' field must be an object",
+            ))
+        }
+    };
+    let mut groups = group_with(&output, docs, |d| {
+        let value = eval_opt(group_by, d)?.unwrap_or(Bson::Null);
+        let bucket = boundaries.windows(2).find(|w| {
+            type_rank(&value) == type_rank(&w[0])
+                && compare_bson(&value, &w[0]) != std::cmp::Ordering::Less
+                && compare_bson(&value, &w[1]) == std::cmp::Ordering::Less
+        });
+        match (bucket, &default) {
+            (Some(w), _) => Ok(w[0].clone()),
+            (None, Some(d)) => Ok(d.clone()),
+            (None, None) => Err(EngineError::location(
+                40066,
+                format!("$switch could not find a matching branch for an input, and no default was specified. (value {value} does not fall into any $bucket boundary)"),
+            )),
+        }
+    })?;
+    let is_default = |g: &Document| match (&default, g.get("_id")) {
+        (Some(d), Some(id)) => boundaries.iter().all(|b| !bson_eq(b, id)) && bson_eq(d, id),
+        _ => false,
+    };
+    let (mut buckets, defaults): (Vec<Document>, Vec<Document>) =
+        groups.drain(..).partition(|g| !is_default(g));
+    buckets.sort_by(|a, b| {
+        compare_bson(
+            a.get("_id").unwrap_or(&Bson::Null),
+            b.get("_id").unwrap_or(&Bson::Null),
+        )
+    });
+    buckets.extend(defaults);
+    Ok(buckets)
+}
+
 const ACCUMULATORS: &[&str] = &[
     "$sum",
     "$avg",
@@ -661,6 +747,18 @@ fn group(spec: &Document, docs: Vec<Document>) -> EngineResult<Vec<Document>> {
     let id_expr = spec
         .get("_id")
         .ok_or_else(|| EngineError::location(15955, "a group specification must include an _id"))?;
+    group_with(spec, docs, |d| {
+        Ok(eval_opt(id_expr, d)?.unwrap_or(Bson::Null))
+    })
+}
+
+/// `$group` with the key computed by `key_of`; `spec`'s fields other than `_id` are the
+/// accumulators.
+fn group_with(
+    spec: &Document,
+    docs: Vec<Document>,
+    key_of: impl Fn(&Document) -> EngineResult<Bson>,
+) -> EngineResult<Vec<Document>> {
     let mut accs: Vec<(&str, &str, &Bson)> = Vec::new();
     for (field, acc) in spec {
         if field == "_id" {
@@ -696,7 +794,7 @@ fn group(spec: &Document, docs: Vec<Document>) -> EngineResult<Vec<Document>> {
     let mut index: BTreeMap<OrdBson, usize> = BTreeMap::new();
     let mut groups: Vec<(Bson, Vec<Vec<Option<Bson>>>)> = Vec::new();
     for d in &docs {
-        let key = eval_opt(id_expr, d)?.unwrap_or(Bson::Null);
+        let key = key_of(d)?;
         let slot = match index.get(&OrdBson(key.clone())) {
             Some(&i) => i,
             None => {
@@ -974,6 +1072,41 @@ mod tests {
             )
             .map_err(|e| e.code),
             Err(15952)
+        );
+    }
+
+    #[test]
+    fn bucket_groups_by_boundaries_with_default_last() {
+        let mut s = store();
+        s.insert("db", "c", vec![doc! {"_id": 4, "v": "text"}], true);
+        let out = agg(
+            &mut s,
+            vec![doc! {"$bucket": {"groupBy": "$v", "boundaries": [0, 2, 10], "default": "other"}}],
+        )
+        .expect("ok");
+        assert_eq!(
+            out,
+            vec![
+                doc! {"_id": 0, "count": 1},
+                doc! {"_id": 2, "count": 2},
+                doc! {"_id": "other", "count": 1}
+            ]
+        );
+        let out = agg(&mut s, vec![doc! {"$match": {"v": {"$type": "number"}}}, doc! {"$bucket": {"groupBy": "$v", "boundaries": [0, 10], "output": {"ids": {"$push": "$_id"}}}}]).expect("ok");
+        assert_eq!(out, vec![doc! {"_id": 0, "ids": [1, 2, 3]}]);
+        let err = agg(
+            &mut s,
+            vec![doc! {"$bucket": {"groupBy": "$v", "boundaries": [0, 2]}}],
+        )
+        .expect_err("no bucket");
+        assert_eq!(err.code, 40066);
+        assert_eq!(
+            agg(
+                &mut s,
+                vec![doc! {"$bucket": {"groupBy": "$v", "boundaries": [5, 1]}}]
+            )
+            .map_err(|e| e.code),
+            Err(40194)
         );
     }
 

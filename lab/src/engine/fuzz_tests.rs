@@ -126,6 +126,7 @@ const STAGES: &[&str] = &[
     "$documents",
     "$out",
     "$merge",
+    "$bucket",
     "$bogus",
 ];
 

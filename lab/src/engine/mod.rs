@@ -39,7 +39,7 @@
 //! # Not implemented
 //!
 //! Collation, text/geo queries and indexes, `$where`, views, capped-collection semantics,
-//! window functions and `$bucket`.
+//! window functions and `$bucketAuto`.
 //! Indexes other than unique ones are metadata only (every query is a collection scan).
 //!
 //! The `parse` helpers ([`FindSpec::from_command`], [`UpdateStatement::from_command`],
