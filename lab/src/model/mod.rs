@@ -244,7 +244,12 @@ impl CommandInfo {
     }
 
     fn deadline(&self, cfg: &ModelConfig) -> Instant {
-        let ms = self.max_time_ms.unwrap_or(cfg.safety_time_limit_ms);
+        // mongod accepts maxTimeMS up to INT32_MAX (about 24.8 days); capping keeps the
+        // deadline representable whatever the caller put in.
+        let ms = self
+            .max_time_ms
+            .unwrap_or(cfg.safety_time_limit_ms)
+            .min(i32::MAX as u64);
         self.arrival + Duration::from_millis(ms)
     }
 
@@ -297,6 +302,8 @@ pub struct Model {
     in_flight: AtomicU64,
     prober: Mutex<Prober>,
     series: Mutex<Series>,
+    /// Serializes reconfigurations (read-merge-write of `setParameter`).
+    reconfiguring: Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -326,6 +333,7 @@ impl Model {
             prober: Mutex::new(Prober::new(config.probing_initial(), now, 0)),
             series: Mutex::new(Series::new(config.series_capacity_secs as usize)),
             cfg: RwLock::new(Arc::new(config)),
+            reconfiguring: Mutex::new(()),
         }))
     }
 
@@ -343,6 +351,11 @@ impl Model {
     /// Replaces the configuration at run time. Requests already waiting or running continue
     /// under the new limits; counters and the series are kept.
     pub fn reconfigure(&self, new: ModelConfig) -> Result<(), ConfigError> {
+        let _one_at_a_time = lock(&self.reconfiguring);
+        self.apply(new)
+    }
+
+    fn apply(&self, new: ModelConfig) -> Result<(), ConfigError> {
         new.validate()?;
         let old = self.config();
         let now = Instant::now();
@@ -381,8 +394,9 @@ impl Model {
 
     /// Applies a partial configuration document (`setParameter`) and returns the result.
     pub fn set_parameters(&self, changes: &Document) -> Result<Arc<ModelConfig>, ConfigError> {
+        let _one_at_a_time = lock(&self.reconfiguring);
         let new = self.config().merged(changes)?;
-        self.reconfigure(new)?;
+        self.apply(new)?;
         Ok(self.config())
     }
 

@@ -115,3 +115,21 @@ async fn kill_on_disconnect_also_ends_a_ticket_wait() {
     let c = m.snapshot().counters;
     assert_eq!((c.killed, c.completed), (1, 1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn huge_max_time_ms_does_not_overflow() {
+    let m = Model::new(ModelConfig {
+        enabled: true,
+        ..ModelConfig::default()
+    })
+    .unwrap();
+    let info = CommandInfo::from_command(
+        &bson::doc! { "find": "c", "maxTimeMS": i64::MAX, "comment": { "labCostMs": 1e300 } },
+        Instant::now(),
+    );
+    let a = m.admit(&info).await.unwrap();
+    assert!(a.deadline() > Instant::now() + Duration::from_secs(86_400));
+    // The cost is clamped to an hour; give up after a second.
+    let r = tokio::time::timeout(Duration::from_secs(1), a.execute(std::future::pending())).await;
+    assert!(r.is_err());
+}
