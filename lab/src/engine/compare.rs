@@ -280,6 +280,20 @@ mod tests {
     }
 
     #[test]
+    fn decimal128_compares_with_other_numbers() {
+        let dec = |s: &str| Bson::Decimal128(s.parse().expect("valid decimal"));
+        assert_eq!(
+            compare_bson(&dec("1.5"), &Bson::Double(1.5)),
+            Ordering::Equal
+        );
+        assert_eq!(compare_bson(&dec("2"), &Bson::Int32(3)), Ordering::Less);
+        assert_eq!(
+            compare_bson(&dec("-10.25"), &Bson::Int64(-11)),
+            Ordering::Greater
+        );
+    }
+
+    #[test]
     fn nan_sorts_below_numbers_and_equals_itself() {
         assert_eq!(
             compare_bson(&Bson::Double(f64::NAN), &Bson::Int32(i32::MIN)),
