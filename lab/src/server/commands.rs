@@ -15,6 +15,7 @@ use super::error::{
 use super::failpoint::{self, CommandFacts};
 use super::session::{SessionKey, Transaction, TxnState};
 use super::{cluster_time_doc, hello, lock, Member, Role, Shared, State};
+use crate::model::{CommandInfo, Rejection};
 use crate::wire::OpMsg;
 
 /// Per-connection facts.
@@ -112,11 +113,16 @@ async fn sleep_or_shutdown(shared: &Shared, d: Duration) {
 }
 
 /// Handles one request.
+///
+/// `arrival` is when the request was read off the socket; `disconnected` completes if the
+/// client goes away meanwhile (both feed the overload model).
 pub(crate) async fn handle(
     shared: &Arc<Shared>,
     member: &Arc<Member>,
     conn: &mut ConnCtx,
     msg: OpMsg,
+    arrival: tokio::time::Instant,
+    disconnected: impl std::future::Future<Output = ()>,
 ) -> Outcome {
     let body = msg.body;
     let Some(name) = body.keys().next().cloned() else {
@@ -159,17 +165,6 @@ pub(crate) async fn handle(
         tracing::debug!(conn = conn.connection_id, peer = %conn.peer, app = ?conn.app_name, "handshake");
     }
 
-    // failCommand: after parsing and metadata, before anything else.
-    let ns = namespace(&db, &name, &body);
-    let action = {
-        let facts = CommandFacts {
-            name: &name,
-            namespace: &ns,
-            app_name: conn.app_name.as_deref(),
-        };
-        let mut rng = rand::rng();
-        lock(&member.fail_point).evaluate(&facts, &mut rng)
-    };
     let generic = Generic::parse(&body);
     let label_ctx = match &generic {
         Ok(g) => LabelContext {
@@ -180,6 +175,34 @@ pub(crate) async fn handle(
             commit_or_abort: matches!(name.as_str(), "commitTransaction" | "abortTransaction"),
         },
         Err(_) => LabelContext::default(),
+    };
+
+    // Overload model, step 1: the ingress rate limiter (before failCommand, like mongod's).
+    let info = CommandInfo::from_command(&body, arrival);
+    let admission = match shared.model.admit(&info).await {
+        Ok(a) => a,
+        Err(r) => {
+            return Outcome::Reply(finish(
+                shared,
+                member,
+                Err(rejection_error(&r)),
+                label_ctx,
+                None,
+                None,
+            ));
+        }
+    };
+
+    // failCommand: after parsing and metadata, before anything else.
+    let ns = namespace(&db, &name, &body);
+    let action = {
+        let facts = CommandFacts {
+            name: &name,
+            namespace: &ns,
+            app_name: conn.app_name.as_deref(),
+        };
+        let mut rng = rand::rng();
+        lock(&member.fail_point).evaluate(&facts, &mut rng)
     };
     let mut override_labels = None;
     let mut wce = None;
@@ -241,6 +264,20 @@ pub(crate) async fn handle(
         }
     }
 
+    // Overload model, step 2: ticket, virtual cores, yields and the deadline.
+    let ran = match admission.execute(disconnected).await {
+        Ok(o) => o,
+        Err(r) => {
+            return Outcome::Reply(finish(
+                shared,
+                member,
+                Err(rejection_error(&r)),
+                label_ctx,
+                None,
+                None,
+            ));
+        }
+    };
     let mut close_after = false;
     let mut result = execute(
         shared,
@@ -252,6 +289,9 @@ pub(crate) async fn handle(
         &generic,
         &mut close_after,
     );
+    if result.is_err() {
+        shared.model.record_failed(&ran);
+    }
     if close_after {
         return Outcome::Close;
     }
@@ -816,6 +856,17 @@ fn is_shutdown_code(code: i32) -> bool {
     matches!(code, 91 | 11600)
 }
 
+/// The error reply of an overload-model rejection (its labels are final).
+fn rejection_error(r: &Rejection) -> CommandError {
+    CommandError {
+        code: r.code,
+        code_name: std::borrow::Cow::Borrowed(r.code_name),
+        errmsg: r.errmsg.clone(),
+        labels: Some(r.labels()),
+        extra: None,
+    }
+}
+
 /// Turns a capture taken before a write into change events.
 fn record_changes(shared: &Shared, st: &mut State, capture: Option<Capture>) {
     if let Some(c) = capture {
@@ -939,6 +990,9 @@ fn build_info(shared: &Shared) -> Document {
     }
 }
 
+/// The parameter holding the overload model's configuration.
+const LAB_OVERLOAD: &str = "labOverload";
+
 fn get_parameter(shared: &Shared, body: &Document) -> Result<Document, CommandError> {
     let st = shared.state();
     let params = &st.params.values;
@@ -949,9 +1003,14 @@ fn get_parameter(shared: &Shared, body: &Document) -> Result<Document, CommandEr
         for (k, v) in params {
             r.insert(k.clone(), v.clone());
         }
+        r.insert(LAB_OVERLOAD, shared.model.config().to_document());
     } else {
         for (k, _) in body.iter().skip(1) {
             if data::GENERIC_FIELDS.contains(&k.as_str()) {
+                continue;
+            }
+            if k == LAB_OVERLOAD {
+                r.insert(k.clone(), shared.model.config().to_document());
                 continue;
             }
             match params.get(k) {
@@ -983,6 +1042,22 @@ fn set_parameter(shared: &Shared, body: &Document) -> Result<Document, CommandEr
     let mut changed = Vec::new();
     for (k, v) in body.iter().skip(1) {
         if data::GENERIC_FIELDS.contains(&k.as_str()) {
+            continue;
+        }
+        if k == LAB_OVERLOAD {
+            // The overload model's configuration: a partial document merges into the current one.
+            let Bson::Document(changes) = v else {
+                return Err(CommandError::type_mismatch(format!(
+                    "{LAB_OVERLOAD} must be a document"
+                )));
+            };
+            let before = shared.model.config().to_document();
+            shared
+                .model
+                .set_parameters(changes)
+                .map_err(|e| CommandError::bad_value(format!("{LAB_OVERLOAD}: {e}")))?;
+            tracing::info!(parameter = LAB_OVERLOAD, value = %changes, "setParameter");
+            was.get_or_insert(Bson::Document(before));
             continue;
         }
         let Some(old) = st.params.values.get(k).cloned() else {
@@ -1024,7 +1099,7 @@ fn set_parameter(shared: &Shared, body: &Document) -> Result<Document, CommandEr
         was.get_or_insert(old);
         changed.push((k.clone(), new));
     }
-    if changed.is_empty() {
+    if changed.is_empty() && was.is_none() {
         return Err(CommandError::bad_value(
             "no option found to set, use help:true to see options",
         ));
@@ -1066,6 +1141,7 @@ fn server_status(shared: &Shared, member: &Member) -> Document {
         },
         "metrics": { "cursor": { "open": { "total": cursors } } },
         "logicalSessionRecordCache": { "activeSessionsCount": sessions },
+        "labOverload": shared.model.snapshot().to_document(),
         "ok": 1.0,
     }
 }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::commands::{self, ConnCtx, Outcome};
@@ -55,9 +55,19 @@ pub(crate) async fn serve(
                 break format!("bad frame: {e}");
             }
         };
+        let arrival = tokio::time::Instant::now();
         let request_id = msg.header.request_id;
         let more_to_come = msg.more_to_come();
-        match commands::handle(&shared, &member, &mut ctx, msg).await {
+        // Completes if the client goes away while its request is being handled. The request is
+        // fully read, so the reader is idle; `fill_buf` is cancel-safe and keeps any pipelined
+        // bytes for the next read.
+        let disconnected = async {
+            match rd.fill_buf().await {
+                Ok([]) | Err(_) => {}
+                Ok(_) => std::future::pending::<()>().await,
+            }
+        };
+        match commands::handle(&shared, &member, &mut ctx, msg, arrival, disconnected).await {
             Outcome::Close => break "closed by failCommand closeConnection".into(),
             Outcome::Reply(_) if more_to_come => continue,
             Outcome::Reply(reply) => {

@@ -86,6 +86,9 @@ pub struct EmulatorConfig {
     pub max_transactions: usize,
     /// Transactions still open after this long are aborted (`transactionLifetimeLimitSeconds`).
     pub transaction_lifetime: Duration,
+    /// The load-shedding model (ingress limiter, tickets, virtual cores); off by default.
+    /// Changeable at run time with `setParameter: {labOverload: {...}}`.
+    pub overload: crate::model::ModelConfig,
 }
 
 impl Default for EmulatorConfig {
@@ -107,6 +110,7 @@ impl Default for EmulatorConfig {
             write_concern_nodes: None,
             max_transactions: 1000,
             transaction_lifetime: Duration::from_secs(60),
+            overload: crate::model::ModelConfig::default(),
         }
     }
 }
@@ -201,6 +205,8 @@ pub(crate) struct Shared {
     pub(crate) election_id: ObjectId,
     pub(crate) started: Instant,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// The overload model shared by all members (one emulated process's resources).
+    pub(crate) model: Arc<crate::model::Model>,
     /// Signalled when change events were recorded (wakes waiting change-stream getMores).
     pub(crate) changes_notify: tokio::sync::Notify,
 }
@@ -303,6 +309,12 @@ impl Emulator {
                 wake: tokio::sync::Notify::new(),
             }));
         }
+        let model = crate::model::Model::new(config.overload.clone()).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("overload model: {e}"),
+            )
+        })?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut params = default_params();
         params.insert(
@@ -339,6 +351,7 @@ impl Emulator {
             started: Instant::now(),
             shutdown: shutdown_rx,
             changes_notify: tokio::sync::Notify::new(),
+            model,
             config,
         });
         let mut tasks = JoinSet::new();

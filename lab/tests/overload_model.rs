@@ -1,0 +1,90 @@
+//! The overload model wired into the server: configured with setParameter, rejects with 462,
+//! reported in serverStatus.
+
+mod common;
+
+use lab::{Emulator, EmulatorConfig};
+use mongodb::bson::doc;
+
+#[tokio::test]
+async fn ingress_limiter_rejects_with_overload_labels() {
+    let emu = common::start(common::rs(1)).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    let r = raw
+        .command(&doc! {
+            "setParameter": 1,
+            "labOverload": { "enabled": true, "limiter": { "enabled": true, "ratePerSec": 0.5, "burstCapacitySecs": 1.0 } },
+            "$db": "admin",
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
+    let first = raw
+        .command(&doc! { "find": "c", "$db": "db" })
+        .await
+        .unwrap();
+    assert_eq!(first.get_f64("ok"), Ok(1.0), "{first}");
+    let second = raw
+        .command(&doc! { "find": "c", "$db": "db" })
+        .await
+        .unwrap();
+    assert_eq!(second.get_i32("code"), Ok(462), "{second}");
+    let labels: Vec<&str> = second
+        .get_array("errorLabels")
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert!(
+        labels.contains(&"SystemOverloadedError") && labels.contains(&"RetryableError"),
+        "{labels:?}"
+    );
+    // hello is exempt.
+    let hello = raw
+        .command(&doc! { "hello": 1, "$db": "admin" })
+        .await
+        .unwrap();
+    assert_eq!(hello.get_f64("ok"), Ok(1.0));
+    let status = raw
+        .command(&doc! { "serverStatus": 1, "$db": "admin" })
+        .await
+        .unwrap();
+    assert!(status.get_document("labOverload").is_ok(), "{status}");
+    let p = raw
+        .command(&doc! { "getParameter": 1, "labOverload": 1, "$db": "admin" })
+        .await
+        .unwrap();
+    assert_eq!(
+        p.get_document("labOverload").unwrap().get_bool("enabled"),
+        Ok(true)
+    );
+    let bad = raw
+        .command(&doc! { "setParameter": 1, "labOverload": { "noSuchKnob": 1 }, "$db": "admin" })
+        .await
+        .unwrap();
+    assert_eq!(bad.get_f64("ok"), Ok(0.0));
+    raw.command(&doc! { "setParameter": 1, "labOverload": { "enabled": false }, "$db": "admin" })
+        .await
+        .unwrap();
+    let again = raw
+        .command(&doc! { "find": "c", "$db": "db" })
+        .await
+        .unwrap();
+    assert_eq!(again.get_f64("ok"), Ok(1.0));
+    emu.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_overload_config_fails_start() {
+    let overload = lab::model::ModelConfig {
+        cores: 0,
+        enabled: true,
+        ..Default::default()
+    };
+    let res = Emulator::start(EmulatorConfig {
+        overload,
+        ..Default::default()
+    })
+    .await;
+    assert!(res.is_err());
+}
