@@ -322,6 +322,31 @@ fn random_pipelines_and_finds_never_panic() {
         };
         let _ = store.update("db", "c", &[stmt], round % 2 == 0);
         let _ = store.distinct("db", "c", pick(&mut rng, FIELDS), &Document::new());
+        let fam = FindAndModifySpec {
+            query: document(&mut rng, 2, QUERY_OPS),
+            sort: Some(document(&mut rng, 1, &["$natural"])),
+            remove: rng.random_bool(0.3),
+            update: rng
+                .random_bool(0.7)
+                .then(|| UpdateModification::Document(document(&mut rng, 2, UPDATE_OPS))),
+            return_new: rng.random(),
+            upsert: rng.random(),
+            fields: Some(document(&mut rng, 1, &["$slice", "$elemMatch"])),
+            array_filters: vec![],
+        };
+        let _ = store.find_and_modify("db", "c", &fam);
+        let vars = document(&mut rng, 1, EXPR_OPS);
+        let filter = document(&mut rng, 2, QUERY_OPS);
+        let _ = with_variables(&vars, || store.count("db", "c", &filter, 0, 0));
+        let _ = store.delete(
+            "db",
+            "c",
+            &[DeleteStatement {
+                filter: document(&mut rng, 2, QUERY_OPS),
+                just_one: rng.random(),
+            }],
+            true,
+        );
         let _ = evaluate(&value(&mut rng, 3, EXPR_OPS), &stored_doc(&mut rng));
     }
 }
