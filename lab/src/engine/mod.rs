@@ -27,6 +27,14 @@
 //! document in place), [`evaluate`] (aggregation expressions) and [`with_variables`] (binds a
 //! command's `let` variables around any engine call).
 //!
+//! The `parse` helpers ([`FindSpec::from_command`], [`UpdateStatement::from_command`],
+//! [`DeleteStatement::from_command`], [`FindAndModifySpec::from_command`]) read the fields of
+//! the corresponding mongod command documents, so the server only has to route.
+//!
+//! Errors are [`EngineError`]s carrying mongod's `code` and `codeName` (plus, for DuplicateKey,
+//! `keyPattern`/`keyValue` in [`EngineError::details`]), ready to render as
+//! `{ok: 0, errmsg, code, codeName}` or as a write error.
+//!
 //! # Files
 //!
 //! `error.rs` (the error type and mongod's codes), `limits.rs` (16 MiB and nesting limits),
@@ -42,15 +50,13 @@
 //! window functions and `$bucketAuto`.
 //! Indexes other than unique ones are metadata only (every query is a collection scan).
 //!
-//! The `parse` helpers ([`FindSpec::from_command`], [`UpdateStatement::from_command`],
-//! [`DeleteStatement::from_command`], [`FindAndModifySpec::from_command`]) read the fields of
-//! the corresponding mongod command documents, so the server only has to route.
-//!
 //! # Limits
 //!
 //! Documents larger than 16 MiB are rejected (10334 BSONObjectTooLarge), user-supplied
-//! documents nested deeper than [`MAX_DEPTH`] are rejected (15 Overflow), every loop is bounded
-//! by its input, and no input makes the engine panic.
+//! documents, filters, updates and pipelines nested deeper than [`MAX_DEPTH`] are rejected (15
+//! Overflow), dotted paths are capped so recursion stays bounded, every loop is bounded by its
+//! input, and user data is never unwrapped or indexed unchecked (`fuzz_tests.rs` throws random
+//! BSON at every entry point to keep it that way).
 
 mod aggregate;
 mod catalog;
