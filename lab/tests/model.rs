@@ -542,3 +542,26 @@ fn command_info_from_a_command_body() {
     assert!(t.in_transaction);
     assert_eq!(t.max_time_ms, None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn rejections_and_connections_cost_core_time() {
+    let mut cfg = limited(1.0, 1.0, 0);
+    cfg.cores = 1;
+    cfg.costs.rejection_ms = 2.0;
+    cfg.costs.connection_ms = 3.0;
+    let m = Model::new(cfg).unwrap();
+    assert_eq!(m.connection_opened().await, Duration::from_millis(3));
+    m.admit(&read(1.0)).await.unwrap();
+    let t0 = Instant::now();
+    let r = m.admit(&read(1.0)).await.unwrap_err();
+    assert_eq!((r.code, r.work), (462, Duration::from_millis(2)));
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_millis(2),
+        "the reply waits for the work"
+    );
+    let c = m.snapshot().counters;
+    assert!((c.overhead_work_ms - 3.0).abs() < 0.01, "{c:?}");
+    assert!((c.wasted_work_ms - 2.0).abs() < 0.01, "{c:?}");
+    assert!((c.busy_core_ms - 5.0).abs() < 0.01, "{c:?}");
+}

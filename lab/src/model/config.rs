@@ -215,6 +215,12 @@ pub struct CostConfig {
     pub write_ms: f64,
     /// Any other command (hello, commitTransaction, ...); 0 = takes no core and no ticket.
     pub command_ms: f64,
+    /// Core time to reject a request with 462 or 433 (the reply waits for it); counted as
+    /// wasted work.
+    pub rejection_ms: f64,
+    /// Core time to accept a connection ([`super::Model::connection_opened`]); counted as
+    /// overhead work.
+    pub connection_ms: f64,
 }
 
 impl Default for CostConfig {
@@ -225,6 +231,8 @@ impl Default for CostConfig {
             scan_ms: 30.0,
             write_ms: 3.0,
             command_ms: 0.0,
+            rejection_ms: 0.0,
+            connection_ms: 0.0,
         }
     }
 }
@@ -429,6 +437,14 @@ impl ModelConfig {
         finite_in("costs.scanMs", c.scan_ms, 0.0, MAX_COST_MS, false)?;
         finite_in("costs.writeMs", c.write_ms, 0.0, MAX_COST_MS, false)?;
         finite_in("costs.commandMs", c.command_ms, 0.0, MAX_COST_MS, false)?;
+        finite_in("costs.rejectionMs", c.rejection_ms, 0.0, MAX_COST_MS, false)?;
+        finite_in(
+            "costs.connectionMs",
+            c.connection_ms,
+            0.0,
+            MAX_COST_MS,
+            false,
+        )?;
         Ok(())
     }
 

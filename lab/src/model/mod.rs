@@ -13,7 +13,8 @@
 //!    queues for it again. `maxTimeMS`, counted from arrival, is checked at every wait and
 //!    every quantum (→ 50 MaxTimeMSExpired). A disconnected client's request is stopped at the
 //!    next check when `killOnClientDisconnect` is on; otherwise it runs to the end. Work done for
-//!    expired, killed, orphaned (client gone) or failed requests is counted as wasted.
+//!    expired, killed, orphaned (client gone) or failed requests is counted as wasted, and so
+//!    is the optional cost of rejecting a request (`costs.rejectionMs`).
 //!
 //! [`ModelConfig::default`] is "model off": both steps return at once. Everything is bounded:
 //! every wait has a deadline (`maxTimeMS`, else `safetyTimeLimitMs`), the ingress queue and the
@@ -26,9 +27,11 @@
 //! In `server::Shared`: `model: Arc<Model>`, built with
 //! `Model::new(config.overload.clone())?` (`ModelConfig::default()` when the lab is not used).
 //!
-//! In `server::conn::serve`, take `let arrival = tokio::time::Instant::now();` right after the
-//! message was read, and give `commands::handle` the arrival and a disconnect future. The
-//! request is already read, so the reader is free: a disconnect is the reader hitting EOF,
+//! In `server::conn::serve`, call `shared.model.connection_opened().await` once after accept
+//! (charges `costs.connectionMs`, 0 by default). Take `let arrival = Instant::now();`
+//! (`tokio::time::Instant`) right after each message was read, and give `commands::handle`
+//! the arrival and a disconnect future. The request is already read, so the reader is free: a
+//! disconnect is the reader hitting EOF,
 //!
 //! ```ignore
 //! let disconnected = async {
@@ -417,10 +420,10 @@ impl Model {
                 Take::Now => {}
                 Take::Reject => {
                     bump(&self.counters.rejected);
-                    return Err(Rejection::rate_limited(
-                        l.allow_retries,
-                        cfg.base_backoff_ms,
-                    ));
+                    let mut r = Rejection::rate_limited(l.allow_retries, cfg.base_backoff_ms);
+                    r.work = self.burn(cfg.costs.rejection_ms, deadline, &cfg).await;
+                    add_us(&self.counters.wasted_us, r.work);
+                    return Err(r);
                 }
                 Take::At(valid) => {
                     let mut slot = QueueSlot {
@@ -450,6 +453,57 @@ impl Model {
             deadline,
             ingress_wait,
         })
+    }
+
+    /// The server accepted a connection: charges `costs.connectionMs` of core time (TCP, TLS,
+    /// handshake and a new thread in mongod) as overhead work. Returns the time charged.
+    pub async fn connection_opened(&self) -> Duration {
+        let cfg = self.config();
+        if !cfg.enabled {
+            return Duration::ZERO;
+        }
+        let deadline = Instant::now() + Duration::from_millis(cfg.safety_time_limit_ms);
+        let work = self.burn(cfg.costs.connection_ms, deadline, &cfg).await;
+        add_us(&self.counters.overhead_us, work);
+        work
+    }
+
+    /// Runs `ms` of work outside any request (rejections, connection set-up): cores only, no
+    /// ticket, no yields; gives up at `deadline`. Returns the core time used.
+    async fn burn(&self, ms: f64, deadline: Instant, cfg: &ModelConfig) -> Duration {
+        if !cfg.enabled || !ms.is_finite() || ms <= 0.0 {
+            return Duration::ZERO;
+        }
+        let quantum = Duration::from_secs_f64(cfg.quantum_ms / 1000.0);
+        let mut remaining = Duration::from_secs_f64(ms.min(3_600_000.0) / 1000.0);
+        let mut used = Duration::ZERO;
+        // Each turn charges at least min(quantum, remaining) > 0; the deadline ends it anyway.
+        while !remaining.is_zero() {
+            let Ok(core) = tokio::time::timeout_at(deadline, self.cores.acquire()).await else {
+                break;
+            };
+            let charged = self.quantum(remaining.min(quantum), remaining, cfg).await;
+            drop(core);
+            used += charged;
+            remaining -= charged;
+        }
+        used
+    }
+
+    /// Sleeps one quantum of `slice` on a core the caller holds and returns the work to charge
+    /// (at most `remaining`). Earlier timer lateness is paid back with at most half of the
+    /// quantum, and lateness beyond `remaining` is banked (see `cores`).
+    async fn quantum(&self, slice: Duration, remaining: Duration, cfg: &ModelConfig) -> Duration {
+        let t0 = Instant::now();
+        let repaid = self.cores.repay(slice / 2);
+        tokio::time::sleep(slice - repaid).await;
+        let used = Instant::now() - t0;
+        let progress = (used + repaid).max(slice);
+        let charged = progress.min(remaining);
+        let quantum = Duration::from_secs_f64(cfg.quantum_ms / 1000.0);
+        self.cores.bank(progress - charged, quantum * cfg.cores * 4);
+        add_us(&self.counters.busy_us, charged);
+        charged
     }
 
     /// Everything the model knows now (also advances probing and the time series).
@@ -655,7 +709,12 @@ impl Admission {
                 Err(AcquireError::Shed) => {
                     run.settled = true;
                     bump(&model.counters.shed);
-                    return Err(Rejection::queue_overflow(cfg.base_backoff_ms));
+                    let mut r = Rejection::queue_overflow(cfg.base_backoff_ms);
+                    r.work = model
+                        .burn(cfg.costs.rejection_ms, self.deadline, &cfg)
+                        .await;
+                    add_us(&model.counters.wasted_us, r.work);
+                    return Err(r);
                 }
                 Err(AcquireError::Interrupted(i)) => return Err(run.stop(i)),
             }
@@ -665,7 +724,6 @@ impl Admission {
         let yield_period = Duration::from_secs_f64(cfg.yield_period_ms / 1000.0);
         let mut remaining = Duration::from_secs_f64(cost_ms / 1000.0);
         let mut since_yield = Duration::ZERO;
-        let owed_cap = quantum * cfg.cores * 4;
         // Each turn removes at least min(quantum, remaining, time to the next yield) > 0 of
         // work, and the deadline stops it anyway.
         while !remaining.is_zero() {
@@ -689,17 +747,9 @@ impl Admission {
                     slice = slice.min(to_yield);
                 }
             }
-            // Pay back earlier timer lateness with at most half of this quantum.
-            let repaid = model.cores.repay(slice / 2);
-            tokio::time::sleep(slice - repaid).await;
-            let used = Instant::now() - t1;
+            let charged = model.quantum(slice, remaining, &cfg).await;
             drop(core);
-            // Charge the work this request needed; bank what the timer added beyond it.
-            let progress = (used + repaid).max(slice);
-            let charged = progress.min(remaining);
-            model.cores.bank(progress - charged, owed_cap);
             run.work += charged;
-            add_us(&model.counters.busy_us, charged);
             remaining -= charged;
             since_yield += charged;
             if remaining.is_zero() {

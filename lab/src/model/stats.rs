@@ -20,6 +20,7 @@ pub(crate) struct Counters {
     pub(crate) wasted_us: AtomicU64,
     pub(crate) useful_us: AtomicU64,
     pub(crate) busy_us: AtomicU64,
+    pub(crate) overhead_us: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -53,10 +54,13 @@ pub struct CounterSnapshot {
     pub orphaned: u64,
     /// Completed requests whose command then failed (reported by the server).
     pub failed: u64,
-    /// Core time spent on requests that expired, were killed, were orphaned or failed (ms).
+    /// Core time spent on requests that expired, were killed, were orphaned or failed, and on
+    /// rejecting requests (ms).
     pub wasted_work_ms: f64,
     /// Core time spent on requests that completed for a client still waiting (ms).
     pub useful_work_ms: f64,
+    /// Core time spent accepting connections (ms).
+    pub overhead_work_ms: f64,
     /// All core time used (ms).
     pub busy_core_ms: f64,
 }
@@ -76,6 +80,7 @@ impl Counters {
             failed: g(&self.failed),
             wasted_work_ms: ms(&self.wasted_us),
             useful_work_ms: ms(&self.useful_us),
+            overhead_work_ms: ms(&self.overhead_us),
             busy_core_ms: ms(&self.busy_us),
         }
     }
@@ -94,6 +99,7 @@ impl CounterSnapshot {
             failed: self.failed.saturating_sub(o.failed),
             wasted_work_ms: (self.wasted_work_ms - o.wasted_work_ms).max(0.0),
             useful_work_ms: (self.useful_work_ms - o.useful_work_ms).max(0.0),
+            overhead_work_ms: (self.overhead_work_ms - o.overhead_work_ms).max(0.0),
             busy_core_ms: (self.busy_core_ms - o.busy_core_ms).max(0.0),
         }
     }
