@@ -40,6 +40,27 @@ struct Args {
     /// Omit topologyVersion from hello (the driver then polls instead of streaming).
     #[arg(long)]
     no_topology_version: bool,
+    /// Idle cursors are closed after this many milliseconds.
+    #[arg(long, default_value_t = 600_000)]
+    cursor_timeout_ms: u64,
+    /// Initial `externalClientBaseBackoffMS` (adds `baseBackoffMS` to overload errors).
+    #[arg(long, default_value_t = 0)]
+    base_backoff_ms: i32,
+    /// Turn the overload model on (also settable at run time: `setParameter: {labOverload: {...}}`).
+    #[arg(long)]
+    overload: bool,
+    /// Overload model: ingress rate limit in requests per second (enables the limiter).
+    #[arg(long)]
+    ingress_rate: Option<f64>,
+    /// Overload model: ingress burst capacity in seconds of rate.
+    #[arg(long)]
+    ingress_burst_secs: Option<f64>,
+    /// Overload model: requests that may queue for an ingress token (0 rejects at once).
+    #[arg(long)]
+    ingress_queue: Option<u64>,
+    /// Overload model: number of virtual cores.
+    #[arg(long)]
+    cores: Option<u32>,
 }
 
 #[tokio::main]
@@ -62,6 +83,23 @@ async fn main() -> std::process::ExitCode {
             routers: args.members.max(1),
         },
     };
+    let mut overload = lab::model::ModelConfig {
+        enabled: args.overload,
+        ..Default::default()
+    };
+    if let Some(rate) = args.ingress_rate {
+        overload.limiter.enabled = true;
+        overload.limiter.rate_per_sec = rate;
+    }
+    if let Some(b) = args.ingress_burst_secs {
+        overload.limiter.burst_capacity_secs = b;
+    }
+    if let Some(q) = args.ingress_queue {
+        overload.limiter.max_queue_depth = q;
+    }
+    if let Some(c) = args.cores {
+        overload.cores = c;
+    }
     let config = EmulatorConfig {
         topology,
         server_version: args.server_version,
@@ -73,6 +111,9 @@ async fn main() -> std::process::ExitCode {
         },
         bind: args.bind,
         topology_version: !args.no_topology_version,
+        cursor_timeout: std::time::Duration::from_millis(args.cursor_timeout_ms.max(1)),
+        base_backoff_ms: args.base_backoff_ms.max(0),
+        overload,
         ..Default::default()
     };
     let emulator = match Emulator::start(config).await {

@@ -92,13 +92,13 @@ impl ChangeLog {
             let seq =
                 parse_token(t).ok_or_else(|| CommandError::bad_value("invalid resume token"))?;
             let oldest = self.events.front().map(|e| e.seq).unwrap_or(self.next_seq);
-            if seq + 1 < oldest {
+            if seq.saturating_add(1) < oldest {
                 return Err(CommandError::new(
                     286,
                     "Resume of change stream was not possible, as the resume point may no longer be in the oplog.",
                 ));
             }
-            return Ok(seq + 1);
+            return Ok(seq.saturating_add(1));
         }
         if let Ok(ts) = spec.get_timestamp("startAtOperationTime") {
             let at = self

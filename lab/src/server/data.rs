@@ -664,7 +664,7 @@ fn stream_batch(
                 .and_then(|d| d.get("_id"))
                 .and_then(changes::parse_token)
             {
-                next = seq + 1;
+                next = seq.saturating_add(1);
             }
         }
     }

@@ -86,6 +86,9 @@ pub struct EmulatorConfig {
     pub max_transactions: usize,
     /// Transactions still open after this long are aborted (`transactionLifetimeLimitSeconds`).
     pub transaction_lifetime: Duration,
+    /// Initial value of the `externalClientBaseBackoffMS` server parameter (0: no
+    /// `baseBackoffMS` on overload errors).
+    pub base_backoff_ms: i32,
     /// The load-shedding model (ingress limiter, tickets, virtual cores); off by default.
     /// Changeable at run time with `setParameter: {labOverload: {...}}`.
     pub overload: crate::model::ModelConfig,
@@ -111,6 +114,7 @@ impl Default for EmulatorConfig {
             max_transactions: 1000,
             transaction_lifetime: Duration::from_secs(60),
             overload: crate::model::ModelConfig::default(),
+            base_backoff_ms: 0,
         }
     }
 }
@@ -321,6 +325,7 @@ impl Emulator {
             "cursorTimeoutMillis",
             config.cursor_timeout.as_millis() as i64,
         );
+        params.insert("externalClientBaseBackoffMS", config.base_backoff_ms.max(0));
         let version: Vec<&str> = config.server_version.split('.').collect();
         if version.len() >= 2 {
             params.insert(
