@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use bson::{doc, Bson};
 use lab::model::{
     CommandInfo, CommandKind, LimiterConfig, Model, ModelConfig, RejectionKind, TicketConfig,
-    TicketMode,
+    TicketMode, Wakeup,
 };
 use tokio::time::{sleep, Duration, Instant};
 
@@ -182,7 +182,7 @@ async fn tickets_bound_concurrency_and_cores_bound_throughput() {
 }
 
 /// Completion order of waiters that queued for one ticket in arrival order 0, 1, 2, ...
-async fn completion_order(seed: u64) -> Vec<usize> {
+async fn completion_order(seed: u64, wakeup: Wakeup) -> Vec<usize> {
     let m = Model::new(ModelConfig {
         seed,
         yield_period_ms: 1000.0,
@@ -190,6 +190,7 @@ async fn completion_order(seed: u64) -> Vec<usize> {
         tickets: TicketConfig {
             read: 1,
             write: 1,
+            wakeup,
             ..TicketConfig::default()
         },
         ..base()
@@ -221,12 +222,21 @@ async fn completion_order(seed: u64) -> Vec<usize> {
 async fn ticket_wakeups_are_not_fifo_but_are_seeded() {
     let mut overtaken = 0;
     for seed in 0..10 {
-        let order = completion_order(seed).await;
+        let order = completion_order(seed, Wakeup::Random).await;
         assert_eq!(order.len(), 6);
         if order.windows(2).any(|w| w[0] > w[1]) {
             overtaken += 1;
         }
-        assert_eq!(order, completion_order(seed).await, "seed {seed} replays");
+        assert_eq!(
+            order,
+            completion_order(seed, Wakeup::Random).await,
+            "seed {seed} replays"
+        );
+        // The fair queue, for comparison.
+        assert_eq!(
+            completion_order(seed, Wakeup::Fifo).await,
+            [0, 1, 2, 3, 4, 5]
+        );
     }
     assert!(overtaken >= 5, "later waiters overtake earlier ones");
 }

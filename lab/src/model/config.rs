@@ -45,6 +45,17 @@ pub enum TicketMode {
     Probing,
 }
 
+/// Which waiter a released ticket wakes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Wakeup {
+    /// A random waiter (seeded), which then races new arrivals for the ticket (mongod 8.0).
+    Random,
+    /// The longest-waiting waiter, and the ticket is handed to it: new arrivals queue behind
+    /// waiters (a fair queue, for comparison).
+    Fifo,
+}
+
 /// The whole model. `Default` is "model off": every request passes straight through.
 ///
 /// Field names in documents are the camelCase spelling of the Rust names (`ratePerSec`,
@@ -155,6 +166,8 @@ pub struct TicketConfig {
     pub max_waiters: u64,
     /// Throughput probing parameters (used in `probing` mode).
     pub probing: ProbingConfig,
+    /// `random` (default, unfair) or `fifo`.
+    pub wakeup: Wakeup,
 }
 
 impl Default for TicketConfig {
@@ -165,6 +178,7 @@ impl Default for TicketConfig {
             write: 128,
             max_waiters: 0,
             probing: ProbingConfig::default(),
+            wakeup: Wakeup::Random,
         }
     }
 }

@@ -6,8 +6,9 @@
 //! 1. [`Model::admit`] — the ingress token bucket (`ingressRequestRateLimiter`). Rejects with
 //!    462 IngressRequestRateLimitExceeded, or waits in a bounded queue for a token. Exempt
 //!    commands (hello, ping, ...) pass at once.
-//! 2. [`Admission::execute`] — a read or write ticket (non-FIFO wake-ups, optional bounded
-//!    waiter queue that sheds with 433 AdmissionQueueOverflow), then the command's cost in core
+//! 2. [`Admission::execute`] — a read or write ticket (non-FIFO wake-ups unless
+//!    `tickets.wakeup` is `fifo`; an optional bounded waiter queue sheds with 433
+//!    AdmissionQueueOverflow), then the command's cost in core
 //!    time on a fixed number of virtual cores, in quanta that *sleep* (real-time emulation, no
 //!    CPU burnt). Every `yieldPeriodMs` of work the request yields: it gives its ticket back and
 //!    queues for it again. `maxTimeMS`, counted from arrival, is checked at every wait and
@@ -101,7 +102,7 @@ use tokio::time::{Duration, Instant};
 
 pub use config::{
     ConfigError, CostConfig, LimiterConfig, ModelConfig, ProbingConfig, TicketConfig, TicketMode,
-    DEFAULT_EXEMPT_COMMANDS,
+    Wakeup, DEFAULT_EXEMPT_COMMANDS,
 };
 pub use rejection::{Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
 pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample};
@@ -325,11 +326,12 @@ impl Model {
             TicketMode::Probing => (config.probing_initial(), config.probing_initial()),
         };
         let mw = config.tickets.max_waiters;
+        let fifo = config.tickets.wakeup == Wakeup::Fifo;
         Ok(Arc::new(Model {
             start: now,
             bucket: Mutex::new(Bucket::new(config.burst_tokens(), now)),
-            read: TicketPool::new(r, mw, config.seed),
-            write: TicketPool::new(w, mw, config.seed ^ WRITE_SEED_SALT),
+            read: TicketPool::new(r, mw, config.seed, fifo),
+            write: TicketPool::new(w, mw, config.seed ^ WRITE_SEED_SALT, fifo),
             cores: Cores::new(config.cores),
             counters: Counters::default(),
             in_flight: AtomicU64::new(0),
@@ -381,6 +383,9 @@ impl Model {
         }
         self.read.set_max_waiters(new.tickets.max_waiters);
         self.write.set_max_waiters(new.tickets.max_waiters);
+        let fifo = new.tickets.wakeup == Wakeup::Fifo;
+        self.read.set_fifo(fifo);
+        self.write.set_fifo(fifo);
         if new.seed != old.seed {
             self.read.reseed(new.seed);
             self.write.reseed(new.seed ^ WRITE_SEED_SALT);

@@ -4,6 +4,9 @@
 //! ticket back wakes one waiter chosen at random (seeded); the woken waiter then has to take the
 //! ticket itself and may find that a request that just arrived got it first, in which case it
 //! sleeps again. So a later request can overtake an earlier one, as in mongod 8.0.
+//!
+//! With `tickets.wakeup: fifo` the pool is a fair queue instead: a release wakes the
+//! longest-waiting request and new arrivals do not take tickets promised to it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -39,6 +42,8 @@ struct PoolState {
     rng: StdRng,
     /// Since the last [`TicketPool::take_pressure`]: all tickets were in use at some point.
     pressure: bool,
+    /// FIFO hand-off instead of random wake-ups that race new arrivals.
+    fifo: bool,
 }
 
 impl PoolState {
@@ -48,6 +53,16 @@ impl PoolState {
 
     fn free(&self) -> u32 {
         self.total.saturating_sub(self.in_use)
+    }
+
+    /// Whether a request arriving now may take a free ticket: always when unfair; in FIFO mode
+    /// only if no one is waiting and no free ticket is promised to a woken waiter.
+    fn arrival_may_take(&self) -> bool {
+        if self.fifo {
+            self.sleeping.is_empty() && self.free() as usize > self.woken.len()
+        } else {
+            self.free() > 0
+        }
     }
 
     fn take(&mut self) {
@@ -61,7 +76,18 @@ impl PoolState {
     fn wake(&mut self) {
         // Bounded by the number of sleeping waiters.
         while self.free() as usize > self.woken.len() && !self.sleeping.is_empty() {
-            let i = self.rng.random_range(0..self.sleeping.len());
+            let i = if self.fifo {
+                // Ids grow with arrival; a waiter keeps its id when it sleeps again.
+                let (i, _) = self
+                    .sleeping
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, id)| **id)
+                    .unwrap_or((0, &0));
+                i
+            } else {
+                self.rng.random_range(0..self.sleeping.len())
+            };
             let id = self.sleeping.swap_remove(i);
             self.woken.push(id);
             if let Some(n) = self.notify.get(&id) {
@@ -110,7 +136,7 @@ pub(crate) struct PoolCounts {
 }
 
 impl TicketPool {
-    pub(crate) fn new(total: u32, max_waiters: u64, seed: u64) -> TicketPool {
+    pub(crate) fn new(total: u32, max_waiters: u64, seed: u64, fifo: bool) -> TicketPool {
         TicketPool {
             st: Mutex::new(PoolState {
                 total,
@@ -122,6 +148,7 @@ impl TicketPool {
                 next_id: 0,
                 rng: StdRng::seed_from_u64(seed),
                 pressure: false,
+                fifo,
             }),
         }
     }
@@ -140,7 +167,7 @@ impl TicketPool {
     ) -> Result<Ticket<'_>, AcquireError> {
         let (id, notify) = {
             let mut st = self.lock();
-            if st.free() > 0 {
+            if st.arrival_may_take() {
                 st.take();
                 return Ok(Ticket { pool: self });
             }
@@ -203,6 +230,12 @@ impl TicketPool {
         self.lock().max_waiters = max;
     }
 
+    pub(crate) fn set_fifo(&self, fifo: bool) {
+        let mut st = self.lock();
+        st.fifo = fifo;
+        st.wake();
+    }
+
     pub(crate) fn reseed(&self, seed: u64) {
         self.lock().rng = StdRng::seed_from_u64(seed);
     }
@@ -233,7 +266,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn free_ticket_is_taken_at_once_and_shed_when_queue_full() {
-        let pool = TicketPool::new(1, 1, 0);
+        let pool = TicketPool::new(1, 1, 0, false);
         let never = pin!(std::future::pending::<()>());
         let mut w = Watch::new(never, false);
         let deadline = Instant::now() + Duration::from_millis(50);
