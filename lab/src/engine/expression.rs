@@ -18,7 +18,9 @@ use super::{EngineError, EngineResult};
 /// $ifNull $size $arrayElemAt $first $last $in $concatArrays $isArray $type $toString $sum $avg
 /// $min $max $stdDevPop $stdDevSamp $mergeObjects $let $map $filter $floor $ceil $trunc $round
 /// $toInt $toLong $toDouble $toBool $slice $reverseArray $range $split $substrCP $strcasecmp
-/// $indexOfArray $objectToArray $arrayToObject $setUnion`. Command `let` variables bound with
+/// $indexOfArray $objectToArray $arrayToObject $setUnion $switch $reduce $regexMatch $trim
+/// $ltrim $rtrim $sqrt $exp $ln $log10 $pow $year $month $dayOfMonth $hour $minute $second
+/// $millisecond $dayOfWeek $dayOfYear $dateToString` (dates in UTC). Command `let` variables bound with
 /// [`with_variables`] resolve as `$$name`. A missing value evaluates to `null`. Unknown
 /// operators fail with 168 InvalidPipelineOperator.
 pub fn evaluate(expr: &Bson, root: &Document) -> EngineResult<Bson> {
@@ -193,6 +195,101 @@ fn type_name(v: &Bson) -> &'static str {
 /// mongod's type alias for `v` (as `$type` reports it), also used in error messages.
 pub(crate) fn bson_type_name(v: &Bson) -> &'static str {
     type_name(v)
+}
+
+/// A UTC calendar breakdown of a millisecond timestamp (no time zones, like mongod's default).
+struct CivilTime {
+    year: i32,
+    month: i32,
+    day: i32,
+    hour: i32,
+    minute: i32,
+    second: i32,
+    millis: i32,
+    /// 1 = Sunday ... 7 = Saturday, as `$dayOfWeek` reports.
+    weekday: i32,
+    day_of_year: i32,
+}
+
+impl CivilTime {
+    fn from_millis(ms: i64) -> Self {
+        let days = ms.div_euclid(86_400_000);
+        let in_day = ms.rem_euclid(86_400_000);
+        // Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+        let cumulative = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+        let before = cumulative
+            .get(usize::try_from(month - 1).unwrap_or(0))
+            .copied()
+            .unwrap_or(0);
+        let day_of_year = before + day + i64::from(leap && month > 2);
+        // 1970-01-01 was a Thursday (weekday 5 when Sunday is 1).
+        let weekday = (days + 4).rem_euclid(7) + 1;
+        let clamp = |v: i64| i32::try_from(v).unwrap_or(i32::MAX);
+        CivilTime {
+            year: clamp(year),
+            month: clamp(month),
+            day: clamp(day),
+            hour: clamp(in_day / 3_600_000),
+            minute: clamp(in_day / 60_000 % 60),
+            second: clamp(in_day / 1000 % 60),
+            millis: clamp(in_day % 1000),
+            weekday: clamp(weekday),
+            day_of_year: clamp(day_of_year),
+        }
+    }
+
+    fn format(&self, format: &str) -> EngineResult<String> {
+        let mut out = String::new();
+        let mut chars = format.chars();
+        while let Some(c) = chars.next() {
+            if c != '%' {
+                out.push(c);
+                continue;
+            }
+            match chars.next() {
+                Some('Y') => out.push_str(&format!("{:04}", self.year)),
+                Some('m') => out.push_str(&format!("{:02}", self.month)),
+                Some('d') => out.push_str(&format!("{:02}", self.day)),
+                Some('H') => out.push_str(&format!("{:02}", self.hour)),
+                Some('M') => out.push_str(&format!("{:02}", self.minute)),
+                Some('S') => out.push_str(&format!("{:02}", self.second)),
+                Some('L') => out.push_str(&format!("{:03}", self.millis)),
+                Some('j') => out.push_str(&format!("{:03}", self.day_of_year)),
+                Some('u') => out.push_str(&format!(
+                    "{}",
+                    if self.weekday == 1 {
+                        7
+                    } else {
+                        self.weekday - 1
+                    }
+                )),
+                Some('w') => out.push_str(&format!("{}", self.weekday)),
+                Some('Z') => out.push_str("+0000"),
+                Some('z') => out.push('0'),
+                Some('%') => out.push('%'),
+                other => {
+                    return Err(EngineError::location(
+                        18536,
+                        format!(
+                            "Invalid format character '%{}' in format string",
+                            other.unwrap_or(' ')
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 struct Ctx<'a> {
@@ -1055,6 +1152,340 @@ impl Ctx<'_> {
                 }
                 Bson::Array(out)
             }
+            "$switch" => {
+                let Bson::Document(spec) = arg else {
+                    return Err(EngineError::location(
+                        40060,
+                        "$switch requires an object as an argument",
+                    ));
+                };
+                let Some(Bson::Array(branches)) = spec.get("branches") else {
+                    return Err(EngineError::location(
+                        40061,
+                        "$switch expected an array for 'branches'",
+                    ));
+                };
+                for branch in branches {
+                    let Bson::Document(b) = branch else {
+                        return Err(EngineError::location(
+                            40062,
+                            "$switch expected each branch to be an object",
+                        ));
+                    };
+                    let (Some(case), Some(then)) = (b.get("case"), b.get("then")) else {
+                        return Err(EngineError::location(
+                            40064,
+                            "$switch requires each branch have a 'case' and 'then'",
+                        ));
+                    };
+                    if self.eval(case)?.as_ref().is_some_and(is_truthy) {
+                        return self.eval(then);
+                    }
+                }
+                return match spec.get("default") {
+                    Some(d) => self.eval(d),
+                    None => Err(EngineError::location(40066, "$switch could not find a matching branch for an input, and no default was specified.")),
+                };
+            }
+            "$reduce" => {
+                let Bson::Document(spec) = arg else {
+                    return Err(EngineError::location(
+                        40075,
+                        "$reduce requires an object as an argument",
+                    ));
+                };
+                let (Some(input), Some(initial), Some(body)) =
+                    (spec.get("input"), spec.get("initialValue"), spec.get("in"))
+                else {
+                    return Err(EngineError::location(
+                        40079,
+                        "$reduce requires 'input', 'initialValue' and 'in'",
+                    ));
+                };
+                let items = match self.eval(input)? {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(Some(Bson::Null)),
+                    Some(Bson::Array(items)) => items,
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            40080,
+                            format!(
+                                "$reduce requires that 'input' be an array, found: {}",
+                                type_name(&other)
+                            ),
+                        ));
+                    }
+                };
+                let mut acc = self.eval(initial)?.unwrap_or(Bson::Null);
+                for item in items {
+                    self.vars.push(("value".to_owned(), acc));
+                    self.vars.push(("this".to_owned(), item));
+                    let r = self.eval(body);
+                    self.vars.truncate(self.vars.len().saturating_sub(2));
+                    acc = r?.unwrap_or(Bson::Null);
+                }
+                acc
+            }
+            "$regexMatch" => {
+                let Bson::Document(spec) = arg else {
+                    return Err(EngineError::location(
+                        51103,
+                        "$regexMatch expects an object of named arguments",
+                    ));
+                };
+                let input = match spec.get("input") {
+                    Some(e) => self.eval(e)?,
+                    None => {
+                        return Err(EngineError::location(
+                            31022,
+                            "$regexMatch requires 'input' parameter",
+                        ))
+                    }
+                };
+                let (pattern, mut options) = match spec
+                    .get("regex")
+                    .map(|e| self.eval(e))
+                    .transpose()?
+                    .flatten()
+                {
+                    Some(Bson::String(p)) => (p, String::new()),
+                    Some(Bson::RegularExpression(r)) => (r.pattern, r.options),
+                    None | Some(Bson::Null) => return Ok(Some(Bson::Boolean(false))),
+                    Some(_) => {
+                        return Err(EngineError::location(
+                            51105,
+                            "$regexMatch needs 'regex' to be of type string or regex",
+                        ))
+                    }
+                };
+                if let Some(o) = spec.get("options") {
+                    match self.eval(o)? {
+                        Some(Bson::String(extra)) => options.push_str(&extra),
+                        None | Some(Bson::Null) => {}
+                        Some(_) => {
+                            return Err(EngineError::location(
+                                51106,
+                                "$regexMatch needs 'options' to be of type string",
+                            ))
+                        }
+                    }
+                }
+                match input {
+                    Some(Bson::String(text)) => Bson::Boolean(
+                        super::query::compile_regex(&pattern, &options)?.is_match(&text),
+                    ),
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Boolean(false),
+                    Some(_) => {
+                        return Err(EngineError::location(
+                            51104,
+                            "$regexMatch needs 'input' to be of type string",
+                        ))
+                    }
+                }
+            }
+            "$trim" | "$ltrim" | "$rtrim" => {
+                let Bson::Document(spec) = arg else {
+                    return Err(EngineError::location(
+                        50696,
+                        format!("{op} only supports an object as an argument"),
+                    ));
+                };
+                let input = match spec.get("input") {
+                    Some(e) => self.eval(e)?,
+                    None => {
+                        return Err(EngineError::location(
+                            50695,
+                            format!("{op} requires an 'input' field"),
+                        ))
+                    }
+                };
+                let chars: Option<Vec<char>> = match spec
+                    .get("chars")
+                    .map(|e| self.eval(e))
+                    .transpose()?
+                    .flatten()
+                {
+                    None | Some(Bson::Null) => None,
+                    Some(Bson::String(c)) => Some(c.chars().collect()),
+                    Some(_) => {
+                        return Err(EngineError::location(
+                            50700,
+                            format!("{op} requires 'chars' to be a string"),
+                        ))
+                    }
+                };
+                let text = match input {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(Some(Bson::Null)),
+                    Some(Bson::String(t)) => t,
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            50699,
+                            format!(
+                                "{op} requires its input to be a string, got {}",
+                                type_name(&other)
+                            ),
+                        ));
+                    }
+                };
+                let strip = |c: char| match &chars {
+                    Some(set) => set.contains(&c),
+                    None => c.is_whitespace() || c == '\0',
+                };
+                Bson::String(match op {
+                    "$ltrim" => text.trim_start_matches(strip).to_owned(),
+                    "$rtrim" => text.trim_end_matches(strip).to_owned(),
+                    _ => text.trim_matches(strip).to_owned(),
+                })
+            }
+            "$sqrt" | "$exp" | "$ln" | "$log10" | "$pow" => {
+                let args = if op == "$pow" {
+                    self.exact_args(op, arg, 2)?
+                } else {
+                    self.exact_args(op, arg, 1)?
+                };
+                if args.iter().any(is_nullish) {
+                    return Ok(Some(Bson::Null));
+                }
+                let mut nums = Vec::with_capacity(args.len());
+                for a in args.iter().flatten() {
+                    nums.push(
+                        Num::of(a)
+                            .ok_or_else(|| {
+                                EngineError::location(
+                                    28765,
+                                    format!(
+                                        "{op} only supports numeric types, not {}",
+                                        type_name(a)
+                                    ),
+                                )
+                            })?
+                            .as_f64(),
+                    );
+                }
+                let x = nums.first().copied().unwrap_or(0.0);
+                let value = match op {
+                    "$sqrt" if x < 0.0 => {
+                        return Err(EngineError::location(
+                            28714,
+                            "$sqrt's argument must be greater than or equal to 0",
+                        ))
+                    }
+                    "$sqrt" => x.sqrt(),
+                    "$exp" => x.exp(),
+                    "$ln" | "$log10" if x <= 0.0 => {
+                        return Err(EngineError::location(
+                            28766,
+                            format!("{op}'s argument must be a positive number, but is {x}"),
+                        ))
+                    }
+                    "$ln" => x.ln(),
+                    "$log10" => x.log10(),
+                    _ => {
+                        let y = nums.get(1).copied().unwrap_or(1.0);
+                        if x == 0.0 && y < 0.0 {
+                            return Err(EngineError::location(
+                                28764,
+                                "$pow cannot take a base of 0 and a negative exponent",
+                            ));
+                        }
+                        // Integer bases with non-negative integer exponents stay integral, as in mongod.
+                        if let (Some(Num::Int(b)), Some(Num::Int(e))) = (
+                            args[0].as_ref().and_then(Num::of),
+                            args[1].as_ref().and_then(Num::of),
+                        ) {
+                            if let Some(r) = u32::try_from(e).ok().and_then(|e| b.checked_pow(e)) {
+                                let both_i32 = matches!(
+                                    (&args[0], &args[1]),
+                                    (Some(Bson::Int32(_)), Some(Bson::Int32(_)))
+                                );
+                                return Ok(Some(match (both_i32, i32::try_from(r)) {
+                                    (true, Ok(small)) => Bson::Int32(small),
+                                    _ => Bson::Int64(r),
+                                }));
+                            }
+                        }
+                        x.powf(y)
+                    }
+                };
+                Bson::Double(value)
+            }
+            "$year" | "$month" | "$dayOfMonth" | "$hour" | "$minute" | "$second"
+            | "$millisecond" | "$dayOfWeek" | "$dayOfYear" => {
+                let date_expr = match arg {
+                    Bson::Document(d) if d.contains_key("date") => {
+                        d.get("date").unwrap_or(&Bson::Null)
+                    }
+                    Bson::Array(items) if items.len() == 1 => &items[0],
+                    other => other,
+                };
+                let millis = match self.eval(date_expr)? {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => return Ok(Some(Bson::Null)),
+                    Some(Bson::DateTime(d)) => d.timestamp_millis(),
+                    Some(Bson::Timestamp(t)) => i64::from(t.time) * 1000,
+                    Some(Bson::ObjectId(o)) => o.timestamp().timestamp_millis(),
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            16006,
+                            format!("can't convert from BSON type {} to Date", type_name(&other)),
+                        ));
+                    }
+                };
+                let parts = CivilTime::from_millis(millis);
+                Bson::Int32(match op {
+                    "$year" => parts.year,
+                    "$month" => parts.month,
+                    "$dayOfMonth" => parts.day,
+                    "$hour" => parts.hour,
+                    "$minute" => parts.minute,
+                    "$second" => parts.second,
+                    "$millisecond" => parts.millis,
+                    "$dayOfWeek" => parts.weekday,
+                    _ => parts.day_of_year,
+                })
+            }
+            "$dateToString" => {
+                let Bson::Document(spec) = arg else {
+                    return Err(EngineError::location(
+                        18629,
+                        "$dateToString only supports an object as its argument",
+                    ));
+                };
+                let format = match spec
+                    .get("format")
+                    .map(|e| self.eval(e))
+                    .transpose()?
+                    .flatten()
+                {
+                    None => "%Y-%m-%dT%H:%M:%S.%LZ".to_owned(),
+                    Some(Bson::String(f)) => f,
+                    Some(_) => {
+                        return Err(EngineError::location(
+                            18533,
+                            "$dateToString requires that 'format' be a string",
+                        ))
+                    }
+                };
+                let millis = match spec
+                    .get("date")
+                    .map(|e| self.eval(e))
+                    .transpose()?
+                    .flatten()
+                {
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => {
+                        return match spec.get("onNull") {
+                            Some(e) => self.eval(e),
+                            None => Ok(Some(Bson::Null)),
+                        };
+                    }
+                    Some(Bson::DateTime(d)) => d.timestamp_millis(),
+                    Some(other) => {
+                        return Err(EngineError::location(
+                            16006,
+                            format!("can't convert from BSON type {} to Date", type_name(&other)),
+                        ));
+                    }
+                };
+                Bson::String(CivilTime::from_millis(millis).format(&format)?)
+            }
             "$isArray" => {
                 let args = self.exact_args(op, arg, 1)?;
                 Bson::Boolean(matches!(args[0], Some(Bson::Array(_))))
@@ -1460,6 +1891,88 @@ mod tests {
         assert_eq!(
             with_variables(&vars, || crate::engine::matches(&filter, &doc! {"a": "x"})),
             Ok(Ok(true))
+        );
+    }
+
+    #[test]
+    fn switch_reduce_regex_trim_math() {
+        assert_eq!(
+            ev(
+                bson::bson!({"$switch": {"branches": [{"case": {"$gt": ["$a", 5]}, "then": "big"}], "default": "small"}}),
+                doc! {"a": 1}
+            ),
+            Bson::String("small".into())
+        );
+        assert_eq!(
+            ev(
+                bson::bson!({"$reduce": {"input": [1, 2, 3], "initialValue": 0, "in": {"$add": ["$$value", "$$this"]}}}),
+                doc! {}
+            ),
+            Bson::Int32(6)
+        );
+        assert_eq!(
+            ev(
+                bson::bson!({"$regexMatch": {"input": "Hello", "regex": "^h", "options": "i"}}),
+                doc! {}
+            ),
+            Bson::Boolean(true)
+        );
+        assert_eq!(
+            ev(bson::bson!({"$trim": {"input": "  x  "}}), doc! {}),
+            Bson::String("x".into())
+        );
+        assert_eq!(
+            ev(
+                bson::bson!({"$ltrim": {"input": "xxy", "chars": "x"}}),
+                doc! {}
+            ),
+            Bson::String("y".into())
+        );
+        assert_eq!(
+            ev(bson::bson!({"$pow": [2, 10]}), doc! {}),
+            Bson::Int32(1024)
+        );
+        assert_eq!(ev(bson::bson!({"$sqrt": 16}), doc! {}), Bson::Double(4.0));
+        assert!(evaluate(&bson::bson!({"$sqrt": -1}), &doc! {}).is_err());
+    }
+
+    #[test]
+    fn date_parts_and_formatting() {
+        // 2024-02-29T13:45:06.789Z, a Thursday and the 60th day of the year.
+        let d = doc! {"t": bson::DateTime::from_millis(1_709_214_306_789)};
+        let part = |op: &str| {
+            let mut e = Document::new();
+            e.insert(op, "$t");
+            ev(Bson::Document(e), d.clone())
+        };
+        assert_eq!(part("$year"), Bson::Int32(2024));
+        assert_eq!(part("$month"), Bson::Int32(2));
+        assert_eq!(part("$dayOfMonth"), Bson::Int32(29));
+        assert_eq!(part("$hour"), Bson::Int32(13));
+        assert_eq!(part("$minute"), Bson::Int32(45));
+        assert_eq!(part("$second"), Bson::Int32(6));
+        assert_eq!(part("$millisecond"), Bson::Int32(789));
+        assert_eq!(part("$dayOfWeek"), Bson::Int32(5));
+        assert_eq!(part("$dayOfYear"), Bson::Int32(60));
+        assert_eq!(
+            ev(
+                bson::bson!({"$dateToString": {"date": "$t", "format": "%Y-%m-%d %H:%M:%S.%L"}}),
+                d.clone()
+            ),
+            Bson::String("2024-02-29 13:45:06.789".into())
+        );
+        assert_eq!(
+            ev(bson::bson!({"$dateToString": {"date": "$t"}}), d),
+            Bson::String("2024-02-29T13:45:06.789Z".into())
+        );
+        let before_epoch = doc! {"t": bson::DateTime::from_millis(-1)};
+        assert_eq!(
+            ev(bson::bson!({"$year": "$t"}), before_epoch.clone()),
+            Bson::Int32(1969)
+        );
+        assert_eq!(
+            ev(bson::bson!({"$dayOfYear": "$t"}), before_epoch),
+            Bson::Int32(365)
         );
     }
 

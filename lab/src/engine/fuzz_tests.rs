@@ -62,6 +62,15 @@ const UPDATE_OPS: &[&str] = &[
 ];
 
 const EXPR_OPS: &[&str] = &[
+    "$switch",
+    "$reduce",
+    "$regexMatch",
+    "$trim",
+    "$pow",
+    "$ln",
+    "$year",
+    "$dayOfWeek",
+    "$dateToString",
     "$floor",
     "$round",
     "$toInt",
