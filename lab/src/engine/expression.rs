@@ -314,6 +314,12 @@ fn path_value(v: &Bson, parts: &[&str]) -> Option<Bson> {
     }
 }
 
+/// [`path_value`] starting at a document, without wrapping (copying) it into a `Bson`.
+fn doc_path_value(doc: &Document, parts: &[&str]) -> Option<Bson> {
+    let (first, rest) = parts.split_first()?;
+    path_value(doc.get(*first)?, rest)
+}
+
 fn is_nullish(v: &Option<Bson>) -> bool {
     matches!(v, None | Some(Bson::Null) | Some(Bson::Undefined))
 }
@@ -331,7 +337,7 @@ impl Ctx<'_> {
                     ));
                 }
                 let parts: Vec<&str> = path.split('.').collect();
-                Ok(path_value(&Bson::Document(self.root.clone()), &parts))
+                Ok(doc_path_value(self.root, &parts))
             }
             Bson::Array(items) => {
                 let mut out = Vec::with_capacity(items.len());
@@ -377,7 +383,14 @@ impl Ctx<'_> {
             None => (spec, None),
         };
         let base = match name {
-            "ROOT" | "CURRENT" => Bson::Document(self.root.clone()),
+            // Avoid copying the whole document when only a field of it is wanted.
+            "ROOT" | "CURRENT" => match rest {
+                Some(r) => {
+                    let parts: Vec<&str> = r.split('.').collect();
+                    return Ok(doc_path_value(self.root, &parts));
+                }
+                None => Bson::Document(self.root.clone()),
+            },
             "REMOVE" => return Ok(None),
             "NOW" => Bson::DateTime(bson::DateTime::now()),
             _ => match self
