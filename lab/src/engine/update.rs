@@ -542,6 +542,25 @@ fn apply_one(doc: &mut Document, action: &Action<'_>, parts: &[String]) -> Engin
     let arg = action.arg;
     // Operators that never create the path when it is missing.
     let creates = !matches!(action.op, "$unset" | "$pop" | "$pull" | "$pullAll");
+    // Arguments are validated even when the target field is missing, as mongod parses them
+    // before looking at the document.
+    match action.op {
+        "$pop" if Num::of(arg).is_none() => {
+            return Err(EngineError::failed_to_parse(format!(
+                "Expected a number in: {last}: {arg}"
+            )));
+        }
+        "$pullAll" if !matches!(arg, Bson::Array(_)) => {
+            return Err(EngineError::bad_value(format!(
+                "$pullAll requires an array argument but was given a {}",
+                bson_type_name(arg)
+            )));
+        }
+        "$pull" => {
+            pull_matches(&Bson::Null, arg)?;
+        }
+        _ => {}
+    }
     let Some(mut parent) = navigate(Parent::Doc(doc), init, last, creates)? else {
         return Ok(());
     };
