@@ -977,5 +977,9 @@ mod tests {
             out.write_errors[0].error.message,
             "E11000 duplicate key error collection: db.c index: a_1 dup key: { a: 1 }"
         );
+        assert_eq!(
+            out.write_errors[0].error.details.as_deref(),
+            Some(&doc! {"keyPattern": {"a": 1}, "keyValue": {"a": 1}})
+        );
     }
 }

@@ -625,6 +625,10 @@ mod tests {
             e.error.message,
             "E11000 duplicate key error collection: db.c index: _id_ dup key: { _id: 5.0 }"
         );
+        assert_eq!(
+            e.error.details.as_deref(),
+            Some(&doc! {"keyPattern": {"_id": 1}, "keyValue": {"_id": 5.0}})
+        );
     }
 
     #[test]

@@ -999,7 +999,9 @@ pub(crate) fn upsert_seed(filter: &Document) -> EngineResult<Document> {
 
 fn collect_equalities(filter: &Document, seed: &mut Document) -> EngineResult<()> {
     for (key, cond) in filter {
-        if key == "$and" {
+        // mongod simplifies a one-clause `$or` to its clause before seeding.
+        let single_or = matches!(cond, Bson::Array(c) if c.len() == 1);
+        if key == "$and" || (key == "$or" && single_or) {
             if let Bson::Array(clauses) = cond {
                 for c in clauses {
                     if let Bson::Document(d) = c {
@@ -1013,9 +1015,15 @@ fn collect_equalities(filter: &Document, seed: &mut Document) -> EngineResult<()
             continue;
         }
         let value = match cond {
-            Bson::Document(d) if is_operator_doc(d) => match d.get("$eq") {
-                Some(v) => v.clone(),
-                None => continue,
+            Bson::Document(d) if is_operator_doc(d) => match (d.get("$eq"), d.get("$in")) {
+                (Some(v), _) => v.clone(),
+                // A one-element `$in` is an equality to mongod's planner, and seeds like one.
+                (None, Some(Bson::Array(items)))
+                    if items.len() == 1 && !matches!(items[0], Bson::RegularExpression(_)) =>
+                {
+                    items[0].clone()
+                }
+                _ => continue,
             },
             Bson::RegularExpression(_) => continue,
             other => other.clone(),
@@ -1170,6 +1178,25 @@ mod tests {
             code(upd(doc! {"_id": 1, "a": 1}, doc! {"$pop": {"a": 1}})),
             14
         );
+        assert_eq!(
+            code(upd(doc! {"_id": 1}, doc! {"$pop": {"missing": "x"}})),
+            9
+        );
+        assert_eq!(
+            code(upd(doc! {"_id": 1}, doc! {"$pop": {"no.parent": "x"}})),
+            9
+        );
+        assert_eq!(
+            code(upd(doc! {"_id": 1}, doc! {"$pullAll": {"missing": 1}})),
+            2
+        );
+        assert_eq!(
+            code(upd(
+                doc! {"_id": 1},
+                doc! {"$pull": {"missing": {"$bogus": 1}}}
+            )),
+            2
+        );
     }
 
     #[test]
@@ -1268,6 +1295,11 @@ mod tests {
         )
         .expect("ok");
         assert_eq!(seed, doc! {"_id": 7, "a": 1, "b": {"c": 2}, "e": 3});
+        let seed = upsert_seed(&doc! {"x": {"$in": [5]}, "y": {"$in": [1, 2]}, "$or": [{"z": 1}]})
+            .expect("ok");
+        assert_eq!(seed, doc! {"x": 5, "z": 1});
+        let seed = upsert_seed(&doc! {"$or": [{"z": 1}, {"w": 2}]}).expect("ok");
+        assert_eq!(seed, doc! {});
     }
 
     #[test]
