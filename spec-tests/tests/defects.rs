@@ -181,6 +181,26 @@ macro_rules! scenarios {
                 outcome(&result, started.named("find").len() - 1)
             }
 
+            /// B4: overload errors (two, then success) whose `baseBackoffMS` is `value`.
+            pub async fn overload_with_base_backoff(uri: &str, value: ::$driver::bson::Bson) -> Outcome {
+                let (client, started) = client(uri).await;
+                let admin = client.database("admin");
+                let coll = client.database("b4").collection::<Document>("c");
+                coll.find_one(doc! {}).await.expect("warm up");
+                admin
+                    .run_command(doc! { "setParameter": 1, "labRawBaseBackoffMS": { "value": value } })
+                    .await
+                    .expect("setParameter");
+                fail_with_overload(&client, "find", doc! { "times": 2 }.into()).await;
+                let result = coll.find_one(doc! {}).await;
+                admin
+                    .run_command(doc! { "setParameter": 1, "labRawBaseBackoffMS": {} })
+                    .await
+                    .expect("setParameter");
+                fail_point_off(&client).await;
+                outcome(&result, started.named("find").len() - 1)
+            }
+
             /// B5: a client whose options came from serde with `adaptiveRetries: true`, after
             /// enough overload retries to spend a 1000-token bucket.
             pub async fn serde_enabled_token_bucket(uri: &str) -> Outcome {
@@ -541,4 +561,30 @@ async fn b8_first_error_returned_when_all_errors_say_no_writes_performed() {
         Some(91),
         "the fork returns the first error, as the spec requires"
     );
+}
+
+#[tokio::test]
+async fn b4_any_base_backoff_keeps_the_overload_error() {
+    use mongodb::bson::Bson;
+    let server = Server::standalone();
+    let uri = server.uri_with("retryReads=true");
+    for value in [
+        Bson::Double(2.5),
+        Bson::Int32(-5),
+        Bson::Double(f64::NAN),
+        Bson::String("soon".into()),
+    ] {
+        let up = upstream::overload_with_base_backoff(&uri, value.clone()).await;
+        assert_eq!(
+            (up.attempts, up.ok, up.code, up.overload_labels),
+            (1, false, None, false),
+            "upstream 3.9.1 turns the overload error into InvalidResponse for baseBackoffMS {value} (defect B4): {up:?}"
+        );
+        let fork = fork::overload_with_base_backoff(&uri, value.clone()).await;
+        assert_eq!(
+            (fork.attempts, fork.ok),
+            (3, true),
+            "the fork ignores baseBackoffMS {value} and retries: {fork:?}"
+        );
+    }
 }

@@ -395,15 +395,22 @@ fn finish(
     };
     set_labels(&mut reply, &labels);
     if labels.iter().any(|l| l == "SystemOverloadedError") {
-        let backoff = {
+        let (backoff, raw) = {
             let st = shared.state();
-            match st.params.values.get("externalClientBaseBackoffMS") {
+            let backoff = match st.params.values.get("externalClientBaseBackoffMS") {
                 Some(Bson::Int32(i)) => i64::from(*i),
                 Some(Bson::Int64(i)) => *i,
                 _ => 0,
-            }
+            };
+            let raw = match st.params.values.get("labRawBaseBackoffMS") {
+                Some(Bson::Document(d)) => d.get("value").cloned(),
+                _ => None,
+            };
+            (backoff, raw)
         };
-        if backoff > 0 {
+        if let Some(raw) = raw {
+            reply.insert("baseBackoffMS", raw);
+        } else if backoff > 0 {
             reply.insert("baseBackoffMS", backoff);
         }
     }

@@ -256,6 +256,10 @@ pub struct Emulator {
 fn default_params() -> Document {
     doc! {
         "externalClientBaseBackoffMS": 0i32,
+        // Lab-only: `{value: <any BSON>}` is sent verbatim as `baseBackoffMS` on overload
+        // errors (instead of externalClientBaseBackoffMS), so tests can check how drivers cope
+        // with doubles, negatives or strings there. `{}` turns it off.
+        "labRawBaseBackoffMS": {},
         "featureCompatibilityVersion": { "version": "8.0" },
         "requireApiVersion": false,
         "enableTestCommands": 1i32,
