@@ -5,6 +5,7 @@
 //! the official driver talks to it exactly as to mongod.
 
 pub mod engine;
+pub mod loadgen;
 pub mod model;
 pub mod server;
 pub mod wire;

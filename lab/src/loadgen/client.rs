@@ -1,0 +1,323 @@
+//! The adapter between the scenario and the drivers: [`LabClient`], implemented for the fork
+//! (`mongodb`) and for unmodified upstream 3.9.1 (`mongodb_upstream`) by one macro, and the
+//! [`Sink`] that turns both drivers' command and pool events into per-request figures.
+//!
+//! Every operation carries `comment: {labReq: <id>}`. CommandStarted events read it back, so
+//! each attempt (retries included) is booked to its request; the driver's `request_id` joins
+//! Succeeded/Failed to Started. A connection's wait is the CheckedOut event's duration
+//! (checkout started → checked out), booked to the next command that starts on that
+//! connection.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::config::{Driver, OpKind};
+use super::metrics::{AttemptReport, ErrorClass, Recorder};
+
+/// A boxed, sendable future.
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// One operation to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpSpec {
+    /// Request id, sent as `comment.labReq`.
+    pub req: u64,
+    /// What to do.
+    pub kind: OpKind,
+    /// Target `_id`.
+    pub key: i64,
+    /// Documents per range read.
+    pub range_len: i64,
+    /// `maxTimeMS` for reads, if any.
+    pub max_time: Option<Duration>,
+}
+
+/// A driver client as the lab uses it.
+pub trait LabClient: Send + Sync + 'static {
+    /// Runs one operation to its end (retries included) and reports it. The application's
+    /// deadline is enforced by the caller around a spawned task, not here.
+    fn run(&self, op: OpSpec) -> BoxFut<AttemptReport>;
+    /// Pings the deployment once (not booked to any request).
+    fn warm_up(&self) -> BoxFut<Result<(), String>>;
+    /// Closes the client.
+    fn shutdown(&self) -> BoxFut<()>;
+}
+
+/// Per-request accumulation of attempt figures.
+#[derive(Debug, Default, Clone, Copy)]
+struct Acc {
+    attempts: u32,
+    conn_wait: Duration,
+    service: Duration,
+}
+
+/// Receives both drivers' events (already converted to plain values) for one client.
+#[derive(Debug)]
+pub struct Sink {
+    recorder: Arc<Recorder>,
+    attempts_total: Arc<AtomicU64>,
+    reqs: Mutex<HashMap<u64, Acc>>,
+    by_request_id: Mutex<HashMap<i32, u64>>,
+    conn_wait: Mutex<HashMap<u32, Duration>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Sink {
+    /// A sink booking into `recorder`; `attempts_total` counts every lab command started.
+    pub fn new(recorder: Arc<Recorder>, attempts_total: Arc<AtomicU64>) -> Sink {
+        Sink {
+            recorder,
+            attempts_total,
+            reqs: Mutex::new(HashMap::new()),
+            by_request_id: Mutex::new(HashMap::new()),
+            conn_wait: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// CommandStarted: `req` is the command's `comment.labReq` (None for other commands).
+    pub fn command_started(&self, req: Option<u64>, request_id: i32, conn_id: u32) {
+        let wait = lock(&self.conn_wait).remove(&conn_id).unwrap_or_default();
+        let Some(req) = req else { return };
+        self.attempts_total.fetch_add(1, Ordering::Relaxed);
+        self.recorder.attempt_started();
+        lock(&self.by_request_id).insert(request_id, req);
+        let mut reqs = lock(&self.reqs);
+        let acc = reqs.entry(req).or_default();
+        acc.attempts += 1;
+        acc.conn_wait += wait;
+    }
+
+    /// CommandSucceeded / CommandFailed.
+    pub fn command_done(&self, request_id: i32, duration: Duration, failure: Option<ErrorClass>) {
+        let Some(req) = lock(&self.by_request_id).remove(&request_id) else {
+            return;
+        };
+        if let Some(class) = failure {
+            self.recorder.attempt_failed(class);
+        }
+        if let Some(acc) = lock(&self.reqs).get_mut(&req) {
+            acc.service += duration;
+        }
+    }
+
+    /// ConnectionCheckedOut.
+    pub fn checked_out(&self, conn_id: u32, wait: Duration) {
+        lock(&self.conn_wait).insert(conn_id, wait);
+    }
+
+    /// ConnectionCreated.
+    pub fn conn_created(&self) {
+        self.recorder.conn_opened();
+    }
+
+    /// ConnectionClosed.
+    pub fn conn_closed(&self, conn_id: u32) {
+        lock(&self.conn_wait).remove(&conn_id);
+        self.recorder.conn_closed();
+    }
+
+    /// The report of request `req`, once the driver returned `outcome`.
+    pub fn finish(&self, req: u64, outcome: Result<(), ErrorClass>) -> AttemptReport {
+        let acc = lock(&self.reqs).remove(&req).unwrap_or_default();
+        AttemptReport {
+            outcome,
+            attempts: acc.attempts,
+            conn_wait: acc.conn_wait,
+            service: acc.service,
+        }
+    }
+}
+
+/// Implements a [`LabClient`] for one driver crate, in a module of its own.
+macro_rules! lab_driver {
+    ($module:ident, $krate:ident) => {
+        /// The [`LabClient`](super::LabClient) of one driver crate.
+        pub mod $module {
+            use std::sync::Arc;
+
+            use ::$krate as m;
+            use bson::{doc, Bson, Document};
+            use m::event::cmap::CmapEvent;
+            use m::event::command::CommandEvent;
+            use m::event::EventHandler;
+
+            use super::{BoxFut, LabClient, OpSpec, Sink};
+            use crate::loadgen::config::OpKind;
+            use crate::loadgen::metrics::{AttemptReport, DriverErrorKind, ErrorClass};
+
+            /// Classifies one of this driver's errors.
+            pub fn classify(e: &m::error::Error) -> ErrorClass {
+                use m::error::{ErrorKind, WriteFailure};
+                let (code, kind) = match &*e.kind {
+                    ErrorKind::Command(c) => (Some(c.code), DriverErrorKind::Other),
+                    ErrorKind::Write(WriteFailure::WriteError(w)) => {
+                        (Some(w.code), DriverErrorKind::Other)
+                    }
+                    ErrorKind::Write(WriteFailure::WriteConcernError(w)) => {
+                        (Some(w.code), DriverErrorKind::Other)
+                    }
+                    ErrorKind::ServerSelection { .. } => (None, DriverErrorKind::Selection),
+                    ErrorKind::Io(_) | ErrorKind::ConnectionPoolCleared { .. } => {
+                        (None, DriverErrorKind::Network)
+                    }
+                    _ => (None, DriverErrorKind::Other),
+                };
+                ErrorClass::from_parts(code, e.contains_label("SystemOverloadedError"), kind)
+            }
+
+            struct Inner {
+                client: m::Client,
+                coll: m::Collection<Document>,
+                sink: Arc<Sink>,
+            }
+
+            /// A client of this driver with the lab's event handlers.
+            pub struct Client {
+                inner: Arc<Inner>,
+            }
+
+            impl Client {
+                /// Connects (lazily, like the driver) to `uri` as `app_name`, booking events
+                /// into `sink`; operations go to `db.coll`.
+                pub async fn connect(
+                    uri: &str,
+                    app_name: &str,
+                    db: &str,
+                    coll: &str,
+                    sink: Arc<Sink>,
+                ) -> Result<Client, String> {
+                    let mut opts = m::options::ClientOptions::parse(uri)
+                        .await
+                        .map_err(|e| format!("{uri}: {e}"))?;
+                    opts.app_name = Some(app_name.to_string());
+                    let s = sink.clone();
+                    opts.command_event_handler =
+                        Some(EventHandler::callback(move |ev: CommandEvent| match ev {
+                            CommandEvent::Started(e) => {
+                                let req = e
+                                    .command
+                                    .get_document("comment")
+                                    .ok()
+                                    .and_then(|c| c.get_i64("labReq").ok())
+                                    .map(|r| r as u64);
+                                s.command_started(req, e.request_id, e.connection.id);
+                            }
+                            CommandEvent::Succeeded(e) => {
+                                s.command_done(e.request_id, e.duration, None)
+                            }
+                            CommandEvent::Failed(e) => {
+                                s.command_done(e.request_id, e.duration, Some(classify(&e.failure)))
+                            }
+                            _ => {}
+                        }));
+                    let s = sink.clone();
+                    opts.cmap_event_handler =
+                        Some(EventHandler::callback(move |ev: CmapEvent| match ev {
+                            CmapEvent::ConnectionCheckedOut(e) => {
+                                s.checked_out(e.connection_id, e.duration)
+                            }
+                            CmapEvent::ConnectionCreated(_) => s.conn_created(),
+                            CmapEvent::ConnectionClosed(e) => s.conn_closed(e.connection_id),
+                            _ => {}
+                        }));
+                    let client = m::Client::with_options(opts).map_err(|e| e.to_string())?;
+                    let coll = client.database(db).collection::<Document>(coll);
+                    Ok(Client {
+                        inner: Arc::new(Inner { client, coll, sink }),
+                    })
+                }
+            }
+
+            async fn op(inner: &Inner, op: &OpSpec) -> Result<(), m::error::Error> {
+                let comment = Bson::Document(doc! { "labReq": op.req as i64 });
+                match op.kind {
+                    OpKind::PointRead => {
+                        let mut a = inner.coll.find_one(doc! { "_id": op.key }).comment(comment);
+                        if let Some(t) = op.max_time {
+                            a = a.max_time(t);
+                        }
+                        a.await.map(|_| ())
+                    }
+                    OpKind::RangeRead => {
+                        let filter =
+                            doc! { "_id": { "$gte": op.key, "$lt": op.key + op.range_len } };
+                        let mut a = inner.coll.find(filter).comment(comment);
+                        if let Some(t) = op.max_time {
+                            a = a.max_time(t);
+                        }
+                        let mut cursor = a.await?;
+                        while cursor.advance().await? {}
+                        Ok(())
+                    }
+                    OpKind::Insert => inner
+                        .coll
+                        .insert_one(doc! { "k": op.key, "n": 0i32, "pad": "x".repeat(64) })
+                        .comment(comment)
+                        .await
+                        .map(|_| ()),
+                    OpKind::Update => inner
+                        .coll
+                        .update_one(doc! { "_id": op.key }, doc! { "$inc": { "n": 1i32 } })
+                        .comment(comment)
+                        .await
+                        .map(|_| ()),
+                }
+            }
+
+            impl LabClient for Client {
+                fn run(&self, spec: OpSpec) -> BoxFut<AttemptReport> {
+                    let inner = self.inner.clone();
+                    Box::pin(async move {
+                        let outcome = op(&inner, &spec).await.map_err(|e| classify(&e));
+                        inner.sink.finish(spec.req, outcome)
+                    })
+                }
+
+                fn warm_up(&self) -> BoxFut<Result<(), String>> {
+                    let inner = self.inner.clone();
+                    Box::pin(async move {
+                        inner
+                            .client
+                            .database("admin")
+                            .run_command(doc! { "ping": 1 })
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    })
+                }
+
+                fn shutdown(&self) -> BoxFut<()> {
+                    let client = self.inner.client.clone();
+                    Box::pin(async move { client.shutdown().immediate(true).await })
+                }
+            }
+        }
+    };
+}
+
+lab_driver!(fork, mongodb);
+lab_driver!(upstream, mongodb_upstream);
+
+/// Connects a client of `driver`.
+pub async fn connect(
+    driver: Driver,
+    uri: &str,
+    app_name: &str,
+    db: &str,
+    coll: &str,
+    sink: Arc<Sink>,
+) -> Result<Arc<dyn LabClient>, String> {
+    Ok(match driver {
+        Driver::Fork => Arc::new(fork::Client::connect(uri, app_name, db, coll, sink).await?),
+        Driver::Upstream => {
+            Arc::new(upstream::Client::connect(uri, app_name, db, coll, sink).await?)
+        }
+    })
+}

@@ -1,0 +1,623 @@
+//! What a lab run does: scenario phases, operation mix, variants, server mode and client
+//! settings.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// One stretch of constant offered load.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Phase {
+    /// Short name shown in the report (`base`, `burst`, `after`, ...).
+    pub name: String,
+    /// Offered load as a fraction of capacity (1.3 = 130 %).
+    pub load: f64,
+    /// Length.
+    #[serde(serialize_with = "ser_secs")]
+    pub duration: Duration,
+}
+
+fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Phase {
+    /// A phase of `secs` seconds at `load` × capacity.
+    pub fn new(name: &str, load: f64, secs: f64) -> Phase {
+        Phase {
+            name: name.to_string(),
+            load,
+            duration: Duration::from_secs_f64(secs.max(0.0)),
+        }
+    }
+}
+
+/// A named sequence of phases; `burst` is the index of the overload phase after which
+/// recovery is measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Scenario {
+    /// `burst`, `sustained` or `custom`.
+    pub name: String,
+    /// The phases, in order.
+    pub phases: Vec<Phase>,
+    /// Index of the phase whose end starts the recovery clock.
+    pub burst: Option<usize>,
+}
+
+/// How long the runs are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Length {
+    /// A short smoke run (about 12 s per variant).
+    Quick,
+    /// The default: fits three variants in three minutes on two cores.
+    Default,
+    /// Seed 004's lengths (10 s + 15 s + 20 s; sustained 30 s).
+    Long,
+}
+
+impl Scenario {
+    /// The `burst` scenario: 50 % → 130 % → 50 % of capacity.
+    pub fn burst(len: Length) -> Scenario {
+        let (a, b, c) = match len {
+            Length::Quick => (2.0, 6.0, 4.0),
+            Length::Default => (5.0, 15.0, 10.0),
+            Length::Long => (10.0, 15.0, 20.0),
+        };
+        Scenario {
+            name: "burst".into(),
+            phases: vec![
+                Phase::new("base", 0.5, a),
+                Phase::new("burst", 1.3, b),
+                Phase::new("after", 0.5, c),
+            ],
+            burst: Some(1),
+        }
+    }
+
+    /// The `sustained` scenario: 200 % of capacity throughout.
+    pub fn sustained(len: Length) -> Scenario {
+        let secs = match len {
+            Length::Quick => 8.0,
+            Length::Default => 20.0,
+            Length::Long => 30.0,
+        };
+        Scenario {
+            name: "sustained".into(),
+            phases: vec![Phase::new("overload", 2.0, secs)],
+            burst: None,
+        }
+    }
+
+    /// Parses `LOAD%:SECS,...` (e.g. `50:5,130:15,50:10`); the phase with the highest load
+    /// that is followed by another phase is the burst.
+    pub fn parse_custom(spec: &str) -> Result<Scenario, String> {
+        let mut phases = Vec::new();
+        for (i, part) in spec.split(',').map(str::trim).enumerate() {
+            let (load, secs) = part
+                .split_once(':')
+                .ok_or_else(|| format!("phase {part:?}: expected LOAD_PERCENT:SECONDS"))?;
+            let load: f64 = load
+                .trim()
+                .trim_end_matches('%')
+                .parse()
+                .map_err(|_| format!("phase {part:?}: bad load"))?;
+            let secs: f64 = secs
+                .trim()
+                .trim_end_matches('s')
+                .parse()
+                .map_err(|_| format!("phase {part:?}: bad duration"))?;
+            if !(load.is_finite() && load >= 0.0 && secs.is_finite() && secs > 0.0) {
+                return Err(format!(
+                    "phase {part:?}: load must be >= 0 and duration > 0"
+                ));
+            }
+            phases.push(Phase::new(&format!("p{}", i + 1), load / 100.0, secs));
+        }
+        if phases.is_empty() {
+            return Err("no phases".into());
+        }
+        let burst = phases
+            .iter()
+            .enumerate()
+            .take(phases.len().saturating_sub(1))
+            .max_by(|a, b| a.1.load.total_cmp(&b.1.load))
+            .map(|(i, _)| i);
+        Ok(Scenario {
+            name: "custom".into(),
+            phases,
+            burst,
+        })
+    }
+
+    /// Total length of the schedule.
+    pub fn duration(&self) -> Duration {
+        self.phases.iter().map(|p| p.duration).sum()
+    }
+
+    /// Start offset of phase `i`.
+    pub fn phase_start(&self, i: usize) -> Duration {
+        self.phases.iter().take(i).map(|p| p.duration).sum()
+    }
+
+    /// Index of the phase that contains offset `t` (the last phase for `t` past the end).
+    pub fn phase_at(&self, t: Duration) -> usize {
+        let mut end = Duration::ZERO;
+        for (i, p) in self.phases.iter().enumerate() {
+            end += p.duration;
+            if t < end {
+                return i;
+            }
+        }
+        self.phases.len().saturating_sub(1)
+    }
+
+    /// Offset at which the burst phase ends, if there is one.
+    pub fn burst_end(&self) -> Option<Duration> {
+        self.burst.map(|i| self.phase_start(i + 1))
+    }
+}
+
+/// How arrivals are spaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Arrivals {
+    /// Evenly spaced.
+    Fixed,
+    /// Exponential inter-arrival times (a Poisson process).
+    Poisson,
+}
+
+/// Kind of one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OpKind {
+    /// `find {_id: k}` limit 1.
+    PointRead,
+    /// `find {_id: {$gte: k, $lt: k + n}}`.
+    RangeRead,
+    /// `insert` of one new document.
+    Insert,
+    /// `update {_id: k} {$inc: {n: 1}}`.
+    Update,
+}
+
+impl OpKind {
+    /// All kinds, in mix order.
+    pub const ALL: [OpKind; 4] = [
+        OpKind::PointRead,
+        OpKind::RangeRead,
+        OpKind::Insert,
+        OpKind::Update,
+    ];
+}
+
+/// Relative weights of the operation kinds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpMix {
+    /// Point reads.
+    pub point: f64,
+    /// Range reads.
+    pub range: f64,
+    /// Inserts.
+    pub insert: f64,
+    /// Updates.
+    pub update: f64,
+    /// Documents per range read.
+    pub range_len: i64,
+}
+
+impl Default for OpMix {
+    fn default() -> Self {
+        OpMix {
+            point: 80.0,
+            range: 10.0,
+            insert: 5.0,
+            update: 5.0,
+            range_len: 20,
+        }
+    }
+}
+
+impl OpMix {
+    /// Parses `point=80,range=10,insert=5,update=5` (missing kinds get 0).
+    pub fn parse(spec: &str) -> Result<OpMix, String> {
+        let mut mix = OpMix {
+            point: 0.0,
+            range: 0.0,
+            insert: 0.0,
+            update: 0.0,
+            range_len: OpMix::default().range_len,
+        };
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("mix entry {part:?}: expected KIND=WEIGHT"))?;
+            let v: f64 = v
+                .trim()
+                .parse()
+                .map_err(|_| format!("mix entry {part:?}: bad weight"))?;
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("mix entry {part:?}: weight must be >= 0"));
+            }
+            match k.trim() {
+                "point" => mix.point = v,
+                "range" => mix.range = v,
+                "insert" => mix.insert = v,
+                "update" => mix.update = v,
+                other => return Err(format!("unknown operation kind {other:?}")),
+            }
+        }
+        if mix.total() <= 0.0 {
+            return Err("the mix has no operation with a positive weight".into());
+        }
+        Ok(mix)
+    }
+
+    fn total(&self) -> f64 {
+        self.point + self.range + self.insert + self.update
+    }
+
+    /// Weight of `kind` as a fraction of the whole mix.
+    pub fn share(&self, kind: OpKind) -> f64 {
+        let w = match kind {
+            OpKind::PointRead => self.point,
+            OpKind::RangeRead => self.range,
+            OpKind::Insert => self.insert,
+            OpKind::Update => self.update,
+        };
+        w / self.total()
+    }
+
+    /// Picks a kind from a uniform number in [0, 1).
+    pub fn pick(&self, u: f64) -> OpKind {
+        let mut acc = 0.0;
+        for k in OpKind::ALL {
+            acc += self.share(k);
+            if u < acc {
+                return k;
+            }
+        }
+        OpKind::PointRead
+    }
+}
+
+/// Which driver a variant links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Driver {
+    /// The fork (`driver/`).
+    Fork,
+    /// Unmodified mongodb 3.9.1 from crates.io.
+    Upstream,
+}
+
+impl fmt::Display for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Driver::Fork => "fork",
+            Driver::Upstream => "upstream",
+        })
+    }
+}
+
+/// A variant: a driver and the connection-string options its clients get.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Variant {
+    /// Name in the report.
+    pub name: String,
+    /// Which driver.
+    pub driver: Driver,
+    /// URI options (`k=v&k2=v2`), appended to every instance's connection string.
+    pub uri_options: String,
+}
+
+impl Variant {
+    /// A variant.
+    pub fn new(name: &str, driver: Driver, uri_options: &str) -> Variant {
+        Variant {
+            name: name.into(),
+            driver,
+            uri_options: uri_options.into(),
+        }
+    }
+
+    /// The built-in variants, in the default order.
+    pub fn builtin() -> Vec<Variant> {
+        vec![
+            Variant::new("upstream-default", Driver::Upstream, ""),
+            Variant::new(
+                "upstream-no-retries",
+                Driver::Upstream,
+                "maxAdaptiveRetries=0",
+            ),
+            Variant::new("fork-default", Driver::Fork, ""),
+            Variant::new("fork-no-retries", Driver::Fork, "maxAdaptiveRetries=0"),
+        ]
+    }
+
+    /// The variants run when none are named.
+    pub fn defaults() -> Vec<Variant> {
+        Variant::builtin().into_iter().take(3).collect()
+    }
+
+    /// Parses one `--variants` entry: a built-in name, or `NAME:DRIVER[:URI_OPTIONS]` with
+    /// DRIVER `fork` or `upstream` (e.g. `fork-r1:fork:maxAdaptiveRetries=1`).
+    pub fn parse(entry: &str) -> Result<Variant, String> {
+        let entry = entry.trim();
+        if let Some(v) = Variant::builtin().into_iter().find(|v| v.name == entry) {
+            return Ok(v);
+        }
+        let mut parts = entry.splitn(3, ':');
+        let name = parts.next().unwrap_or_default();
+        let driver = parts.next().ok_or_else(|| {
+            let known: Vec<String> = Variant::builtin().into_iter().map(|v| v.name).collect();
+            format!(
+                "unknown variant {entry:?}: use one of {} or NAME:DRIVER[:URI_OPTIONS]",
+                known.join(", ")
+            )
+        })?;
+        let driver = match driver {
+            "fork" => Driver::Fork,
+            "upstream" => Driver::Upstream,
+            other => return Err(format!("variant {entry:?}: unknown driver {other:?}")),
+        };
+        if name.is_empty() {
+            return Err(format!("variant {entry:?}: empty name"));
+        }
+        let opts = parts.next().unwrap_or_default().trim_start_matches('?');
+        Ok(Variant::new(name, driver, opts))
+    }
+}
+
+/// Where the overload comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerMode {
+    /// The load-shedding server model (`labOverload` server parameter).
+    Model,
+    /// Fallback: the `failCommand` fail point rejects a share of the attempts with 462, set
+    /// every 100 ms so that accepted attempts stay at capacity.
+    Failpoint,
+    /// No overload at all (for checking the generator).
+    None,
+}
+
+/// Emulator persona.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Persona {
+    /// A one-member replica set (retryable writes, sessions).
+    Replicaset,
+    /// A standalone mongod.
+    Standalone,
+}
+
+/// Everything a run needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct LabConfig {
+    /// The phases.
+    pub scenario: Scenario,
+    /// Variants, run one after another.
+    pub variants: Vec<Variant>,
+    /// Runs of each variant (3 with `--full`).
+    pub repeats: usize,
+    /// Operations per second the server sustains (100 % load).
+    pub capacity: f64,
+    /// Arrival process.
+    pub arrivals: Arrivals,
+    /// Simulated service instances, each with its own client.
+    pub instances: usize,
+    /// `maxPoolSize` of every instance's client.
+    pub max_pool_size: u32,
+    /// `minPoolSize` of every instance's client.
+    pub min_pool_size: u32,
+    /// Further URI options for every client (`k=v&...`).
+    pub client_options: String,
+    /// Application deadline per request.
+    #[serde(serialize_with = "ser_secs")]
+    pub deadline: Duration,
+    /// Send `maxTimeMS` equal to the deadline on reads.
+    pub max_time_ms: bool,
+    /// Longest wait for late completions after the schedule ends.
+    #[serde(serialize_with = "ser_secs")]
+    pub drain: Duration,
+    /// Operation mix.
+    pub mix: OpMix,
+    /// Documents seeded into the collection.
+    pub docs: i64,
+    /// RNG seed (arrivals, mix, keys).
+    pub seed: u64,
+    /// Overload source.
+    pub server_mode: ServerMode,
+    /// Emulator persona.
+    pub persona: Persona,
+    /// Extra `labOverload` settings (JSON object), merged over the lab's defaults.
+    pub model_overrides: Option<serde_json::Value>,
+    /// Schedule-lag p99 above which a run is INVALID.
+    #[serde(serialize_with = "ser_secs")]
+    pub max_lag_p99: Duration,
+}
+
+impl Default for LabConfig {
+    fn default() -> Self {
+        LabConfig {
+            scenario: Scenario::burst(Length::Default),
+            variants: Variant::defaults(),
+            repeats: 1,
+            capacity: 0.0,
+            arrivals: Arrivals::Poisson,
+            instances: 4,
+            max_pool_size: 100,
+            min_pool_size: 0,
+            client_options: String::new(),
+            deadline: Duration::from_millis(100),
+            max_time_ms: false,
+            drain: Duration::from_secs(2),
+            mix: OpMix::default(),
+            docs: 1000,
+            seed: 4,
+            server_mode: ServerMode::Model,
+            persona: Persona::Replicaset,
+            model_overrides: None,
+            max_lag_p99: Duration::from_millis(5),
+        }
+    }
+}
+
+/// Cores of the lab's default server model.
+pub const MODEL_CORES: f64 = 2.0;
+/// Core time per operation kind in the lab's default server model (ms).
+pub const MODEL_COST_MS: [(OpKind, f64); 4] = [
+    (OpKind::PointRead, 2.0),
+    (OpKind::RangeRead, 5.0),
+    (OpKind::Insert, 3.0),
+    (OpKind::Update, 3.0),
+];
+/// Capacity in failpoint mode when none is given (ops/s).
+pub const FAILPOINT_CAPACITY: f64 = 800.0;
+
+impl LabConfig {
+    /// Capacity in ops/s: the given one, else derived from the server model's cores and the
+    /// mix's mean cost (model mode), else [`FAILPOINT_CAPACITY`].
+    pub fn effective_capacity(&self) -> f64 {
+        if self.capacity > 0.0 {
+            return self.capacity;
+        }
+        match self.server_mode {
+            ServerMode::Model => {
+                let cores = self
+                    .model_overrides
+                    .as_ref()
+                    .and_then(|v| v.get("cores"))
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(MODEL_CORES);
+                let mean_ms: f64 = MODEL_COST_MS
+                    .iter()
+                    .map(|(k, ms)| self.mix.share(*k) * self.model_cost_ms(*k, *ms))
+                    .sum();
+                if mean_ms > 0.0 {
+                    cores * 1000.0 / mean_ms
+                } else {
+                    FAILPOINT_CAPACITY
+                }
+            }
+            _ => FAILPOINT_CAPACITY,
+        }
+    }
+
+    fn model_cost_ms(&self, kind: OpKind, default: f64) -> f64 {
+        let key = match kind {
+            OpKind::PointRead => "pointReadMs",
+            OpKind::RangeRead => "rangeReadMs",
+            OpKind::Insert | OpKind::Update => "writeMs",
+        };
+        self.model_overrides
+            .as_ref()
+            .and_then(|v| v.get("costs"))
+            .and_then(|v| v.get(key))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(default)
+    }
+
+    /// The connection string options every client of `variant` gets (pool settings, the
+    /// run's client options, then the variant's own, which win).
+    pub fn uri_options(&self, variant: &Variant) -> String {
+        let mut opts = vec![
+            format!("maxPoolSize={}", self.max_pool_size),
+            format!("minPoolSize={}", self.min_pool_size),
+        ];
+        for extra in [&self.client_options, &variant.uri_options] {
+            opts.extend(
+                extra
+                    .split('&')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string),
+            );
+        }
+        // Later settings of the same key win.
+        let mut out: Vec<String> = Vec::new();
+        for o in opts {
+            let key = o.split('=').next().unwrap_or_default().to_ascii_lowercase();
+            out.retain(|p| p.split('=').next().unwrap_or_default().to_ascii_lowercase() != key);
+            out.push(o);
+        }
+        out.join("&")
+    }
+}
+
+/// Appends `options` to a connection string.
+pub fn with_options(uri: &str, options: &str) -> String {
+    if options.is_empty() {
+        return uri.to_string();
+    }
+    let sep = if uri.contains('?') {
+        "&"
+    } else if uri.ends_with('/') {
+        "?"
+    } else {
+        "/?"
+    };
+    format!("{uri}{sep}{options}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_and_phases() {
+        let s = Scenario::burst(Length::Default);
+        assert_eq!(s.duration(), Duration::from_secs(30));
+        assert_eq!(s.burst_end(), Some(Duration::from_secs(20)));
+        assert_eq!(s.phase_at(Duration::from_secs(4)), 0);
+        assert_eq!(s.phase_at(Duration::from_secs(5)), 1);
+        assert_eq!(s.phase_at(Duration::from_secs(99)), 2);
+        let c = Scenario::parse_custom("50:5, 200%:3s, 50:2").unwrap();
+        assert_eq!(c.burst, Some(1));
+        assert_eq!(c.phases[1].load, 2.0);
+        assert!(Scenario::parse_custom("50").is_err());
+        assert!(Scenario::sustained(Length::Long).burst.is_none());
+    }
+
+    #[test]
+    fn variants_parse() {
+        assert_eq!(
+            Variant::parse("upstream-no-retries").unwrap().uri_options,
+            "maxAdaptiveRetries=0"
+        );
+        let v = Variant::parse("f1:fork:maxAdaptiveRetries=1&maxPoolSize=4").unwrap();
+        assert_eq!(v.driver, Driver::Fork);
+        assert_eq!(v.uri_options, "maxAdaptiveRetries=1&maxPoolSize=4");
+        assert!(Variant::parse("nope").is_err());
+        assert!(Variant::parse("x:mongo").is_err());
+        let cfg = LabConfig::default();
+        assert_eq!(
+            cfg.uri_options(&v),
+            "minPoolSize=0&maxAdaptiveRetries=1&maxPoolSize=4"
+        );
+        assert_eq!(
+            with_options("mongodb://h:1/?replicaSet=lab", "a=1"),
+            "mongodb://h:1/?replicaSet=lab&a=1"
+        );
+        assert_eq!(with_options("mongodb://h:1", "a=1"), "mongodb://h:1/?a=1");
+    }
+
+    #[test]
+    fn mix_and_capacity() {
+        let mix = OpMix::parse("point=1,insert=1").unwrap();
+        assert_eq!(mix.pick(0.1), OpKind::PointRead);
+        assert_eq!(mix.pick(0.9), OpKind::Insert);
+        assert!(OpMix::parse("scan=1").is_err());
+        assert!(OpMix::parse("point=0").is_err());
+        let cfg = LabConfig::default();
+        // 0.8 × 2 + 0.1 × 5 + 0.1 × 3 = 2.4 ms per op on 2 cores.
+        assert!((cfg.effective_capacity() - 2000.0 / 2.4).abs() < 1e-6);
+        let fp = LabConfig {
+            server_mode: ServerMode::Failpoint,
+            ..LabConfig::default()
+        };
+        assert_eq!(fp.effective_capacity(), FAILPOINT_CAPACITY);
+    }
+}

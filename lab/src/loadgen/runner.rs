@@ -1,0 +1,695 @@
+//! Runs the variants one after another against one in-process emulator.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use indicatif::ProgressBar;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::client::{self, LabClient, OpSpec, Sink};
+use super::config::{with_options, LabConfig, OpKind, Persona, ServerMode, Variant, MODEL_CORES};
+use super::metrics::{AttemptReport, ErrorClass, Recorder, Second};
+use super::schedule::{self, Arrival, ScheduleSpec};
+use super::summary::{summarize, RunSummary};
+use super::sys::CpuMeter;
+use crate::server::{Emulator, EmulatorConfig, Topology};
+
+/// Database and collection the lab uses.
+pub const DB: &str = "lab";
+/// Collection of the lab's documents.
+pub const COLL: &str = "items";
+
+/// Per-request settings of the open-loop driver.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestOpts {
+    /// The application's deadline.
+    pub deadline: Duration,
+    /// How long to wait for late completions after the schedule ends.
+    pub drain: Duration,
+    /// Documents per range read.
+    pub range_len: i64,
+    /// `maxTimeMS` sent on reads.
+    pub max_time: Option<Duration>,
+}
+
+/// What [`drive_all`] saw besides the recorder's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriveStats {
+    /// Requests sent.
+    pub sent: u64,
+    /// Requests still running when the drain period ended.
+    pub unfinished: u64,
+}
+
+/// Drives every instance's schedule open-loop from `recorder.start()`: each request is a task
+/// that spawns the driver call and waits for it at most `deadline` (the way applications
+/// enforce deadlines); a request that misses it is booked as a client-deadline error, and its
+/// late completion separately. Returns once every request finished or the drain period ran
+/// out.
+pub async fn drive_all(
+    clients: &[Arc<dyn LabClient>],
+    schedules: &[Vec<Arrival>],
+    recorder: Arc<Recorder>,
+    opts: RequestOpts,
+) -> DriveStats {
+    let next_req = Arc::new(AtomicU64::new(1));
+    let mut drivers = JoinSet::new();
+    for (client, arrivals) in clients.iter().zip(schedules) {
+        let client = client.clone();
+        let arrivals = arrivals.clone();
+        let recorder = recorder.clone();
+        let next_req = next_req.clone();
+        drivers.spawn(async move {
+            let mut requests = JoinSet::new();
+            let start = recorder.start();
+            let mut sent = 0u64;
+            schedule::drive(start, &arrivals, |a, when, lag| {
+                while requests.try_join_next().is_some() {}
+                recorder.offered(when, lag);
+                sent += 1;
+                let op = OpSpec {
+                    req: next_req.fetch_add(1, Ordering::Relaxed),
+                    kind: a.kind,
+                    key: a.key,
+                    range_len: opts.range_len,
+                    max_time: opts.max_time,
+                };
+                requests.spawn(request(
+                    client.clone(),
+                    op,
+                    when,
+                    recorder.clone(),
+                    opts.deadline,
+                ));
+            })
+            .await;
+            let drained = tokio::time::timeout(opts.deadline + opts.drain, async {
+                while requests.join_next().await.is_some() {}
+            })
+            .await;
+            let unfinished = if drained.is_err() {
+                requests.len() as u64
+            } else {
+                0
+            };
+            requests.abort_all();
+            (sent, unfinished)
+        });
+    }
+    let mut stats = DriveStats::default();
+    while let Some(r) = drivers.join_next().await {
+        if let Ok((sent, unfinished)) = r {
+            stats.sent += sent;
+            stats.unfinished += unfinished;
+        }
+    }
+    stats
+}
+
+async fn request(
+    client: Arc<dyn LabClient>,
+    op: OpSpec,
+    scheduled: Instant,
+    recorder: Arc<Recorder>,
+    deadline: Duration,
+) {
+    let begun = Instant::now();
+    let mut call = tokio::spawn(client.run(op));
+    let failed = |_| AttemptReport {
+        outcome: Err(ErrorClass::Other),
+        attempts: 0,
+        conn_wait: Duration::ZERO,
+        service: Duration::ZERO,
+    };
+    match tokio::time::timeout(deadline, &mut call).await {
+        Ok(r) => {
+            let report = r.unwrap_or_else(failed);
+            recorder.in_time(scheduled, begun.elapsed(), &report);
+        }
+        Err(_) => {
+            recorder.timed_out(scheduled, deadline);
+            let report = call.await.unwrap_or_else(failed);
+            recorder.late(scheduled, &report);
+        }
+    }
+}
+
+/// One run of one variant.
+#[derive(Debug, Clone)]
+pub struct VariantRun {
+    /// The variant.
+    pub variant: Variant,
+    /// Repetition (0-based).
+    pub rep: usize,
+    /// Per-second figures.
+    pub seconds: Vec<Second>,
+    /// The figures that matter.
+    pub summary: RunSummary,
+}
+
+/// Everything a lab run produced.
+#[derive(Debug, Clone)]
+pub struct LabRun {
+    /// The configuration.
+    pub config: LabConfig,
+    /// Capacity used (ops/s).
+    pub capacity: f64,
+    /// The server model configuration applied (model mode).
+    pub model_config: Option<Document>,
+    /// The connection string of the emulator.
+    pub uri: String,
+    /// Every variant run, in order.
+    pub runs: Vec<VariantRun>,
+    /// Wall-clock length of the whole run.
+    pub wall: Duration,
+}
+
+/// The `labOverload` settings of model mode at `capacity`.
+pub fn model_document(cfg: &LabConfig, capacity: f64) -> Result<Document, String> {
+    let mut d = doc! {
+        "enabled": true,
+        "seed": cfg.seed as i64,
+        "cores": MODEL_CORES as i64,
+        "costs": {
+            "pointReadMs": 2.0, "rangeReadMs": 5.0, "writeMs": 3.0, "scanMs": 30.0,
+        },
+        "tickets": { "mode": "fixed", "read": 8i64, "write": 8i64 },
+        "limiter": {
+            "enabled": true, "ratePerSec": capacity, "burstCapacitySecs": 0.25,
+            "maxQueueDepth": 0i64,
+        },
+    };
+    if let Some(v) = &cfg.model_overrides {
+        let over = bson::to_bson(v).map_err(|e| format!("--model-json: {e}"))?;
+        match over {
+            Bson::Document(o) => merge(&mut d, &o),
+            _ => return Err("--model-json must be a JSON object".into()),
+        }
+    }
+    Ok(d)
+}
+
+fn merge(base: &mut Document, over: &Document) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(Bson::Document(b)), Bson::Document(o)) => merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// Numeric fields of a document, flattened to dotted keys.
+pub fn flatten_numbers(d: &Document) -> BTreeMap<String, f64> {
+    fn walk(prefix: &str, d: &Document, out: &mut BTreeMap<String, f64>) {
+        for (k, v) in d {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                Bson::Double(x) => {
+                    out.insert(key, *x);
+                }
+                Bson::Int32(x) => {
+                    out.insert(key, f64::from(*x));
+                }
+                Bson::Int64(x) => {
+                    out.insert(key, *x as f64);
+                }
+                Bson::Document(sub) => walk(&key, sub, out),
+                _ => {}
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", d, &mut out);
+    out
+}
+
+/// The control connection to the emulator (the fork, without lab event handlers).
+struct Control {
+    client: mongodb::Client,
+}
+
+impl Control {
+    async fn connect(uri: &str) -> Result<Control, String> {
+        let client = mongodb::Client::with_uri_str(with_options(uri, "appName=lab-control"))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Control { client })
+    }
+
+    async fn admin(&self, cmd: Document) -> Result<Document, String> {
+        self.client
+            .database("admin")
+            .run_command(cmd)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn seed(&self, docs: i64) -> Result<(), String> {
+        let coll = self.client.database(DB).collection::<Document>(COLL);
+        coll.drop().await.map_err(|e| e.to_string())?;
+        let pad = "x".repeat(200);
+        let mut batch = Vec::new();
+        for i in 0..docs {
+            batch.push(doc! { "_id": i, "n": 0i32, "pad": pad.clone() });
+            if batch.len() == 1000 || i == docs - 1 {
+                coll.insert_many(std::mem::take(&mut batch))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `serverStatus.labOverload`, flattened; `None` when the server has no model section.
+    async fn overload_status(&self) -> Option<BTreeMap<String, f64>> {
+        let st = self.admin(doc! { "serverStatus": 1 }).await.ok()?;
+        st.get_document("labOverload").ok().map(flatten_numbers)
+    }
+
+    async fn set_model(&self, model: &Document) -> Result<(), String> {
+        self.admin(doc! { "setParameter": 1, "labOverload": { "enabled": false } })
+            .await
+            .and(
+                self.admin(doc! { "setParameter": 1, "labOverload": model.clone() })
+                    .await,
+            )
+            .map(|_| ())
+            .map_err(|e| {
+                let short = e.split(", labels:").next().unwrap_or(&e).to_string();
+                format!("server model not available (setParameter labOverload failed: {short}); use --server failpoint")
+            })
+    }
+
+    async fn fail_point(&self, probability: f64) -> Result<(), String> {
+        let cmd = if probability <= 0.0 {
+            doc! { "configureFailPoint": "failCommand", "mode": "off" }
+        } else {
+            doc! {
+                "configureFailPoint": "failCommand",
+                "mode": { "activationProbability": probability },
+                "data": {
+                    "failCommands": ["find", "insert", "update"],
+                    "errorCode": 462i32,
+                    "errorLabels": ["SystemOverloadedError", "RetryableError"],
+                },
+            }
+        };
+        self.admin(cmd).await.map(|_| ())
+    }
+}
+
+/// Keeps the share of attempts the fail point rejects at `1 − capacity / attempt rate`, so the
+/// attempts that get through stay at capacity (a rate limiter built from `failCommand`).
+async fn failpoint_controller(
+    control: Arc<Control>,
+    attempts: Arc<AtomicU64>,
+    capacity: f64,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut window: std::collections::VecDeque<(Instant, u64)> = Default::default();
+    let mut current = 0.0f64;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => break,
+        }
+        let now = Instant::now();
+        window.push_back((now, attempts.load(Ordering::Relaxed)));
+        while window.len() > 2 && now - window[0].0 > Duration::from_millis(500) {
+            window.pop_front();
+        }
+        let (t0, a0) = window[0];
+        let dt = (now - t0).as_secs_f64();
+        if dt < 0.05 {
+            continue;
+        }
+        let rate = (window[window.len() - 1].1 - a0) as f64 / dt;
+        let p = if rate > capacity {
+            (1.0 - capacity / rate).clamp(0.0, 0.95)
+        } else {
+            0.0
+        };
+        if (p - current).abs() >= 0.02 || (p == 0.0 && current != 0.0) {
+            let p = (p * 100.0).round() / 100.0;
+            if control.fail_point(p).await.is_ok() {
+                current = p;
+            }
+        }
+    }
+    let _ = control.fail_point(0.0).await;
+}
+
+/// Samples CPU and the server's counters once a second, and updates the progress bar.
+async fn sampler(
+    recorder: Arc<Recorder>,
+    control: Arc<Control>,
+    poll_server: bool,
+    progress: ProgressBar,
+    label: String,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut cpu = CpuMeter::new();
+    let mut last_server = if poll_server {
+        control.overload_status().await
+    } else {
+        None
+    };
+    let start = recorder.start();
+    let mut sec = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let base = progress.position();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => break,
+        }
+        let now = Instant::now();
+        if now < start {
+            continue;
+        }
+        let elapsed = now - start;
+        progress.set_position(base + elapsed.as_secs());
+        let s = elapsed.as_secs() as usize;
+        if s > sec {
+            // Second `sec` just ended.
+            if let Some(p) = cpu.sample() {
+                recorder.set_cpu(sec, p);
+            }
+            if poll_server {
+                if let Some(now_status) = control.overload_status().await {
+                    if let Some(prev) = &last_server {
+                        recorder.add_server(sec, &counter_deltas(prev, &now_status));
+                    }
+                    last_server = Some(now_status);
+                }
+            }
+            let (offered, good) = recorder.peek(sec);
+            progress.set_message(format!(
+                "{label}  t={s}s offered {offered}/s goodput {good}/s"
+            ));
+            sec = s;
+        }
+    }
+}
+
+/// Deltas of the `counters.*` figures between two flattened snapshots.
+pub fn counter_deltas(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter(|(k, _)| k.starts_with("counters."))
+        .map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (k.trim_start_matches("counters.").to_string(), d.max(0.0))
+        })
+        .collect()
+}
+
+/// Runs the whole lab: starts the emulator, seeds it, runs every variant (`repeats` times),
+/// and returns the figures.
+pub async fn run(cfg: &LabConfig, progress: &ProgressBar) -> Result<LabRun, String> {
+    let wall = std::time::Instant::now();
+    let capacity = cfg.effective_capacity();
+    let topology = match cfg.persona {
+        Persona::Replicaset => Topology::ReplicaSet {
+            name: "lab".into(),
+            members: 1,
+        },
+        Persona::Standalone => Topology::Standalone,
+    };
+    let emulator = EmulatorThread::start(EmulatorConfig {
+        topology,
+        ..EmulatorConfig::default()
+    })
+    .await?;
+    let uri = emulator.uri.clone();
+    let result = run_against(cfg, capacity, &uri, progress).await;
+    emulator.stop().await;
+    let (model_config, runs) = result?;
+    Ok(LabRun {
+        config: cfg.clone(),
+        capacity,
+        model_config,
+        uri,
+        runs,
+        wall: wall.elapsed(),
+    })
+}
+
+type Runs = (Option<Document>, Vec<VariantRun>);
+
+/// The emulator on a runtime (and threads) of its own, so that its synchronous work never
+/// delays the generator's timers on the lab's runtime.
+pub struct EmulatorThread {
+    /// Connection string.
+    pub uri: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl EmulatorThread {
+    /// Starts the emulator on a new two-worker runtime.
+    pub async fn start(config: EmulatorConfig) -> Result<EmulatorThread, String> {
+        let (uri_tx, uri_rx) = tokio::sync::oneshot::channel::<Result<String, String>>();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("lab-emulator".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("lab-emulator-worker")
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = uri_tx.send(Err(format!("emulator runtime: {e}")));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    match Emulator::start(config).await {
+                        Ok(emu) => {
+                            let _ = uri_tx.send(Ok(emu.uri()));
+                            let _ = stop_rx.await;
+                            emu.shutdown().await;
+                        }
+                        Err(e) => {
+                            let _ = uri_tx.send(Err(format!("cannot start the emulator: {e}")));
+                        }
+                    }
+                });
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| format!("emulator thread: {e}"))?;
+        let uri = uri_rx
+            .await
+            .map_err(|_| "the emulator thread ended early".to_string())??;
+        Ok(EmulatorThread {
+            uri,
+            stop: Some(stop_tx),
+            done: Some(done_rx),
+        })
+    }
+
+    /// Shuts the emulator down and waits for its runtime to finish.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(d) = self.done.take() {
+            let _ = d.await;
+        }
+    }
+}
+
+async fn run_against(
+    cfg: &LabConfig,
+    capacity: f64,
+    uri: &str,
+    progress: &ProgressBar,
+) -> Result<Runs, String> {
+    let control = Arc::new(Control::connect(uri).await?);
+    control.seed(cfg.docs).await?;
+    let model = match cfg.server_mode {
+        ServerMode::Model => {
+            let d = model_document(cfg, capacity)?;
+            control.set_model(&d).await?;
+            Some(d)
+        }
+        _ => None,
+    };
+    let duration = cfg.scenario.duration();
+    let len = duration.as_secs_f64().ceil() as usize;
+    let mut runs = Vec::new();
+    for rep in 0..cfg.repeats.max(1) {
+        let schedules = schedule::build(&ScheduleSpec {
+            scenario: &cfg.scenario,
+            capacity,
+            instances: cfg.instances,
+            arrivals: cfg.arrivals,
+            mix: &cfg.mix,
+            docs: cfg.docs,
+            seed: cfg.seed.wrapping_add(rep as u64 * 1000),
+        });
+        for variant in &cfg.variants {
+            if let Some(m) = &model {
+                control.set_model(m).await?;
+            }
+            let server_before = control.overload_status().await;
+            let label = if cfg.repeats > 1 {
+                format!("{} #{}", variant.name, rep + 1)
+            } else {
+                variant.name.clone()
+            };
+            progress.set_message(format!("{label}: connecting"));
+            let run = run_variant(
+                cfg, capacity, uri, variant, &schedules, &control, progress, &label,
+            )
+            .await?;
+            let server_after = control.overload_status().await;
+            let server_total = match (&server_before, &server_after) {
+                (Some(b), Some(a)) => {
+                    let mut m = counter_deltas(b, a);
+                    // Percentiles the model may publish are taken as they are at the end.
+                    m.extend(
+                        a.iter()
+                            .filter(|(k, _)| k.starts_with("queueWaitMs."))
+                            .map(|(k, v)| (k.clone(), *v)),
+                    );
+                    Some(m)
+                }
+                _ => None,
+            };
+            let (seconds, stats, cpu_total) = run;
+            let summary = summarize(
+                variant,
+                rep,
+                &seconds,
+                &cfg.scenario,
+                len,
+                stats,
+                server_total.as_ref(),
+                cpu_total,
+                cfg.max_lag_p99,
+            );
+            runs.push(VariantRun {
+                variant: variant.clone(),
+                rep,
+                seconds,
+                summary,
+            });
+        }
+    }
+    if model.is_some() {
+        let _ = control
+            .admin(doc! { "setParameter": 1, "labOverload": { "enabled": false } })
+            .await;
+    }
+    control.client.clone().shutdown().immediate(true).await;
+    Ok((model, runs))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_variant(
+    cfg: &LabConfig,
+    capacity: f64,
+    uri: &str,
+    variant: &Variant,
+    schedules: &[Vec<Arrival>],
+    control: &Arc<Control>,
+    progress: &ProgressBar,
+    label: &str,
+) -> Result<(Vec<Second>, DriveStats, Option<f64>), String> {
+    let attempts = Arc::new(AtomicU64::new(0));
+    // The recorder's clock starts once the clients are connected (set below).
+    let recorder = Arc::new(Recorder::new(Instant::now() + Duration::from_secs(3600)));
+    let client_uri = with_options(uri, &cfg.uri_options(variant));
+    let mut clients: Vec<Arc<dyn LabClient>> = Vec::new();
+    let mut sinks = Vec::new();
+    for i in 0..cfg.instances.max(1) {
+        let sink = Arc::new(Sink::new(recorder.clone(), attempts.clone()));
+        let c = client::connect(
+            variant.driver,
+            &client_uri,
+            &format!("lab-{}-{i}", variant.name),
+            DB,
+            COLL,
+            sink.clone(),
+        )
+        .await?;
+        c.warm_up()
+            .await
+            .map_err(|e| format!("{}: instance {i}: {e}", variant.name))?;
+        clients.push(c);
+        sinks.push(sink);
+    }
+    let start = Instant::now() + Duration::from_millis(100);
+    recorder.set_start(start);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut helpers = JoinSet::new();
+    helpers.spawn(sampler(
+        recorder.clone(),
+        control.clone(),
+        cfg.server_mode == ServerMode::Model,
+        progress.clone(),
+        label.to_string(),
+        stop_rx.clone(),
+    ));
+    if cfg.server_mode == ServerMode::Failpoint {
+        helpers.spawn(failpoint_controller(
+            control.clone(),
+            attempts.clone(),
+            capacity,
+            stop_rx.clone(),
+        ));
+    }
+    let cpu_start = super::sys::process_cpu();
+    let opts = RequestOpts {
+        deadline: cfg.deadline,
+        drain: cfg.drain,
+        range_len: cfg.mix.range_len,
+        max_time: cfg.max_time_ms.then_some(cfg.deadline),
+    };
+    let stats = drive_all(&clients, schedules, recorder.clone(), opts).await;
+    let cpu_end = super::sys::process_cpu();
+    let wall = Instant::now()
+        .saturating_duration_since(start)
+        .as_secs_f64();
+    let _ = stop_tx.send(true);
+    while helpers.join_next().await.is_some() {}
+    for c in &clients {
+        c.shutdown().await;
+    }
+    drop(sinks);
+    let cpu_total = match (cpu_start, cpu_end) {
+        (Some(a), Some(b)) if wall > 0.0 => {
+            Some(100.0 * b.saturating_sub(a).as_secs_f64() / wall / super::sys::cores() as f64)
+        }
+        _ => None,
+    };
+    let len = cfg.scenario.duration().as_secs_f64().ceil() as usize;
+    Ok((recorder.take(len), stats, cpu_total))
+}
+
+/// Operation kinds used by a mix (for the report).
+pub fn kinds_in_use(cfg: &LabConfig) -> Vec<OpKind> {
+    OpKind::ALL
+        .into_iter()
+        .filter(|k| cfg.mix.share(*k) > 0.0)
+        .collect()
+}

@@ -1,0 +1,346 @@
+//! The figures of one variant run, and the median/spread over repeated runs.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::config::{Scenario, Variant};
+use super::metrics::{goodput, merged, pct_ms, recovery_time, ErrorClass, Second};
+use super::runner::DriveStats;
+
+/// Goodput share of offered load that counts as recovered.
+pub const RECOVERED_SHARE: f64 = 0.95;
+
+/// p50 / p95 / p99 in ms (`None` = no sample).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: Option<f64>,
+    /// 95th percentile.
+    pub p95: Option<f64>,
+    /// 99th percentile.
+    pub p99: Option<f64>,
+}
+
+impl Percentiles {
+    fn of(h: &hdrhistogram::Histogram<u64>) -> Percentiles {
+        Percentiles {
+            p50: pct_ms(h, 50.0),
+            p95: pct_ms(h, 95.0),
+            p99: pct_ms(h, 99.0),
+        }
+    }
+}
+
+/// The figures of one variant run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunSummary {
+    /// Variant name.
+    pub variant: String,
+    /// Driver.
+    pub driver: String,
+    /// The variant's URI options.
+    pub uri_options: String,
+    /// Repetition (0-based).
+    pub rep: usize,
+    /// Schedule length in seconds.
+    pub secs: usize,
+    /// Requests offered.
+    pub offered: u64,
+    /// Requests that succeeded within their deadline.
+    pub good: u64,
+    /// Mean goodput over the schedule (ops/s).
+    pub goodput: f64,
+    /// Mean goodput during the burst (or overload) phase (ops/s).
+    pub burst_goodput: Option<f64>,
+    /// Mean offered load during the burst phase (ops/s).
+    pub burst_offered: Option<f64>,
+    /// Commands started (all attempts).
+    pub attempts: u64,
+    /// Attempts per request (requests that reported, in time or late).
+    pub attempts_per_request: Option<f64>,
+    /// Request errors by class.
+    pub errors: BTreeMap<String, u64>,
+    /// Attempt errors by class.
+    pub attempt_errors: BTreeMap<String, u64>,
+    /// Timed-out requests that later succeeded / failed.
+    pub late_ok: u64,
+    /// Timed-out requests that later failed.
+    pub late_err: u64,
+    /// Requests still running when the drain period ended.
+    pub unfinished: u64,
+    /// End-to-end latency as the application saw it.
+    pub latency: Percentiles,
+    /// Connection wait per request.
+    pub conn_wait: Percentiles,
+    /// Server queue wait (`None`: the server snapshot has no such figure).
+    pub server_queue: Option<Percentiles>,
+    /// Command time per request (server work + network + server queue).
+    pub service: Percentiles,
+    /// Connections opened / closed.
+    pub conns_opened: u64,
+    /// Connections closed.
+    pub conns_closed: u64,
+    /// Seconds after the burst until goodput stays ≥ 95 % of offered (`None`: never, or no
+    /// burst).
+    pub recovery_secs: Option<usize>,
+    /// Whether the scenario has a burst at all.
+    pub has_burst: bool,
+    /// Server work wasted as a share of busy server work (`None`: no server model figures).
+    pub wasted_share: Option<f64>,
+    /// Server counter deltas over the run (`serverStatus.labOverload.counters`).
+    pub server: Option<BTreeMap<String, f64>>,
+    /// Schedule lag p99 / max in ms.
+    pub lag_p99_ms: Option<f64>,
+    /// Worst schedule lag in ms.
+    pub lag_max_ms: Option<f64>,
+    /// Lag p99 above the limit: the run did not keep its schedule.
+    pub invalid: bool,
+    /// Mean process CPU over the run, percent of all cores.
+    pub cpu_pct: Option<f64>,
+    /// Highest per-second process CPU, percent of all cores.
+    pub cpu_max_pct: Option<f64>,
+    /// The machine was saturated (mean CPU ≥ 90 %): figures reflect the lab, not the drivers.
+    pub saturated: bool,
+}
+
+impl RunSummary {
+    /// Total request errors.
+    pub fn total_errors(&self) -> u64 {
+        self.errors.values().sum()
+    }
+}
+
+/// Computes the summary of one run from its seconds.
+#[allow(clippy::too_many_arguments)]
+pub fn summarize(
+    variant: &Variant,
+    rep: usize,
+    seconds: &[Second],
+    scenario: &Scenario,
+    len: usize,
+    stats: DriveStats,
+    server: Option<&BTreeMap<String, f64>>,
+    cpu_pct: Option<f64>,
+    max_lag_p99: Duration,
+) -> RunSummary {
+    let sched = &seconds[..len.min(seconds.len())];
+    let offered_v: Vec<u64> = sched.iter().map(|s| s.offered).collect();
+    let good_v = goodput(sched);
+    let offered: u64 = offered_v.iter().sum();
+    let good: u64 = good_v.iter().sum();
+    let mut errors = BTreeMap::new();
+    let mut attempt_errors = BTreeMap::new();
+    for c in ErrorClass::ALL {
+        errors.insert(
+            c.name().to_string(),
+            seconds.iter().map(|s| s.error(c)).sum(),
+        );
+        attempt_errors.insert(
+            c.name().to_string(),
+            seconds.iter().map(|s| s.attempt_errors[c as usize]).sum(),
+        );
+    }
+    let reported: u64 = seconds.iter().map(|s| s.reported).sum();
+    let reported_attempts: u64 = seconds.iter().map(|s| s.reported_attempts).sum();
+    let burst = scenario.burst.or(if scenario.phases.len() == 1 {
+        Some(0)
+    } else {
+        None
+    });
+    let (burst_goodput, burst_offered) = match burst {
+        Some(b) => {
+            let from = scenario.phase_start(b).as_secs() as usize;
+            let to = (scenario.phase_start(b + 1).as_secs() as usize).min(sched.len());
+            if to > from {
+                let n = (to - from) as f64;
+                (
+                    Some(good_v[from..to].iter().sum::<u64>() as f64 / n),
+                    Some(offered_v[from..to].iter().sum::<u64>() as f64 / n),
+                )
+            } else {
+                (None, None)
+            }
+        }
+        None => (None, None),
+    };
+    let recovery_secs = scenario.burst_end().and_then(|end| {
+        recovery_time(&offered_v, &good_v, end.as_secs() as usize, RECOVERED_SHARE)
+    });
+    let lag = merged(sched, |s| &s.lag);
+    let lag_p99_ms = pct_ms(&lag, 99.0);
+    let lag_max_ms = (!lag.is_empty()).then(|| lag.max() as f64 / 1000.0);
+    let invalid = lag_p99_ms.is_some_and(|p| p > max_lag_p99.as_secs_f64() * 1000.0);
+    let cpu_max_pct = sched
+        .iter()
+        .filter_map(|s| s.cpu_pct)
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+    let wasted_share = server.and_then(|s| {
+        let wasted = s.get("wastedWorkMs")?;
+        let busy = s.get("busyCoreMs")?;
+        (*busy > 0.0).then(|| wasted / busy)
+    });
+    RunSummary {
+        variant: variant.name.clone(),
+        driver: variant.driver.to_string(),
+        uri_options: variant.uri_options.clone(),
+        rep,
+        secs: len,
+        offered,
+        good,
+        goodput: if len > 0 {
+            good as f64 / len as f64
+        } else {
+            0.0
+        },
+        burst_goodput,
+        burst_offered,
+        attempts: seconds.iter().map(|s| s.attempts).sum(),
+        attempts_per_request: (reported > 0).then(|| reported_attempts as f64 / reported as f64),
+        errors,
+        attempt_errors,
+        late_ok: seconds.iter().map(|s| s.late_ok).sum(),
+        late_err: seconds.iter().map(|s| s.late_err).sum(),
+        unfinished: stats.unfinished,
+        latency: Percentiles::of(&merged(seconds, |s| &s.latency)),
+        conn_wait: Percentiles::of(&merged(seconds, |s| &s.conn_wait)),
+        server_queue: server.and_then(|s| {
+            let get = |p: &str| s.get(&format!("queueWaitMs.{p}")).copied();
+            get("p99").map(|p99| Percentiles {
+                p50: get("p50"),
+                p95: get("p95"),
+                p99: Some(p99),
+            })
+        }),
+        service: Percentiles::of(&merged(seconds, |s| &s.service)),
+        conns_opened: seconds.iter().map(|s| s.conns_opened).sum(),
+        conns_closed: seconds.iter().map(|s| s.conns_closed).sum(),
+        recovery_secs,
+        has_burst: scenario.burst.is_some(),
+        wasted_share,
+        server: server.cloned(),
+        lag_p99_ms,
+        lag_max_ms,
+        invalid,
+        cpu_pct,
+        cpu_max_pct,
+        saturated: cpu_pct.is_some_and(|c| c >= 90.0),
+    }
+}
+
+/// Median and spread (min, max) of a figure over repeated runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// Median.
+    pub median: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+    /// Runs with a value.
+    pub n: usize,
+}
+
+impl Spread {
+    /// Of the values present; `None` when there is none.
+    pub fn of(values: impl IntoIterator<Item = Option<f64>>) -> Option<Spread> {
+        let mut v: Vec<f64> = values
+            .into_iter()
+            .flatten()
+            .filter(|x| x.is_finite())
+            .collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Spread {
+            median,
+            min: v[0],
+            max: v[n - 1],
+            n,
+        })
+    }
+}
+
+/// Median/spread of the headline figures of one variant over its runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VariantAggregate {
+    /// Variant name.
+    pub variant: String,
+    /// Runs.
+    pub runs: usize,
+    /// Goodput (ops/s).
+    pub goodput: Option<Spread>,
+    /// Burst goodput (ops/s).
+    pub burst_goodput: Option<Spread>,
+    /// Latency p99 (ms).
+    pub p99_ms: Option<Spread>,
+    /// Attempts per request.
+    pub attempts_per_request: Option<Spread>,
+    /// Request errors.
+    pub errors: Option<Spread>,
+    /// Wasted server work share.
+    pub wasted_share: Option<Spread>,
+    /// Recovery time (s); runs that never recovered are left out (see `not_recovered`).
+    pub recovery_secs: Option<Spread>,
+    /// Runs that did not recover.
+    pub not_recovered: usize,
+    /// Runs marked INVALID.
+    pub invalid: usize,
+    /// Runs on a saturated machine.
+    pub saturated: usize,
+}
+
+/// Groups runs by variant (in first-seen order) and aggregates each group.
+pub fn aggregate(runs: &[&RunSummary]) -> Vec<VariantAggregate> {
+    let mut order: Vec<String> = Vec::new();
+    for r in runs {
+        if !order.contains(&r.variant) {
+            order.push(r.variant.clone());
+        }
+    }
+    order
+        .into_iter()
+        .map(|name| {
+            let g: Vec<&&RunSummary> = runs.iter().filter(|r| r.variant == name).collect();
+            VariantAggregate {
+                runs: g.len(),
+                goodput: Spread::of(g.iter().map(|r| Some(r.goodput))),
+                burst_goodput: Spread::of(g.iter().map(|r| r.burst_goodput)),
+                p99_ms: Spread::of(g.iter().map(|r| r.latency.p99)),
+                attempts_per_request: Spread::of(g.iter().map(|r| r.attempts_per_request)),
+                errors: Spread::of(g.iter().map(|r| Some(r.total_errors() as f64))),
+                wasted_share: Spread::of(g.iter().map(|r| r.wasted_share)),
+                recovery_secs: Spread::of(g.iter().map(|r| r.recovery_secs.map(|s| s as f64))),
+                not_recovered: g
+                    .iter()
+                    .filter(|r| r.has_burst && r.recovery_secs.is_none())
+                    .count(),
+                invalid: g.iter().filter(|r| r.invalid).count(),
+                saturated: g.iter().filter(|r| r.saturated).count(),
+                variant: name,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread() {
+        let s = Spread::of([Some(3.0), None, Some(1.0), Some(2.0)]).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
+        let s = Spread::of([Some(1.0), Some(4.0)]).unwrap();
+        assert_eq!(s.median, 2.5);
+        assert!(Spread::of([None]).is_none());
+    }
+}

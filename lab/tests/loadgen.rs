@@ -1,0 +1,266 @@
+//! The overload lab's load generator: open-loop schedule, arrival process, figures, and a tiny
+//! end-to-end run against the emulator.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lab::loadgen::client::BoxFut;
+use lab::loadgen::config::{
+    Arrivals, Driver, LabConfig, OpMix, Phase, Scenario, ServerMode, Variant,
+};
+use lab::loadgen::metrics::{goodput, new_hist, pct_ms, recovery_time, Recorder, Second};
+use lab::loadgen::runner::{drive_all, DriveStats, RequestOpts};
+use lab::loadgen::schedule::{self, ScheduleSpec};
+use lab::loadgen::summary::summarize;
+use lab::loadgen::{report, runner, AttemptReport, LabClient, OpSpec};
+use tokio::time::Instant;
+
+/// A client that answers every request after `delay`, and notes when each call started.
+struct SlowClient {
+    delay: Duration,
+    calls: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl LabClient for SlowClient {
+    fn run(&self, _op: OpSpec) -> BoxFut<AttemptReport> {
+        self.calls.lock().unwrap().push(Instant::now());
+        let delay = self.delay;
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            AttemptReport {
+                outcome: Ok(()),
+                attempts: 1,
+                conn_wait: Duration::ZERO,
+                service: delay,
+            }
+        })
+    }
+
+    fn warm_up(&self) -> BoxFut<Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn shutdown(&self) -> BoxFut<()> {
+        Box::pin(async {})
+    }
+}
+
+fn one_phase(load: f64, secs: f64) -> Scenario {
+    Scenario {
+        name: "t".into(),
+        phases: vec![Phase::new("p", load, secs)],
+        burst: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_keeps_its_schedule_whatever_the_client_does() {
+    let scenario = one_phase(1.0, 1.0);
+    let mix = OpMix::default();
+    let schedules = schedule::build(&ScheduleSpec {
+        scenario: &scenario,
+        capacity: 200.0,
+        instances: 1,
+        arrivals: Arrivals::Fixed,
+        mix: &mix,
+        docs: 10,
+        seed: 1,
+    });
+    assert_eq!(schedules[0].len(), 200);
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    // Every reply takes 300 ms: a closed loop of one worker would send 4 requests a second.
+    let client: Arc<dyn LabClient> = Arc::new(SlowClient {
+        delay: Duration::from_millis(300),
+        calls: calls.clone(),
+    });
+    let start = Instant::now() + Duration::from_millis(50);
+    let recorder = Arc::new(Recorder::new(start));
+    let stats = drive_all(
+        &[client],
+        &schedules,
+        recorder.clone(),
+        RequestOpts {
+            deadline: Duration::from_millis(100),
+            drain: Duration::from_secs(1),
+            range_len: 5,
+            max_time: None,
+        },
+    )
+    .await;
+    assert_eq!(
+        stats,
+        DriveStats {
+            sent: 200,
+            unfinished: 0
+        }
+    );
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 200);
+    // Each call left close to its scheduled instant, not after the previous reply.
+    let mut late = 0;
+    for (call, a) in calls.iter().zip(&schedules[0]) {
+        let scheduled = start + a.at;
+        if call.saturating_duration_since(scheduled) > Duration::from_millis(25) {
+            late += 1;
+        }
+    }
+    assert!(late <= 4, "{late} of 200 calls left more than 25 ms late");
+    let last = *calls.last().unwrap();
+    assert!(last.saturating_duration_since(start) < Duration::from_millis(1100));
+    let secs = recorder.take(1);
+    let offered: u64 = secs.iter().map(|s| s.offered).sum();
+    let timed_out: u64 = secs
+        .iter()
+        .map(|s| s.error(lab::loadgen::ErrorClass::ClientDeadline))
+        .sum();
+    let late_ok: u64 = secs.iter().map(|s| s.late_ok).sum();
+    assert_eq!(offered, 200);
+    // The application gave up on every request at 100 ms; each completed late.
+    assert_eq!(timed_out, 200);
+    assert_eq!(late_ok, 200);
+    assert_eq!(goodput(&secs).iter().sum::<u64>(), 0);
+}
+
+#[test]
+fn poisson_inter_arrival_mean_and_spread() {
+    let scenario = one_phase(1.0, 20.0);
+    let mix = OpMix::default();
+    let s = schedule::build(&ScheduleSpec {
+        scenario: &scenario,
+        capacity: 500.0,
+        instances: 1,
+        arrivals: Arrivals::Poisson,
+        mix: &mix,
+        docs: 10,
+        seed: 9,
+    });
+    let at: Vec<f64> = s[0].iter().map(|a| a.at.as_secs_f64()).collect();
+    let gaps: Vec<f64> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    let n = gaps.len() as f64;
+    let mean = gaps.iter().sum::<f64>() / n;
+    let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / n;
+    // Mean 2 ms, and an exponential's standard deviation equals its mean.
+    assert!((mean - 0.002).abs() < 0.002 * 0.05, "mean {mean}");
+    let cv = var.sqrt() / mean;
+    assert!((cv - 1.0).abs() < 0.08, "cv {cv}");
+    assert!(
+        (s[0].len() as f64 - 10_000.0).abs() < 400.0,
+        "{}",
+        s[0].len()
+    );
+}
+
+fn synthetic(offered: &[u64], good: &[u64], lag_ms: u64) -> Vec<Second> {
+    offered
+        .iter()
+        .zip(good)
+        .map(|(o, g)| {
+            let mut s = Second {
+                offered: *o,
+                good: *g,
+                attempts: *o * 2,
+                reported: *o,
+                reported_attempts: *o * 2,
+                latency: new_hist(),
+                lag: new_hist(),
+                ..Second::default()
+            };
+            for ms in 1..=100 {
+                s.latency.record(ms * 1000).unwrap();
+                s.lag.record(lag_ms * 1000).unwrap();
+            }
+            s
+        })
+        .collect()
+}
+
+#[test]
+fn figures_on_synthetic_data() {
+    let scenario = Scenario {
+        name: "burst".into(),
+        phases: vec![
+            Phase::new("base", 0.5, 2.0),
+            Phase::new("burst", 1.3, 2.0),
+            Phase::new("after", 0.5, 4.0),
+        ],
+        burst: Some(1),
+    };
+    let offered = [50, 50, 130, 130, 50, 50, 50, 50];
+    let good = [50, 50, 60, 40, 10, 49, 50, 48];
+    assert_eq!(recovery_time(&offered, &good, 4, 0.95), Some(1));
+    let secs = synthetic(&offered, &good, 1);
+    let v = Variant::new("v", Driver::Fork, "");
+    let sum = summarize(
+        &v,
+        0,
+        &secs,
+        &scenario,
+        8,
+        DriveStats::default(),
+        None,
+        Some(12.0),
+        Duration::from_millis(5),
+    );
+    assert_eq!(sum.offered, 560);
+    assert_eq!(sum.good, 357);
+    assert!((sum.goodput - 357.0 / 8.0).abs() < 1e-9);
+    assert_eq!(sum.burst_goodput, Some(50.0));
+    assert_eq!(sum.recovery_secs, Some(1));
+    assert_eq!(sum.attempts_per_request, Some(2.0));
+    let p = |x: Option<f64>| x.unwrap();
+    assert!((p(sum.latency.p50) - 50.0).abs() < 1.0);
+    assert!((p(sum.latency.p99) - 99.0).abs() < 1.5);
+    assert!(!sum.invalid);
+    assert!(sum.wasted_share.is_none());
+    // A generator that fell 8 ms behind is INVALID.
+    let slow = summarize(
+        &v,
+        0,
+        &synthetic(&offered, &good, 8),
+        &scenario,
+        8,
+        DriveStats::default(),
+        None,
+        None,
+        Duration::from_millis(5),
+    );
+    assert!(slow.invalid);
+    let mut h = new_hist();
+    for ms in [5u64, 5, 5, 5, 500] {
+        h.record(ms * 1000).unwrap();
+    }
+    assert!((pct_ms(&h, 50.0).unwrap() - 5.0).abs() < 0.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_end_to_end_run_writes_the_report() {
+    let cfg = LabConfig {
+        scenario: one_phase(1.5, 2.0),
+        variants: vec![Variant::parse("fork-default").unwrap()],
+        capacity: 60.0,
+        instances: 2,
+        server_mode: ServerMode::Failpoint,
+        docs: 50,
+        drain: Duration::from_millis(500),
+        ..LabConfig::default()
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    let run = runner::run(&cfg, &bar).await.expect("lab run");
+    assert_eq!(run.runs.len(), 1);
+    let s = &run.runs[0].summary;
+    assert!(s.offered > 100, "{s:?}");
+    assert!(s.good > 0, "{s:?}");
+    assert!(s.attempts >= s.offered, "{s:?}");
+    let dir = std::env::temp_dir().join(format!("lab-loadgen-e2e-{}", std::process::id()));
+    report::write_all(&run, &dir).expect("report");
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("fork-default"), "{md}");
+    let csv = std::fs::read_to_string(dir.join("series.csv")).unwrap();
+    assert!(csv.starts_with("variant,run,second,phase,offered"));
+    assert!(csv.lines().count() >= 3, "{csv}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(json["runs"][0]["variant"], "fork-default");
+    assert!(report::text_table(&run).contains("fork-default"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
