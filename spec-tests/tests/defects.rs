@@ -201,6 +201,49 @@ macro_rules! scenarios {
                 outcome(&result, started.named("find").len() - 1)
             }
 
+            /// B2: a client bulkWrite of two `updateMany {$inc}` whose results need a getMore
+            /// that always fails with a retryable overload error. Returns the bulkWrite
+            /// commands sent and the counter's final value.
+            pub async fn bulk_write_with_failing_get_more(uri: &str) -> (usize, i32) {
+                use ::$driver::options::{UpdateManyModel, WriteModel};
+                let (client, started) = client(uri).await;
+                let admin = client.database("admin");
+                let coll = client.database("b2").collection::<Document>("c");
+                coll.delete_many(doc! {}).await.expect("clean");
+                coll.insert_one(doc! { "_id": 1, "n": 0 }).await.expect("seed");
+                admin
+                    .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 1 })
+                    .await
+                    .expect("setParameter");
+                fail_with_overload(&client, "getMore", "alwaysOn".into()).await;
+                let increment = || {
+                    WriteModel::from(
+                        UpdateManyModel::builder()
+                            .namespace(coll.namespace())
+                            .filter(doc! { "_id": 1 })
+                            .update(doc! { "$inc": { "n": 1 } })
+                            .build(),
+                    )
+                };
+                let result = client
+                    .bulk_write([increment(), increment()])
+                    .verbose_results()
+                    .await;
+                fail_point_off(&client).await;
+                admin
+                    .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 0 })
+                    .await
+                    .expect("setParameter");
+                assert!(result.is_err(), "the results getMore fails");
+                let n = coll
+                    .find_one(doc! { "_id": 1 })
+                    .await
+                    .expect("find")
+                    .and_then(|d| d.get_i32("n").ok())
+                    .unwrap_or(-1);
+                (started.named("bulkWrite").len(), n)
+            }
+
             /// B5: a client whose options came from serde with `adaptiveRetries: true`, after
             /// enough overload retries to spend a 1000-token bucket.
             pub async fn serde_enabled_token_bucket(uri: &str) -> Outcome {
@@ -587,4 +630,18 @@ async fn b4_any_base_backoff_keeps_the_overload_error() {
             "the fork ignores baseBackoffMS {value} and retries: {fork:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn b2_acknowledged_bulk_write_is_never_sent_again() {
+    let server = Server::replica_set();
+    let uri = server.uri_with("retryWrites=true&retryReads=true");
+    let (sent, n) = upstream::bulk_write_with_failing_get_more(&uri).await;
+    assert_eq!(
+        (sent, n),
+        (3, 6),
+        "upstream 3.9.1 resends the acknowledged bulkWrite: every attempt increments twice (defect B2)"
+    );
+    let (sent, n) = fork::bulk_write_with_failing_get_more(&uri).await;
+    assert_eq!((sent, n), (1, 2), "the fork sends the bulkWrite once");
 }

@@ -128,6 +128,7 @@ pub(crate) async fn handle(
     let Some(name) = body.keys().next().cloned() else {
         return Outcome::Close;
     };
+    tokio::pin!(disconnected);
     let counter = match name.as_str() {
         "insert" => &shared.counters.inserts,
         "find" => &shared.counters.queries,
@@ -240,6 +241,7 @@ pub(crate) async fn handle(
             tokio::select! {
                 _ = sleep_or_shutdown(shared, wait) => {}
                 _ = member.wake.notified() => {}
+                _ = &mut disconnected => return Outcome::Close,
             }
         }
         let mut r = hello::reply(shared, member, &name, &body, conn.connection_id);
@@ -265,7 +267,7 @@ pub(crate) async fn handle(
     }
 
     // Overload model, step 2: ticket, virtual cores, yields and the deadline.
-    let ran = match admission.execute(disconnected).await {
+    let ran = match admission.execute(&mut disconnected).await {
         Ok(o) => o,
         Err(r) => {
             return Outcome::Reply(finish(
@@ -631,6 +633,10 @@ fn run_data_command(
         st.sessions.touch(key, lsid, cfg.max_sessions);
     }
     let replicated = shared.is_replicated();
+    let bulk_write_batch_size = match st.params.values.get("labBulkWriteBatchSize") {
+        Some(Bson::Int32(n)) if *n > 0 => usize::try_from(*n).ok(),
+        _ => None,
+    };
     // Writes outside transactions feed the change log (transactions feed it at commit).
     let capture = if g.autocommit.is_none() {
         Capture::take(
@@ -651,6 +657,7 @@ fn run_data_command(
         local_sessions: local,
         cursors: &mut st.cursors,
         changes: &mut st.changes,
+        bulk_write_batch_size,
     };
 
     // Transaction statement.
@@ -944,6 +951,7 @@ fn end_transaction(shared: &Shared, name: &str, g: &Generic) -> Result<Document,
                             local_sessions: None,
                             cursors: &mut scratch,
                             changes: &mut scratch_log,
+                            bulk_write_batch_size: None,
                         };
                         for (db, body) in &writes {
                             let cmd = body.keys().next().cloned().unwrap_or_default();

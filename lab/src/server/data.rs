@@ -150,6 +150,10 @@ pub(crate) struct DataCtx<'a> {
     pub(crate) local_sessions: Option<Vec<Document>>,
     pub(crate) cursors: &'a mut Cursors,
     pub(crate) changes: &'a mut ChangeLog,
+    /// Lab-only `labBulkWriteBatchSize`: the most results in a client bulkWrite's first batch
+    /// when the command names no `cursor.batchSize` (the driver never does), so tests can make
+    /// the driver read results with getMore.
+    pub(crate) bulk_write_batch_size: Option<usize>,
 }
 
 impl DataCtx<'_> {
@@ -535,7 +539,45 @@ pub(crate) fn run(
                 false,
             )
         }
-        "bulkWrite" => bulk_write(body, store),
+        "bulkWrite" => {
+            let mut reply = bulk_write(body, store)?;
+            let limit = match cursor_batch(body)? {
+                BatchLimit { size: None } => BatchLimit {
+                    size: ctx.bulk_write_batch_size,
+                },
+                given => given,
+            };
+            if limit.size.is_none() {
+                return Ok(reply);
+            }
+            // Serve the results through a real cursor so the rest needs getMore.
+            let results = match reply.remove("cursor") {
+                Some(Bson::Document(mut c)) => match c.remove("firstBatch") {
+                    Some(Bson::Array(a)) => a
+                        .into_iter()
+                        .filter_map(|r| match r {
+                            Bson::Document(d) => Some(d),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                },
+                _ => Vec::new(),
+            };
+            let mut cursor = ctx.open_cursor(
+                "admin.$cmd.bulkWrite".to_owned(),
+                results,
+                CursorKind::Normal,
+                limit,
+                false,
+            )?;
+            for (k, v) in reply {
+                if k != "ok" {
+                    cursor.insert(k, v);
+                }
+            }
+            Ok(cursor)
+        }
         other => Err(CommandError::new(
             codes::COMMAND_NOT_FOUND,
             format!("no such command: '{other}'"),

@@ -68,6 +68,9 @@ pub struct EmulatorConfig {
     pub logical_session_timeout_minutes: i32,
     /// Report `topologyVersion` in hello and support awaitable hello (makes the driver stream).
     pub topology_version: bool,
+    /// Answer awaitable hellos sent with `exhaustAllowed` in exhaust mode (`moreToCome`
+    /// replies every `maxAwaitTimeMS` without further requests), as mongod does.
+    pub exhaust_hello: bool,
     /// Upper bound on an awaitable hello's wait, whatever `maxAwaitTimeMS` says.
     pub max_await_time: Duration,
     /// Most cursors open at once, per connection.
@@ -105,6 +108,7 @@ impl Default for EmulatorConfig {
             cursor_timeout: Duration::from_secs(600),
             logical_session_timeout_minutes: 30,
             topology_version: true,
+            exhaust_hello: true,
             max_await_time: Duration::from_secs(60),
             max_cursors_per_connection: 1000,
             max_cursors: 20_000,
@@ -260,6 +264,8 @@ fn default_params() -> Document {
         // errors (instead of externalClientBaseBackoffMS), so tests can check how drivers cope
         // with doubles, negatives or strings there. `{}` turns it off.
         "labRawBaseBackoffMS": {},
+        // Lab-only: results in a client bulkWrite's first batch (0: all), see DataCtx.
+        "labBulkWriteBatchSize": 0i32,
         "featureCompatibilityVersion": { "version": "8.0" },
         "requireApiVersion": false,
         "enableTestCommands": 1i32,
