@@ -83,9 +83,7 @@ pub fn data_root() -> Result<DataRoot, String> {
             let dir = if dir.is_absolute() {
                 dir
             } else {
-                std::env::current_dir()
-                    .map_err(|e| format!("cannot resolve SPEC_DIR: {e}"))?
-                    .join(dir)
+                invocation_dir()?.join(dir)
             };
             (dir, "SPEC_DIR")
         }
@@ -100,6 +98,18 @@ pub fn data_root() -> Result<DataRoot, String> {
         ));
     }
     Ok(DataRoot { path, origin })
+}
+
+/// The directory the user ran the command from. `cargo test` starts test binaries in the
+/// package directory, so the shell's `PWD` (inherited, and absolute) is preferred when it names
+/// an existing directory.
+fn invocation_dir() -> Result<PathBuf, String> {
+    if let Some(pwd) = std::env::var_os("PWD").map(PathBuf::from) {
+        if pwd.is_absolute() && pwd.is_dir() {
+            return Ok(pwd);
+        }
+    }
+    std::env::current_dir().map_err(|e| format!("cannot resolve SPEC_DIR: {e}"))
 }
 
 /// The JSON files of `suite` under `root`, sorted by path. A suite directory that is missing is

@@ -296,6 +296,9 @@ pub struct SessionEntity {
     pub client: String,
 }
 
+/// A test-runner thread: the task running its latest operation (each waits for the one before).
+pub type ThreadEntity = Arc<Mutex<Option<tokio::task::JoinHandle<Result<(), String>>>>>;
+
 /// Anything the entity map can hold.
 #[derive(Clone)]
 pub enum Entity {
@@ -306,6 +309,7 @@ pub enum Entity {
     Bson(Bson),
     Cursor(Arc<AsyncMutex<Cursor<Document>>>),
     ChangeStream(Arc<AsyncMutex<ChangeStream<ChangeStreamEvent<Document>>>>),
+    Thread(ThreadEntity),
 }
 
 impl Entity {
@@ -318,6 +322,7 @@ impl Entity {
             Entity::Bson(_) => "BSON value",
             Entity::Cursor(_) => "cursor",
             Entity::ChangeStream(_) => "change stream",
+            Entity::Thread(_) => "thread",
         }
     }
 }
@@ -365,6 +370,7 @@ impl EntityMap {
     getter!(database, Database, Database);
     getter!(collection, Collection, Collection<Document>);
     getter!(session, Session, SessionEntity);
+    getter!(thread, Thread, ThreadEntity);
     getter!(cursor, Cursor, Arc<AsyncMutex<Cursor<Document>>>);
     getter!(
         change_stream,

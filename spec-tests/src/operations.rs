@@ -275,6 +275,30 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
         &["command", "commandName", "session", "readPreference"],
     ),
     (
+        "runCursorCommand",
+        &[
+            "command",
+            "commandName",
+            "session",
+            "batchSize",
+            "cursorType",
+            "comment",
+            "maxTimeMS",
+        ],
+    ),
+    (
+        "createCommandCursor",
+        &[
+            "command",
+            "commandName",
+            "session",
+            "batchSize",
+            "cursorType",
+            "comment",
+            "maxTimeMS",
+        ],
+    ),
+    (
         "createCollection",
         &[
             "collection",
@@ -387,6 +411,8 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
         &["client", "connections"],
     ),
     ("wait", &["ms"]),
+    ("runOnThread", &["thread", "operation"]),
+    ("waitForThread", &["thread"]),
 ];
 
 /// Checks an operation strictly. `Ok(Some(reason))` means it is valid but cannot run here;
@@ -430,6 +456,14 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
                 return Ok(Some(reason));
             }
         }
+        "runOnThread" => {
+            let inner_path = format!("{path}.arguments.operation");
+            let item = args.get("operation").cloned().unwrap_or(Bson::Null);
+            let inner: schema::Operation = from_bson(item, &inner_path)?;
+            if let Some(reason) = validate(&inner, &inner_path)? {
+                return Ok(Some(reason));
+            }
+        }
         "waitForEvent" | "assertEventCount" => {
             let event = args.get("event").cloned().unwrap_or(Bson::Null);
             let _: ExpectedEvent = from_bson(event, &format!("{path}.arguments.event"))?;
@@ -449,7 +483,6 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
     for def in defs {
         let kind = match def {
             EntityDef::Bucket(_) => "bucket",
-            EntityDef::Thread(_) => "thread",
             EntityDef::ClientEncryption(_) => "clientEncryption",
             EntityDef::Client(c) => {
                 let fields = [
@@ -472,6 +505,7 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
                 }
                 continue;
             }
+            EntityDef::Thread(_) => continue,
             EntityDef::Session(s) => {
                 if s.session_options
                     .as_ref()
@@ -743,8 +777,8 @@ pub fn execute<'a>(
             }
             Entity::Cursor(cursor) => cursor_op(ctx, &op.object, cursor, &args).await,
             Entity::ChangeStream(stream) => change_stream_op(ctx, &op.object, stream, &args).await,
-            Entity::Bson(_) => Err(format!(
-                "entity {:?} is a BSON value, not an object",
+            Entity::Bson(_) | Entity::Thread(_) => Err(format!(
+                "entity {:?} is not an object operations run on",
                 op.object
             )),
         }
@@ -999,6 +1033,38 @@ async fn database_op(
                 None => action,
             };
             run!(sess, action).map(|d| value(Some(Bson::Document(d))))
+        }
+        "runCursorCommand" | "createCommandCursor" => {
+            let command = args.doc("command")?;
+            args.take("commandName");
+            let options: Option<crate::mongodb::options::RunCursorCommandOptions> =
+                args.options()?;
+            let action = db.run_cursor_command(command).with_options(options);
+            match sess.get()? {
+                Some(s) => {
+                    if name == "createCommandCursor" {
+                        return Err("createCommandCursor with a session is not implemented".into());
+                    }
+                    match action.session(&mut *s).await {
+                        Ok(mut cursor) => cursor
+                            .stream(s)
+                            .try_collect::<Vec<_>>()
+                            .await
+                            .map(|d| value(docs_value(d))),
+                        Err(e) => Err(e),
+                    }
+                }
+                None => match action.await {
+                    Ok(cursor) if name == "createCommandCursor" => Ok(Produced::Entity(
+                        Entity::Cursor(Arc::new(AsyncMutex::new(cursor))),
+                    )),
+                    Ok(cursor) => cursor
+                        .try_collect::<Vec<_>>()
+                        .await
+                        .map(|d| value(docs_value(d))),
+                    Err(e) => Err(e),
+                },
+            }
         }
         "createCollection" => {
             let collection = args.string("collection")?;
@@ -1586,6 +1652,56 @@ async fn test_runner(
                 ))
             }
         }
+        "runOnThread" => {
+            let thread = ctx.entities.thread(&args.string("thread")?)?;
+            let op: schema::Operation = from_bson(
+                args.take("operation").unwrap_or(Bson::Null),
+                "runOnThread.operation",
+            )?;
+            let mut thread_ctx = Ctx {
+                entities: ctx.entities.clone(),
+                uri: ctx.uri.clone(),
+                single_host: ctx.single_host,
+                internal: ctx.internal.clone(),
+                failpoints: Vec::new(),
+                callback_failures: Vec::new(),
+            };
+            let mut slot = thread
+                .lock()
+                .map_err(|_| "a thread entity's lock is poisoned")?;
+            let previous = slot.take();
+            *slot = Some(tokio::spawn(async move {
+                if let Some(previous) = previous {
+                    previous
+                        .await
+                        .map_err(|e| format!("thread task failed: {e}"))??;
+                }
+                let label = format!("{} on {}", op.name, op.object);
+                let result = execute(&mut thread_ctx, &op, None)
+                    .await
+                    .map_err(|e| format!("{label}: {e}"))?;
+                expect::check_operation(&op, result, &mut thread_ctx.entities)
+                    .map_err(|e| format!("{label}: {e}"))
+            }));
+            ok()
+        }
+        "waitForThread" => {
+            let id = args.string("thread")?;
+            let thread = ctx.entities.thread(&id)?;
+            let handle = thread
+                .lock()
+                .map_err(|_| "a thread entity's lock is poisoned")?
+                .take();
+            if let Some(handle) = handle {
+                match tokio::time::timeout(Duration::from_secs(10), handle).await {
+                    Ok(Ok(Ok(()))) => {}
+                    Ok(Ok(Err(e))) => return Err(format!("thread {id}: {e}")),
+                    Ok(Err(e)) => return Err(format!("thread {id}: task failed: {e}")),
+                    Err(_) => return Err(format!("thread {id} did not finish in 10 s")),
+                }
+            }
+            ok()
+        }
         "wait" => {
             let ms = args.int("ms")?;
             tokio::time::sleep(Duration::from_millis(ms.max(0) as u64)).await;
@@ -1679,6 +1795,7 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                     client: s.client.clone(),
                 })
             }
+            EntityDef::Thread(_) => Entity::Thread(Arc::default()),
             other => return Err(format!("entity {:?} cannot be created", other.id())),
         };
         ctx.entities.insert(def.id(), entity)?;

@@ -34,16 +34,6 @@ pub const UNSUPPORTED_OPERATIONS: &[(&str, &str)] = &[
         "GridFS bucket entities are not implemented by the runner",
     ),
     (
-        "createCommandCursor",
-        "runner does not implement createCommandCursor",
-    ),
-    (
-        "runCursorCommand",
-        "runner does not implement runCursorCommand",
-    ),
-    ("runOnThread", "runner does not implement thread entities"),
-    ("waitForThread", "runner does not implement thread entities"),
-    (
         "assertSessionTransactionState",
         "the Rust driver does not expose a session's transaction state",
     ),
@@ -71,7 +61,6 @@ pub const UNSUPPORTED_ENTITIES: &[(&str, &str)] = &[
         "bucket",
         "GridFS bucket entities are not implemented by the runner",
     ),
-    ("thread", "runner does not implement thread entities"),
     (
         "clientEncryption",
         "client-side encryption is not enabled in this build",
@@ -160,7 +149,8 @@ pub const URI_FEATURES: &[(&str, &str)] = &[
 pub const URI_SRV_NEEDS_DNS: &str = "mongodb+srv URIs need DNS SRV lookups (no network in tests)";
 
 /// Used while no emulator is available and `MONGODB_URI` is unset.
-pub const NO_TARGET: &str = "no server: lab::Emulator has not landed and MONGODB_URI is unset";
+pub const NO_TARGET: &str =
+    "no server: built without the emulator feature and MONGODB_URI is unset";
 
 /// Cases (`<spec>/<file-stem>/<description>`, or a `<spec>/<file-stem>` prefix) that test
 /// something the Rust driver has no API for, found only by running them.
