@@ -223,9 +223,10 @@ async fn run(a: RunArgs) -> Result<bool, String> {
     let run = result?;
     report::write_all(&run, &out)?;
     println!(
-        "\nscenario {} · capacity {:.0} ops/s · server {:?} · {} instance(s) · deadline {} ms",
+        "\nscenario {} · capacity {:.0} ops/s ({}) · server {:?} · {} instance(s) · deadline {} ms",
         cfg.scenario.name,
         run.capacity,
+        run.capacity_note,
         cfg.server_mode,
         cfg.instances,
         cfg.deadline.as_millis()

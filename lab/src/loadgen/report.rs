@@ -245,11 +245,12 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
         .collect();
     let _ = writeln!(
         s,
-        "Scenario **{}** ({}), capacity **{:.0} ops/s**, {} arrivals, {} instances, \
+        "Scenario **{}** ({}), capacity **{:.0} ops/s** ({}), {} arrivals, {} instances, \
          deadline {} ms, server mode **{:?}**, {} run(s) per variant, wall time {:.0} s.\n",
         cfg.scenario.name,
         phases.join(" → "),
         run.capacity,
+        run.capacity_note,
         format!("{:?}", cfg.arrivals).to_lowercase(),
         cfg.instances,
         cfg.deadline.as_millis(),
@@ -512,6 +513,7 @@ pub fn csv(run: &LabRun) -> String {
 struct SummaryJson<'a> {
     config: &'a super::config::LabConfig,
     capacity: f64,
+    capacity_note: &'a str,
     wall_secs: f64,
     model_config: Option<serde_json::Value>,
     runs: Vec<&'a RunSummary>,
@@ -524,6 +526,7 @@ pub fn json(run: &LabRun) -> String {
     let doc = SummaryJson {
         config: &run.config,
         capacity: run.capacity,
+        capacity_note: &run.capacity_note,
         wall_secs: run.wall.as_secs_f64(),
         model_config: run
             .model_config

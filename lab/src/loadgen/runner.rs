@@ -50,19 +50,54 @@ pub struct DriveStats {
 /// enforce deadlines); a request that misses it is booked as a client-deadline error, and its
 /// late completion separately. Returns once every request finished or the drain period ran
 /// out.
+///
+/// The schedule is walked on a thread and single-threaded runtime of its own, so busy workers
+/// of the caller's runtime (driver, event handlers) never delay a request's departure; the
+/// requests themselves run on the caller's runtime.
 pub async fn drive_all(
     clients: &[Arc<dyn LabClient>],
     schedules: &[Vec<Arrival>],
     recorder: Arc<Recorder>,
     opts: RequestOpts,
 ) -> DriveStats {
+    let handle = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (c, s, r) = (clients.to_vec(), schedules.to_vec(), recorder.clone());
+    let h = handle.clone();
+    let spawned = std::thread::Builder::new()
+        .name("lab-scheduler".into())
+        .spawn(move || {
+            let stats = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => Some(rt.block_on(drive_on(c, s, r, opts, h))),
+                Err(_) => None,
+            };
+            let _ = tx.send(stats);
+        });
+    if spawned.is_ok() {
+        if let Ok(Some(stats)) = rx.await {
+            return stats;
+        }
+    }
+    // No scheduler thread: walk the schedule on the caller's runtime.
+    drive_on(clients.to_vec(), schedules.to_vec(), recorder, opts, handle).await
+}
+
+async fn drive_on(
+    clients: Vec<Arc<dyn LabClient>>,
+    schedules: Vec<Vec<Arrival>>,
+    recorder: Arc<Recorder>,
+    opts: RequestOpts,
+    handle: tokio::runtime::Handle,
+) -> DriveStats {
     let next_req = Arc::new(AtomicU64::new(1));
     let mut drivers = JoinSet::new();
-    for (client, arrivals) in clients.iter().zip(schedules) {
-        let client = client.clone();
-        let arrivals = arrivals.clone();
+    for (client, arrivals) in clients.into_iter().zip(schedules) {
         let recorder = recorder.clone();
         let next_req = next_req.clone();
+        let handle = handle.clone();
         drivers.spawn(async move {
             let mut requests = JoinSet::new();
             let start = recorder.start();
@@ -78,13 +113,10 @@ pub async fn drive_all(
                     range_len: opts.range_len,
                     max_time: opts.max_time,
                 };
-                requests.spawn(request(
-                    client.clone(),
-                    op,
-                    when,
-                    recorder.clone(),
-                    opts.deadline,
-                ));
+                requests.spawn_on(
+                    request(client.clone(), op, when, recorder.clone(), opts.deadline),
+                    &handle,
+                );
             })
             .await;
             let drained = tokio::time::timeout(opts.deadline + opts.drain, async {
@@ -158,6 +190,8 @@ pub struct LabRun {
     pub config: LabConfig,
     /// Capacity used (ops/s).
     pub capacity: f64,
+    /// How the capacity was found (given, derived, calibrated).
+    pub capacity_note: String,
     /// The server model configuration applied (model mode).
     pub model_config: Option<Document>,
     /// The connection string of the emulator.
@@ -438,10 +472,11 @@ pub async fn run(cfg: &LabConfig, progress: &ProgressBar) -> Result<LabRun, Stri
     let uri = emulator.uri.clone();
     let result = run_against(cfg, capacity, &uri, progress).await;
     emulator.stop().await;
-    let (model_config, runs) = result?;
+    let (model_config, runs, capacity, capacity_note) = result?;
     Ok(LabRun {
         config: cfg.clone(),
         capacity,
+        capacity_note,
         model_config,
         uri,
         runs,
@@ -449,7 +484,57 @@ pub async fn run(cfg: &LabConfig, progress: &ProgressBar) -> Result<LabRun, Stri
     })
 }
 
-type Runs = (Option<Document>, Vec<VariantRun>);
+type Runs = (Option<Document>, Vec<VariantRun>, f64, String);
+
+/// Measures what the server model completes per second with the run's operation mix: 48
+/// closed-loop workers on one fork client (no retries) for 2 s, counting successes in the last
+/// 1.5 s.
+async fn calibrate(cfg: &LabConfig, uri: &str) -> Result<f64, String> {
+    use rand::{Rng, SeedableRng};
+    let recorder = Arc::new(Recorder::new(Instant::now()));
+    let sink = Arc::new(Sink::new(recorder, Arc::new(AtomicU64::new(0))));
+    let c = client::connect(
+        super::config::Driver::Fork,
+        &with_options(uri, "maxPoolSize=64&maxAdaptiveRetries=0"),
+        "lab-calibrate",
+        DB,
+        COLL,
+        sink,
+    )
+    .await?;
+    c.warm_up().await?;
+    let done = Arc::new(AtomicU64::new(0));
+    let warm = Instant::now() + Duration::from_millis(500);
+    let window = Duration::from_millis(1500);
+    let end = warm + window;
+    let mut workers = JoinSet::new();
+    for w in 0..48u64 {
+        let (c, done, mix) = (c.clone(), done.clone(), cfg.mix.clone());
+        let (docs, seed) = (cfg.docs.max(1), cfg.seed.wrapping_add(7919 * (w + 1)));
+        workers.spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut req = (w + 1) << 40;
+            while Instant::now() < end {
+                req += 1;
+                let op = OpSpec {
+                    req,
+                    kind: mix.pick(rng.random::<f64>()),
+                    key: rng.random_range(0..docs),
+                    range_len: mix.range_len,
+                    max_time: None,
+                };
+                let r = c.run(op).await;
+                let now = Instant::now();
+                if r.outcome.is_ok() && now >= warm && now < end {
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    while workers.join_next().await.is_some() {}
+    c.shutdown().await;
+    Ok(done.load(Ordering::Relaxed) as f64 / window.as_secs_f64())
+}
 
 /// The emulator on a runtime (and threads) of its own, so that its synchronous work never
 /// delays the generator's timers on the lab's runtime.
@@ -525,8 +610,28 @@ async fn run_against(
 ) -> Result<Runs, String> {
     let control = Arc::new(Control::connect(uri).await?);
     control.seed(cfg.docs).await?;
+    let mut capacity = capacity;
+    let mut capacity_note = if cfg.capacity > 0.0 {
+        "given".to_string()
+    } else if cfg.server_mode == ServerMode::Model {
+        "derived from the model's cores and costs".to_string()
+    } else {
+        "default for this server mode".to_string()
+    };
     let model = match cfg.server_mode {
         ServerMode::Model => {
+            control.set_model(&model_document(cfg, capacity)?).await?;
+            if cfg.capacity <= 0.0 {
+                progress.set_message("calibrating the server model's capacity");
+                let measured = calibrate(cfg, uri).await?;
+                if measured > 0.0 && measured < capacity {
+                    capacity_note = format!(
+                        "calibrated: the model completed {measured:.0} ops/s of this mix \
+                         (nominal {capacity:.0} from cores and costs)"
+                    );
+                    capacity = measured;
+                }
+            }
             let d = model_document(cfg, capacity)?;
             control.set_model(&d).await?;
             Some(d)
@@ -601,7 +706,7 @@ async fn run_against(
             .await;
     }
     control.client.clone().shutdown().immediate(true).await;
-    Ok((model, runs))
+    Ok((model, runs, capacity, capacity_note))
 }
 
 #[allow(clippy::too_many_arguments)]
