@@ -120,3 +120,42 @@ async fn parameters_round_trip() {
     assert!(status.get_document("connections").is_ok());
     emu.shutdown().await;
 }
+
+#[tokio::test]
+async fn awaitable_hello_waits_and_streams_in_exhaust_mode() {
+    use tokio::io::AsyncWriteExt;
+    let emu = common::start(common::rs(1)).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    let first = raw
+        .command(&doc! { "hello": 1, "$db": "admin" })
+        .await
+        .unwrap();
+    let tv = first.get_document("topologyVersion").unwrap().clone();
+
+    // Without exhaustAllowed: one reply after maxAwaitTimeMS.
+    let t = std::time::Instant::now();
+    let r = raw
+        .command(&doc! { "hello": 1, "topologyVersion": tv.clone(), "maxAwaitTimeMS": 100i64, "$db": "admin" })
+        .await
+        .unwrap();
+    assert!(t.elapsed() >= std::time::Duration::from_millis(100));
+    assert_eq!(r.get_document("topologyVersion").unwrap(), &tv);
+
+    // With exhaustAllowed: replies keep coming with moreToCome, each answering the previous one.
+    let body = doc! { "hello": 1, "topologyVersion": tv, "maxAwaitTimeMS": 50i64, "$db": "admin" };
+    let bytes = lab::wire::encode_op_msg(77, 0, lab::wire::FLAG_EXHAUST_ALLOWED, &body).unwrap();
+    raw.stream.write_all(&bytes).await.unwrap();
+    let mut expected_response_to = 77;
+    for _ in 0..3 {
+        let msg = lab::wire::read_message(&mut raw.stream)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(msg.more_to_come());
+        assert_eq!(msg.header.response_to, expected_response_to);
+        assert_eq!(msg.body.get_f64("ok"), Ok(1.0));
+        expected_response_to = msg.header.request_id;
+    }
+    drop(raw);
+    emu.shutdown().await;
+}

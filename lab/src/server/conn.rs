@@ -8,7 +8,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::commands::{self, ConnCtx, Outcome};
-use super::{Member, Shared};
+use bson::Bson;
+
+use super::{hello, Member, Shared};
 use crate::wire::{self, WireError};
 
 /// Serves one client connection until it closes, sends a bad frame, or the emulator stops.
@@ -55,34 +57,73 @@ pub(crate) async fn serve(
                 break format!("bad frame: {e}");
             }
         };
-        let arrival = tokio::time::Instant::now();
         let request_id = msg.header.request_id;
         let more_to_come = msg.more_to_come();
-        // Completes if the client goes away while its request is being handled. The request is
-        // fully read, so the reader is idle; `fill_buf` is cancel-safe and keeps any pipelined
-        // bytes for the next read.
-        let disconnected = async {
-            match rd.fill_buf().await {
-                Ok([]) | Err(_) => {}
-                Ok(_) => std::future::pending::<()>().await,
-            }
-        };
-        match commands::handle(&shared, &member, &mut ctx, msg, arrival, disconnected).await {
-            Outcome::Close => break "closed by failCommand closeConnection".into(),
-            Outcome::Reply(_) if more_to_come => continue,
-            Outcome::Reply(reply) => {
-                let bytes = match wire::encode_op_msg(next_reply_id, request_id, 0, &reply) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tracing::error!(conn = connection_id, error = %e, "could not encode reply");
-                        break format!("reply encoding failed: {e}");
+        // An awaitable hello with `exhaustAllowed` is answered with `moreToCome` replies, one
+        // per `maxAwaitTimeMS`, until the client closes the connection or a reply is an error.
+        let exhaust =
+            shared.config.exhaust_hello && msg.exhaust_allowed() && hello::is_awaitable(&msg.body);
+        let mut response_to = request_id;
+        let mut pending = Some(msg);
+        let mut stop: Option<String> = None;
+        while let Some(msg) = pending.take() {
+            let mut repeat = if exhaust { Some(msg.clone()) } else { None };
+            let arrival = tokio::time::Instant::now();
+            // Completes if the client goes away while its request is being handled. The request
+            // is fully read, so the reader is idle; `fill_buf` is cancel-safe and keeps any
+            // pipelined bytes for the next read.
+            let disconnected = async {
+                match rd.fill_buf().await {
+                    Ok([]) | Err(_) => {}
+                    Ok(_) => std::future::pending::<()>().await,
+                }
+            };
+            match commands::handle(&shared, &member, &mut ctx, msg, arrival, disconnected).await {
+                Outcome::Close => {
+                    stop = Some(
+                        "closed while handling a request (closeConnection or client gone)".into(),
+                    );
+                }
+                Outcome::Reply(_) if more_to_come => {}
+                Outcome::Reply(reply) => {
+                    // The next exhaust reply waits on the topologyVersion just sent; without a
+                    // wait (e.g. maxAwaitTimeMS 0) streaming would spin, so it stops instead.
+                    if let (Some(next), Ok(tv)) =
+                        (repeat.as_mut(), reply.get_document("topologyVersion"))
+                    {
+                        next.body.insert("topologyVersion", tv.clone());
                     }
-                };
-                next_reply_id = next_reply_id.wrapping_add(1);
-                if let Err(e) = wr.write_all(&bytes).await {
-                    break format!("write failed: {e}");
+                    let stream = exhaust
+                        && matches!(reply.get("ok"), Some(Bson::Double(ok)) if *ok == 1.0)
+                        && repeat.as_ref().is_some_and(|m| {
+                            hello::await_time(&shared, &member, &m.body).is_some()
+                        });
+                    let flags = if stream { wire::FLAG_MORE_TO_COME } else { 0 };
+                    let bytes = match wire::encode_op_msg(next_reply_id, response_to, flags, &reply)
+                    {
+                        Ok(b) => b,
+                        Err(e) => {
+                            tracing::error!(conn = connection_id, error = %e, "could not encode reply");
+                            stop = Some(format!("reply encoding failed: {e}"));
+                            break;
+                        }
+                    };
+                    if stream {
+                        response_to = next_reply_id;
+                        pending = repeat;
+                    }
+                    next_reply_id = next_reply_id.wrapping_add(1);
+                    if let Err(e) = wr.write_all(&bytes).await {
+                        stop = Some(format!("write failed: {e}"));
+                    }
                 }
             }
+            if stop.is_some() {
+                break;
+            }
+        }
+        if let Some(reason) = stop {
+            break reason;
         }
     };
     tracing::debug!(member = member.index, conn = connection_id, %peer, %reason, "connection closed");

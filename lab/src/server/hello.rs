@@ -12,6 +12,13 @@ pub(crate) fn is_hello(name: &str) -> bool {
     matches!(name, "hello" | "isMaster" | "ismaster")
 }
 
+/// Whether `cmd` is an awaitable hello (`topologyVersion` and `maxAwaitTimeMS` given).
+pub(crate) fn is_awaitable(cmd: &Document) -> bool {
+    cmd.keys().next().is_some_and(|n| is_hello(n))
+        && cmd.contains_key("topologyVersion")
+        && cmd.contains_key("maxAwaitTimeMS")
+}
+
 /// The `topologyVersion` this member reports (constant: the emulated topology never changes).
 pub(crate) fn topology_version(member: &Member) -> Document {
     doc! { "processId": member.process_id, "counter": 0i64 }
