@@ -302,3 +302,35 @@ async fn client_bulk_write() {
     assert!(client.bulk_write(dup).await.is_err());
     emu.shutdown().await;
 }
+
+#[tokio::test]
+async fn coll_stats_reports_capped_options() {
+    let emu = common::start(Topology::Standalone).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    let r = raw
+        .command(&doc! { "create": "capped", "capped": true, "size": 4096, "$db": "db" })
+        .await
+        .unwrap();
+    assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
+    let r = raw
+        .command(&doc! {
+            "aggregate": "capped",
+            "pipeline": [
+                { "$collStats": { "storageStats": {} } },
+                { "$project": { "capped": "$storageStats.capped", "maxSize": "$storageStats.maxSize" } },
+            ],
+            "cursor": {},
+            "$db": "db",
+        })
+        .await
+        .unwrap();
+    let batch = r
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap();
+    let stats = batch[0].as_document().unwrap();
+    assert_eq!(stats.get_bool("capped"), Ok(true), "{stats}");
+    assert_eq!(stats.get_i32("maxSize"), Ok(4096), "{stats}");
+    emu.shutdown().await;
+}

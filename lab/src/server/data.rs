@@ -671,6 +671,14 @@ fn aggregate(
     let docs = if first_stage == "$listLocalSessions" {
         let input = ctx.local_sessions.take().unwrap_or_default();
         store.run_pipeline(db, input, &pipeline[1..])?
+    } else if first_stage == "$collStats" {
+        let Some(c) = coll else {
+            return Err(CommandError::failed_to_parse(
+                "$collStats must be run against a collection",
+            ));
+        };
+        let input = vec![coll_stats(store, db, c, &pipeline[0])?];
+        store.run_pipeline(db, input, &pipeline[1..])?
     } else if let Some(c) = coll {
         store.aggregate(db, c, &pipeline)?
     } else {
@@ -678,6 +686,73 @@ fn aggregate(
     };
     let docs = if writes { Vec::new() } else { docs };
     ctx.open_cursor(ns, docs, CursorKind::Normal, limit, false)
+}
+
+/// The document of a `$collStats` stage (storage figures are estimates from BSON sizes).
+fn coll_stats(
+    store: &Store,
+    db: &str,
+    coll: &str,
+    stage: &Document,
+) -> Result<Document, CommandError> {
+    let spec = match stage.get("$collStats") {
+        Some(Bson::Document(d)) => d.clone(),
+        _ => return Err(CommandError::failed_to_parse("$collStats takes a document")),
+    };
+    let mut out = doc! {
+        "ns": format!("{db}.{coll}"),
+        "host": "emulator",
+        "localTime": bson::DateTime::now(),
+    };
+    let docs = store.documents(db, coll);
+    let count = docs.len() as i64;
+    if spec.contains_key("storageStats") {
+        if !store.has_collection(db, coll) {
+            return Err(CommandError::new(
+                codes::NAMESPACE_NOT_FOUND,
+                format!("Unable to retrieve storageStats in $collStats stage :: caused by :: Collection [{db}.{coll}] not found."),
+            ));
+        }
+        let filter = doc! { "name": coll };
+        let options = store
+            .list_collections(db, Some(&filter), false)?
+            .into_iter()
+            .next()
+            .and_then(|c| c.get_document("options").ok().cloned())
+            .unwrap_or_default();
+        let size: i64 = docs
+            .iter()
+            .map(|d| bson::to_vec(d).map(|v| v.len() as i64).unwrap_or(0))
+            .sum();
+        let nindexes = store
+            .list_indexes(db, coll)
+            .map(|v| v.len() as i32)
+            .unwrap_or(1);
+        let capped = bool_arg(&options, "capped", false);
+        let mut stats = doc! {
+            "size": size,
+            "count": count,
+            "avgObjSize": if count > 0 { size / count } else { 0 },
+            "storageSize": size,
+            "capped": capped,
+            "nindexes": nindexes,
+            "totalIndexSize": 0i64,
+            "totalSize": size,
+        };
+        if capped {
+            if let Some(max_size) = options.get("size") {
+                stats.insert("maxSize", max_size.clone());
+            }
+            if let Some(max) = options.get("max") {
+                stats.insert("max", max.clone());
+            }
+        }
+        out.insert("storageStats", stats);
+    }
+    if spec.contains_key("count") {
+        out.insert("count", count);
+    }
+    Ok(out)
 }
 
 /// The next batch of a change stream at `state`: events in scope, through the stream's other
