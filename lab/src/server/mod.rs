@@ -4,6 +4,33 @@
 //! Every member of the emulated deployment listens on its own loopback port; all members share
 //! one document [`Store`](crate::engine::Store), one session table and one cursor table, so
 //! "replication" is instantaneous. Fail points are per member, like mongod's.
+//!
+//! # Request path
+//!
+//! `conn` reads one OP_MSG at a time per connection (`wire`), then `commands::handle`:
+//! client metadata on the first hello → overload model admission (ingress limiter; off by
+//! default) → `failCommand` (never for `configureFailPoint`; labels, block, close, error,
+//! write concern error) → generic arguments → awaitable hello / change-stream waits → overload
+//! model execution (tickets, virtual cores) → the command under the state lock → the reply
+//! envelope (labels, `baseBackoffMS`, `writeConcernError`, `$clusterTime`, `operationTime`).
+//!
+//! # Behaviour worth knowing
+//!
+//! * Replica set: member 0 is primary; secondaries refuse writes (10107) and reads without a
+//!   non-primary `$readPreference` (13435); "not primary" errors carry the member's
+//!   `topologyVersion` as mongod's do. Sharded: every router is a mongos (`msg: "isdbgrid"`)
+//!   with `recoveryToken`s in transactions.
+//! * Awaitable hello waits up to `maxAwaitTimeMS` (capped by `max_await_time`), in exhaust
+//!   mode when `exhaustAllowed` is set. The topology never changes, so after an error that makes
+//!   a driver mark a member unknown without a `topologyVersion` (shutdown codes) pending
+//!   awaitable hellos are answered 50 ms later instead of after the whole wait.
+//! * Retryable writes: `(lsid, txnNumber)` → stored reply (a repeat returns it without
+//!   executing; a lower number is 225). Transactions run on a private copy of the store and
+//!   commit by swapping it in (nothing else wrote) or replaying their writes; documents changed
+//!   by two open transactions give 112 WriteConflict; real statement errors abort.
+//! * Change streams read a bounded change log that records writes once any stream was opened.
+//! * Not modelled: authentication, OP_COMPRESSED (the connection is closed), load-balanced
+//!   mode, `maxTimeMS` outside `blockConnection` and the overload model, read concern levels.
 
 mod changes;
 mod commands;
