@@ -13,6 +13,9 @@ use bson::Bson;
 use super::{hello, Member, Shared};
 use crate::wire::{self, WireError};
 
+/// Longest time a reply may take to be written before the connection is closed.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Serves one client connection until it closes, sends a bad frame, or the emulator stops.
 pub(crate) async fn serve(
     shared: Arc<Shared>,
@@ -113,8 +116,11 @@ pub(crate) async fn serve(
                         pending = repeat;
                     }
                     next_reply_id = next_reply_id.wrapping_add(1);
-                    if let Err(e) = wr.write_all(&bytes).await {
-                        stop = Some(format!("write failed: {e}"));
+                    // A client that stops reading must not hold the task forever.
+                    match tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(&bytes)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => stop = Some(format!("write failed: {e}")),
+                        Err(_) => stop = Some("write timed out (client not reading)".into()),
                     }
                 }
             }
