@@ -168,24 +168,14 @@ pub const KNOWN_FAILURES: &[(&str, &str)] = &[
          as no limit)",
     ),
     (
-        "transactions/commit/write concern error on commit",
-        "emulator does not reject unsatisfiable write concerns (w: 10)",
-    ),
-    (
-        "transactions/errors/write conflict commit",
-        "emulator does not detect write conflicts between transactions",
-    ),
-    (
-        "transactions/errors/write conflict abort",
-        "emulator does not detect write conflicts between transactions",
-    ),
-    (
         "unified-test-format/collectionData-createOptions",
         "emulator lacks the $collStats aggregation stage",
     ),
     (
-        "unified-test-format/poc-change-streams",
-        "emulator change streams deliver no change events (the cases hang until timeout)",
+        "unified-test-format/poc-sessions/Server supports implicit sessions",
+        "flaky (about 1 run in 6): the driver checks an implicit session back into its pool from \
+         a spawned task, so the next operation can start before it is reusable and gets a new \
+         lsid",
     ),
 ];
 
@@ -263,10 +253,12 @@ mod tests {
 
     #[test]
     fn case_tables_match_whole_names_and_file_prefixes() {
-        assert!(known_failure("transactions/errors/write conflict abort").is_some());
-        assert!(known_failure("transactions/errors/write conflict").is_none());
-        assert!(known_failure("unified-test-format/poc-change-streams/any case").is_some());
-        assert!(known_failure("unified-test-format/poc-change-streams-other/x").is_none());
+        let whole = "uri-options/connection-pool-options/maxPoolSize=0 does not error";
+        assert!(known_failure(whole).is_some());
+        assert!(known_failure("uri-options/connection-pool-options/maxPoolSize=0").is_none());
+        let file = "unified-test-format/collectionData-createOptions";
+        assert!(known_failure(&format!("{file}/any case")).is_some());
+        assert!(known_failure(&format!("{file}-other/any case")).is_none());
         assert!(skipped_case("retryable-writes/unacknowledged-write-concern/x").is_some());
     }
 }
