@@ -71,19 +71,21 @@ fn row(r: &RunSummary, label: &str) -> Vec<String> {
         opt(r.latency.p99, 1),
         opt(r.attempts_per_request, 2),
         errors_brief(r),
+        r.late_ok.to_string(),
         pct(r.wasted_share),
         recovery(r),
         flags(r),
     ]
 }
 
-const HEAD: [&str; 9] = [
+const HEAD: [&str; 10] = [
     "variant",
     "goodput/s",
     "burst goodput/s",
     "p99 ms",
     "attempts/req",
     "errors",
+    "late ok",
     "wasted work",
     "recovery",
     "flags",
@@ -126,6 +128,7 @@ fn agg_row(a: &VariantAggregate) -> Vec<String> {
         spread(&a.p99_ms, 1),
         spread(&a.attempts_per_request, 2),
         spread(&a.errors, 0),
+        spread(&a.late_ok, 0),
         wasted,
         rec,
         fl.join(", "),
@@ -265,7 +268,8 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
         "Goodput: successes within the deadline per second, by scheduled second (mean over \
          the schedule; burst = during the burst/overload phase). Errors: overload (462/433), \
          deadline (the application stopped waiting), other (50 expired, pool/selection, \
-         network, other). Recovery: seconds after the burst until goodput stays ≥ 95 % of \
+         network, other). Late ok: requests the application had given up on that succeeded \
+         later (server work nobody used). Recovery: seconds after the burst until goodput stays ≥ 95 % of \
          offered. Wasted work: server core time spent on expired, killed, orphaned or failed \
          requests ÷ all core time (server model only).\n"
     );

@@ -310,6 +310,26 @@ impl Control {
         st.get_document("labOverload").ok().map(flatten_numbers)
     }
 
+    /// Waits (at most `limit`) until the server model has no request in flight, so that one
+    /// variant's leftovers do not load the next. True when idle (or without a model).
+    async fn wait_idle(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            let busy = self
+                .overload_status()
+                .await
+                .and_then(|m| m.get("gauges.inFlight").copied())
+                .unwrap_or(0.0);
+            if busy <= 0.0 {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn set_model(&self, model: &Document) -> Result<(), String> {
         self.admin(doc! { "setParameter": 1, "labOverload": { "enabled": false } })
             .await
@@ -653,6 +673,11 @@ async fn run_against(
         });
         for variant in &cfg.variants {
             if let Some(m) = &model {
+                progress.set_message(format!(
+                    "{}: waiting for the server to go idle",
+                    variant.name
+                ));
+                control.wait_idle(Duration::from_secs(10)).await;
                 control.set_model(m).await?;
             }
             let server_before = control.overload_status().await;

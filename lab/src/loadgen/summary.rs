@@ -286,6 +286,8 @@ pub struct VariantAggregate {
     pub attempts_per_request: Option<Spread>,
     /// Request errors.
     pub errors: Option<Spread>,
+    /// Late successes.
+    pub late_ok: Option<Spread>,
     /// Wasted server work share.
     pub wasted_share: Option<Spread>,
     /// Recovery time (s); runs that never recovered are left out (see `not_recovered`).
@@ -317,6 +319,7 @@ pub fn aggregate(runs: &[&RunSummary]) -> Vec<VariantAggregate> {
                 p99_ms: Spread::of(g.iter().map(|r| r.latency.p99)),
                 attempts_per_request: Spread::of(g.iter().map(|r| r.attempts_per_request)),
                 errors: Spread::of(g.iter().map(|r| Some(r.total_errors() as f64))),
+                late_ok: Spread::of(g.iter().map(|r| Some(r.late_ok as f64))),
                 wasted_share: Spread::of(g.iter().map(|r| r.wasted_share)),
                 recovery_secs: Spread::of(g.iter().map(|r| r.recovery_secs.map(|s| s as f64))),
                 not_recovered: g
