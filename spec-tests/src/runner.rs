@@ -304,10 +304,19 @@ pub async fn run_test(file: &TestFile, index: usize, target: &Running) -> Result
             .run_command(doc! {"configureFailPoint": name, "mode": "off"})
             .await;
     }
+    // Shut clients down while the runtime is alive (ends their sessions, closes their pools),
+    // rather than leaving it to drop handlers racing the runtime's end.
+    let clients = ctx.entities.clients();
     ctx.entities.clear();
-    result?;
-    if let Some(outcome) = &test.outcome {
-        check_outcome(&internal, outcome).await?;
+    for entity in clients {
+        let shutdown = entity.client.shutdown().immediate(true);
+        let _ = tokio::time::timeout(Duration::from_secs(5), shutdown).await;
     }
-    Ok(())
+    result?;
+    let outcome = match &test.outcome {
+        Some(outcome) => check_outcome(&internal, outcome).await,
+        None => Ok(()),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), internal.shutdown().immediate(true)).await;
+    outcome
 }
