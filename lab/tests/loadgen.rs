@@ -264,3 +264,35 @@ async fn tiny_end_to_end_run_writes_the_report() {
     assert!(report::text_table(&run).contains("fork-default"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_model_run_reads_the_server_snapshot() {
+    let cfg = LabConfig {
+        scenario: one_phase(1.5, 2.0),
+        variants: vec![Variant::parse("upstream-no-retries").unwrap()],
+        capacity: 100.0,
+        instances: 2,
+        server_mode: ServerMode::Model,
+        docs: 50,
+        drain: Duration::from_millis(500),
+        ..LabConfig::default()
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    let run = runner::run(&cfg, &bar).await.expect("lab run");
+    assert_eq!(run.capacity_note, "given");
+    let model = run.model_config.as_ref().expect("model settings");
+    assert_eq!(
+        model.get_document("limiter").unwrap().get_f64("ratePerSec"),
+        Ok(100.0)
+    );
+    let s = &run.runs[0].summary;
+    let server = s.server.as_ref().expect("labOverload counters");
+    assert!(
+        server.get("admitted").copied().unwrap_or(0.0) > 0.0,
+        "{server:?}"
+    );
+    assert!(s.wasted_share.is_some(), "{s:?}");
+    // Without retries every request is one attempt; 150 % of a 100/s limiter sheds some.
+    assert_eq!(s.attempts_per_request, Some(1.0));
+    assert!(s.errors["overload"] > 0, "{s:?}");
+}

@@ -108,7 +108,8 @@ pub fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, HIST_MAX_US, 2).expect("valid histogram bounds")
 }
 
-fn rec(h: &mut Histogram<u64>, d: Duration) {
+/// Records a duration (µs) into a histogram made by [`new_hist`].
+pub fn rec(h: &mut Histogram<u64>, d: Duration) {
     h.saturating_record((d.as_micros() as u64).clamp(1, HIST_MAX_US));
 }
 
@@ -265,6 +266,21 @@ impl Recorder {
             s.offered += 1;
             rec(&mut s.lag, lag);
         });
+    }
+
+    /// Books what a scheduler counted on its own: `offered[sec]` = (requests, lag histogram).
+    pub fn merge_offered(&self, offered: Vec<(u64, Histogram<u64>)>) {
+        let mut inner = lock(&self.inner);
+        for (sec, (n, lag)) in offered.into_iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            Self::book(&mut inner.seconds, sec, |s| {
+                s.offered += n;
+                // Same bounds everywhere, so adding cannot fail.
+                let _ = s.lag.add(&lag);
+            });
+        }
     }
 
     /// A command (attempt) started now.

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::client::{self, LabClient, OpSpec, Sink};
 use super::config::{with_options, LabConfig, OpKind, Persona, ServerMode, Variant, MODEL_CORES};
-use super::metrics::{AttemptReport, ErrorClass, Recorder, Second};
+use super::metrics::{new_hist, rec, AttemptReport, ErrorClass, Recorder, Second};
 use super::schedule::{self, Arrival, ScheduleSpec};
 use super::summary::{summarize, RunSummary};
 use super::sys::CpuMeter;
@@ -102,9 +102,17 @@ async fn drive_on(
             let mut requests = JoinSet::new();
             let start = recorder.start();
             let mut sent = 0u64;
+            // Offered load and lag are counted here and merged at the end, so the schedule
+            // never waits for the recorder's lock.
+            let mut local: Vec<(u64, hdrhistogram::Histogram<u64>)> = Vec::new();
             schedule::drive(start, &arrivals, |a, when, lag| {
                 while requests.try_join_next().is_some() {}
-                recorder.offered(when, lag);
+                let sec = (a.at.as_secs() as usize).min(24 * 3600);
+                if local.len() <= sec {
+                    local.resize_with(sec + 1, || (0, new_hist()));
+                }
+                local[sec].0 += 1;
+                rec(&mut local[sec].1, lag);
                 sent += 1;
                 let op = OpSpec {
                     req: next_req.fetch_add(1, Ordering::Relaxed),
@@ -119,6 +127,7 @@ async fn drive_on(
                 );
             })
             .await;
+            recorder.merge_offered(local);
             let drained = tokio::time::timeout(opts.deadline + opts.drain, async {
                 while requests.join_next().await.is_some() {}
             })
