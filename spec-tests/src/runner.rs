@@ -98,15 +98,16 @@ pub fn plan_file(
         } else {
             match &target_info {
                 None => Some(match mode {
-                    Mode::Emulator => format!(
-                        "no emulator topology satisfies the runOnRequirements ({})",
-                        requirements::check(
-                            file_reqs,
-                            &Mode::emulator_info(TopologyKind::ReplicaSet)
-                        )
-                        .err()
-                        .unwrap_or_default()
-                    ),
+                    Mode::Emulator => {
+                        let rs = Mode::emulator_info(TopologyKind::ReplicaSet);
+                        let why = requirements::check(file_reqs, &rs)
+                            .and_then(|()| {
+                                requirements::check(test.run_on_requirements.as_deref(), &rs)
+                            })
+                            .err()
+                            .unwrap_or_else(|| "no test of the file can run".to_string());
+                        format!("no emulator topology satisfies the requirements: {why}")
+                    }
                     Mode::External { .. } => "runOnRequirements not met".to_string(),
                 }),
                 Some(info) => requirements::check(file_reqs, info)
@@ -319,4 +320,75 @@ pub async fn run_test(file: &TestFile, index: usize, target: &Running) -> Result
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), internal.shutdown().immediate(true)).await;
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(json: &str) -> Result<Vec<CasePlan>, String> {
+        let dir = std::env::temp_dir().join(format!("spec-runner-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let path = dir.join(format!("f{}.json", json.len()));
+        std::fs::write(&path, json).map_err(|e| e.to_string())?;
+        let source = SpecFile {
+            spec: "demo".into(),
+            stem: "f".into(),
+            path: path.clone(),
+        };
+        let result = plan_file(&source, &Mode::Emulator).map(|(_, cases)| cases);
+        let _ = std::fs::remove_file(&path);
+        result
+    }
+
+    const HEAD: &str = r#"{"description": "d", "schemaVersion": "1.3",
+        "createEntities": [{"client": {"id": "c"}}, {"database": {"id": "db", "client": "c",
+        "databaseName": "x"}}, {"collection": {"id": "coll", "database": "db",
+        "collectionName": "y"}}], "tests": ["#;
+
+    #[test]
+    fn unsupported_operations_skip_with_their_reason() {
+        let cases = plan(&format!(
+            r#"{HEAD} {{"description": "a", "operations": [{{"name": "count", "object": "coll",
+                "arguments": {{"filter": {{}}}}}}]}},
+               {{"description": "a", "operations": []}}]}}"#
+        ))
+        .unwrap();
+        assert_eq!(cases[0].name, "demo/f/a");
+        assert!(cases[0]
+            .skip
+            .as_deref()
+            .unwrap()
+            .contains("no deprecated count"));
+        // Duplicate descriptions get a suffix so every trial name is unique.
+        assert_eq!(cases[1].name, "demo/f/a [2]");
+    }
+
+    #[test]
+    fn an_unknown_argument_is_a_load_error_with_its_path() {
+        let err = plan(&format!(
+            r#"{HEAD} {{"description": "a", "operations": [{{"name": "find", "object": "coll",
+                "arguments": {{"filtre": {{}}}}}}]}}]}}"#
+        ))
+        .err()
+        .unwrap();
+        assert!(
+            err.contains("tests[0].operations[0].arguments.filtre"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn requirements_no_emulator_topology_can_meet_are_skips() {
+        let cases = plan(&format!(
+            r#"{HEAD} {{"description": "a", "runOnRequirements": [{{"topologies": ["load-balanced"]}}],
+                "operations": []}}]}}"#
+        ))
+        .unwrap();
+        assert!(
+            cases[0].skip.as_deref().unwrap().contains("load-balanced"),
+            "{:?}",
+            cases[0].skip
+        );
+    }
 }
