@@ -1,7 +1,7 @@
 //! `runOnRequirements`: whether a file or a test can run on a target, and which emulator
 //! topology to start so that it can.
 
-use bson::{Bson, Document};
+use bson::Document;
 
 use crate::matching::numbers_equal;
 use crate::schema::{CsfleRequirement, RunOnRequirement, ServerlessRequirement, TopologyKind};
@@ -147,11 +147,6 @@ pub fn choose_topology(
         }
     }
     best.map(|(t, _)| t)
-}
-
-/// Reads a server parameter value for display.
-pub fn describe_parameter(value: &Bson) -> String {
-    value.to_string()
 }
 
 #[cfg(test)]
