@@ -8,6 +8,7 @@ pub mod engine;
 pub mod loadgen;
 pub mod model;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 pub use server::{Emulator, EmulatorConfig, Topology};

@@ -244,6 +244,60 @@ macro_rules! scenarios {
                 (started.named("bulkWrite").len(), n)
             }
 
+            /// B6: the monitor connects while the TLS front serves a trusted certificate, then
+            /// the first pool connection gets one that does not validate. Returns whether the
+            /// operation's error carried the overload labels and how many times the pool was
+            /// cleared.
+            pub async fn untrusted_certificate_on_pool_connection(
+                front: &lab::tls::TlsFront,
+                ca_file: &str,
+            ) -> (bool, usize) {
+                use std::sync::atomic::{AtomicUsize, Ordering};
+                use ::$driver::event::{cmap::CmapEvent, sdam::SdamEvent};
+                use ::$driver::ServerType;
+
+                let uri = format!(
+                    "mongodb://{}/?tls=true&tlsCAFile={ca_file}&serverMonitoringMode=poll\
+                     &heartbeatFrequencyMS=60000&retryReads=true&serverSelectionTimeoutMS=3000",
+                    front.address()
+                );
+                let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+                let monitored = Arc::new(tokio::sync::Notify::new());
+                let monitor_seen = monitored.clone();
+                options.sdam_event_handler =
+                    Some(EventHandler::callback(move |event: SdamEvent| {
+                        if let SdamEvent::ServerDescriptionChanged(e) = event {
+                            if e.new_description.server_type() != ServerType::Unknown {
+                                monitor_seen.notify_one();
+                            }
+                        }
+                    }));
+                let cleared = Arc::new(AtomicUsize::new(0));
+                let cleared_count = cleared.clone();
+                options.cmap_event_handler =
+                    Some(EventHandler::callback(move |event: CmapEvent| {
+                        if let CmapEvent::PoolCleared(_) = event {
+                            cleared_count.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }));
+                let client = Client::with_options(options).expect("client");
+                tokio::time::timeout(std::time::Duration::from_secs(10), monitored.notified())
+                    .await
+                    .expect("the monitor connects over TLS");
+                front.serve_untrusted(true);
+                let result = client
+                    .database("b6")
+                    .collection::<Document>("c")
+                    .find_one(doc! {})
+                    .await;
+                front.serve_untrusted(false);
+                let error = result.expect_err("the pool connection's certificate does not validate");
+                (
+                    error.contains_label("SystemOverloadedError"),
+                    cleared.load(Ordering::SeqCst),
+                )
+            }
+
             /// B5: a client whose options came from serde with `adaptiveRetries: true`, after
             /// enough overload retries to spend a 1000-token bucket.
             pub async fn serde_enabled_token_bucket(uri: &str) -> Outcome {
@@ -644,4 +698,38 @@ async fn b2_acknowledged_bulk_write_is_never_sent_again() {
     );
     let (sent, n) = fork::bulk_write_with_failing_get_more(&uri).await;
     assert_eq!((sent, n), (1, 2), "the fork sends the bulkWrite once");
+}
+
+#[tokio::test]
+async fn b6_tls_validation_failures_are_not_overload_errors() {
+    let server = Server::standalone();
+    let backend: std::net::SocketAddr = server
+        .uri
+        .trim_start_matches("mongodb://")
+        .split('/')
+        .next()
+        .and_then(|host| host.parse().ok())
+        .expect("a standalone uri names one address");
+    let front = lab::tls::TlsFront::start(backend).await.expect("TLS front");
+    let ca_file = std::env::temp_dir().join(format!(
+        "mongodb-overload-b6-{}-{}.pem",
+        std::process::id(),
+        front.address().port()
+    ));
+    std::fs::write(&ca_file, front.ca_pem()).expect("CA file");
+    let ca_file = ca_file.to_string_lossy().into_owned();
+
+    let (labelled, cleared) =
+        upstream::untrusted_certificate_on_pool_connection(&front, &ca_file).await;
+    assert!(
+        labelled && cleared == 0,
+        "upstream 3.9.1 labels a certificate failure as overload and keeps the pool (defect B6): labels {labelled}, pool cleared {cleared} times"
+    );
+    let (labelled, cleared) =
+        fork::untrusted_certificate_on_pool_connection(&front, &ca_file).await;
+    assert!(
+        !labelled && cleared >= 1,
+        "the fork treats it as a network error: labels {labelled}, pool cleared {cleared} times"
+    );
+    let _ = std::fs::remove_file(&ca_file);
 }
