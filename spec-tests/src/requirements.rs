@@ -117,20 +117,24 @@ pub fn check(reqs: Option<&[RunOnRequirement]>, target: &TargetInfo) -> Result<(
     ))
 }
 
-/// The emulator topology to start for a file and its tests: the first of replicaset (transactions
-/// need it), sharded, single that satisfies the file's requirements and those of at least one
-/// test, preferring the one that satisfies the most tests.
+/// The default preference: replica set (transactions need it), then sharded, then single.
+pub const TOPOLOGY_PREFERENCE: [TopologyKind; 3] = [
+    TopologyKind::ReplicaSet,
+    TopologyKind::Sharded,
+    TopologyKind::Single,
+];
+
+/// The emulator topology to start for a file and its tests: the first of `preference` that
+/// satisfies the file's requirements and those of at least one test, preferring the one that
+/// satisfies the most tests.
 pub fn choose_topology(
     file_reqs: Option<&[RunOnRequirement]>,
     test_reqs: &[Option<&[RunOnRequirement]>],
     base: &TargetInfo,
+    preference: &[TopologyKind],
 ) -> Option<TopologyKind> {
     let mut best: Option<(TopologyKind, usize)> = None;
-    for topology in [
-        TopologyKind::ReplicaSet,
-        TopologyKind::Sharded,
-        TopologyKind::Single,
-    ] {
+    for &topology in preference {
         let target = TargetInfo {
             topology,
             ..base.clone()
@@ -212,19 +216,32 @@ mod tests {
         let base = target(TopologyKind::Single);
         let any = [req(r#"{"minServerVersion": "4.0"}"#)];
         assert_eq!(
-            choose_topology(Some(&any), &[None], &base),
+            choose_topology(Some(&any), &[None], &base, &TOPOLOGY_PREFERENCE),
             Some(TopologyKind::ReplicaSet)
         );
         let sharded = [req(r#"{"topologies": ["single", "sharded"]}"#)];
         assert_eq!(
-            choose_topology(Some(&sharded), &[None], &base),
+            choose_topology(Some(&sharded), &[None], &base, &TOPOLOGY_PREFERENCE),
             Some(TopologyKind::Sharded)
         );
         let lb = [req(r#"{"topologies": ["load-balanced"]}"#)];
-        assert_eq!(choose_topology(Some(&lb), &[None], &base), None);
+        assert_eq!(
+            choose_topology(Some(&lb), &[None], &base, &TOPOLOGY_PREFERENCE),
+            None
+        );
+        let sharded_first = [TopologyKind::Sharded, TopologyKind::ReplicaSet];
+        assert_eq!(
+            choose_topology(Some(&any), &[None], &base, &sharded_first),
+            Some(TopologyKind::Sharded)
+        );
         let single_tests = [req(r#"{"topologies": ["single"]}"#)];
         assert_eq!(
-            choose_topology(None, &[Some(&single_tests), Some(&single_tests)], &base),
+            choose_topology(
+                None,
+                &[Some(&single_tests), Some(&single_tests)],
+                &base,
+                &TOPOLOGY_PREFERENCE
+            ),
             Some(TopologyKind::Single)
         );
     }

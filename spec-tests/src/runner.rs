@@ -68,7 +68,8 @@ pub fn plan_file(
         Mode::External { info, .. } => (Some(info.topology), info.clone()),
         Mode::Emulator => {
             let base = Mode::emulator_info(TopologyKind::ReplicaSet);
-            let chosen = requirements::choose_topology(file_reqs, &test_reqs, &base);
+            let chosen =
+                requirements::choose_topology(file_reqs, &test_reqs, &base, &preference()?);
             (chosen, base)
         }
     };
@@ -137,6 +138,28 @@ pub fn plan_file(
         }),
         cases,
     ))
+}
+
+/// The emulator topology preference: `SPEC_TOPOLOGY` (single, replicaset or sharded) first when
+/// set, to exercise another persona, then the default order.
+fn preference() -> Result<Vec<TopologyKind>, String> {
+    let mut order = requirements::TOPOLOGY_PREFERENCE.to_vec();
+    if let Ok(wanted) = std::env::var("SPEC_TOPOLOGY") {
+        let first = match wanted.as_str() {
+            "" => return Ok(order),
+            "single" => TopologyKind::Single,
+            "replicaset" => TopologyKind::ReplicaSet,
+            "sharded" => TopologyKind::Sharded,
+            other => {
+                return Err(format!(
+                    "SPEC_TOPOLOGY={other:?}: expected single, replicaset or sharded"
+                ))
+            }
+        };
+        order.retain(|t| *t != first);
+        order.insert(0, first);
+    }
+    Ok(order)
 }
 
 /// How long one case may take before it fails.
