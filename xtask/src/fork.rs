@@ -18,6 +18,11 @@ pub struct Workspace {
     pub source: Box<dyn CrateSource>,
 }
 
+/// The tag `driver` and `export` put on the commit where `driver/` last equalled `patches/`.
+/// Commits up to it came from the series, so replacing them (after a pull brought a newer
+/// series) loses nothing; only commits after it can be a developer's unexported work.
+const IN_SYNC_TAG: &str = "xtask-in-sync";
+
 /// What `driver` did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DriverOutcome {
@@ -54,6 +59,7 @@ impl Workspace {
             if self.base_is(&upstream)?
                 && same_series(&series::render(&self.git, &driver)?, &patches)
             {
+                self.mark_in_sync()?;
                 return Ok(DriverOutcome::UpToDate);
             }
         }
@@ -78,6 +84,7 @@ impl Workspace {
                 );
             }
         }
+        self.mark_in_sync()?;
         Ok(DriverOutcome::Built {
             patches: patches.len(),
         })
@@ -101,6 +108,9 @@ impl Workspace {
                 dirty.trim_end()
             );
         }
+        if self.is_at_in_sync_tag()? {
+            return Ok(());
+        }
         let rendered = series::render(&self.git, &driver).context(
             "cannot list driver/'s commits (is the `upstream` tag missing?); pass --force to rebuild",
         )?;
@@ -121,6 +131,21 @@ impl Workspace {
             );
         }
         Ok(())
+    }
+
+    fn mark_in_sync(&self) -> Result<()> {
+        self.git
+            .run(&self.driver(), ["tag", "--force", IN_SYNC_TAG, "HEAD"])
+            .map(drop)
+    }
+
+    fn is_at_in_sync_tag(&self) -> Result<bool> {
+        let driver = self.driver();
+        let head = self.git.output(&driver, ["rev-parse", "HEAD"])?;
+        let tag = self
+            .git
+            .output(&driver, ["rev-parse", &format!("{IN_SYNC_TAG}^{{commit}}")])?;
+        Ok(head.status.success() && tag.status.success() && head.stdout == tag.stdout)
     }
 
     fn base_is(&self, upstream: &Upstream) -> Result<bool> {
@@ -207,6 +232,7 @@ impl Workspace {
             report.push("changed series".to_owned());
             fs::write(self.project.series_file(), series_text)?;
         }
+        self.mark_in_sync()?;
         Ok(report)
     }
 

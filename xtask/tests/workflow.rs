@@ -343,3 +343,46 @@ fn rebase_reports_each_patch() {
         "applied patches stay in the trial repository"
     );
 }
+
+#[test]
+fn driver_follows_a_series_changed_by_a_pull() {
+    let fx = Fixture::new();
+    let ws = fx.workspace();
+    ws.build_driver(false).unwrap();
+    fx.commit_fork_function();
+    ws.export().unwrap();
+
+    // Another developer's export, arriving with a pull: a different series.
+    let theirs = Fixture::new();
+    let their_ws = theirs.workspace();
+    their_ws.build_driver(false).unwrap();
+    theirs.commit_in_driver(
+        "src/lib.rs",
+        "pub fn upstream() -> u32 {\n    2\n}\n",
+        &format!("Return two{GOOD_MESSAGE_TAIL}"),
+    );
+    their_ws.export().unwrap();
+    for name in fx.patch_files() {
+        fs::remove_file(fx.root.join("patches").join(name)).unwrap();
+    }
+    for name in ["series", "return-two.patch"] {
+        fs::copy(
+            theirs.root.join("patches").join(name),
+            fx.root.join("patches").join(name),
+        )
+        .unwrap();
+    }
+
+    // driver/ holds only what the old series made, so it is rebuilt without --force.
+    assert_eq!(
+        ws.build_driver(false).unwrap(),
+        DriverOutcome::Built { patches: 1 }
+    );
+    assert_eq!(log_upstream_to_head(&fx.driver()), ["Return two"]);
+    ws.check().unwrap();
+
+    // New local work on top is still protected.
+    fx.commit_fork_function();
+    let err = error_of(ws.build_driver(false));
+    assert!(err.contains("commits that patches/ does not have"), "{err}");
+}
