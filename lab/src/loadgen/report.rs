@@ -20,7 +20,7 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 
 fn pct(v: Option<f64>) -> String {
     match v {
-        Some(x) => format!("{:.0}%", x * 100.0),
+        Some(x) => format!("{:.1}%", x * 100.0),
         None => "n/a".into(),
     }
 }
@@ -102,12 +102,12 @@ fn spread(s: &Option<Spread>, digits: usize) -> String {
 fn agg_row(a: &VariantAggregate) -> Vec<String> {
     let wasted = match &a.wasted_share {
         Some(s) if s.n > 1 => format!(
-            "{:.0}% [{:.0}–{:.0}%]",
+            "{:.1}% [{:.1}–{:.1}%]",
             s.median * 100.0,
             s.min * 100.0,
             s.max * 100.0
         ),
-        Some(s) => format!("{:.0}%", s.median * 100.0),
+        Some(s) => format!("{:.1}%", s.median * 100.0),
         None => "n/a".into(),
     };
     let mut rec = spread(&a.recovery_secs, 0);
