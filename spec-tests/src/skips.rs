@@ -168,10 +168,6 @@ pub const KNOWN_FAILURES: &[(&str, &str)] = &[
          as no limit)",
     ),
     (
-        "unified-test-format/collectionData-createOptions",
-        "emulator lacks the $collStats aggregation stage",
-    ),
-    (
         "unified-test-format/poc-sessions/Server supports implicit sessions",
         "flaky (about 1 run in 6): the driver checks an implicit session back into its pool from \
          a spawned task, so the next operation can start before it is reusable and gets a new \
