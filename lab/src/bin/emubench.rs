@@ -31,6 +31,11 @@ struct Args {
     /// Driver connection pool size (default: the number of tasks).
     #[arg(long)]
     pool: Option<u32>,
+    /// The find phase reads only the first N inserted `_id`s (default: all of them). The
+    /// emulator finds `{_id: v}` by scanning in insertion order, so a small N shows the cost of
+    /// that scan.
+    #[arg(long)]
+    find_range: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,10 +205,14 @@ async fn main() -> std::process::ExitCode {
     );
     let ping = phase(&client, &coll, Op::Ping, tasks, duration, 0).await;
     let insert = phase(&client, &coll, Op::Insert, tasks, duration, 0).await;
-    let inserted = coll.estimated_document_count().await.unwrap_or(insert.ops);
+    let mut inserted = coll.estimated_document_count().await.unwrap_or(insert.ops);
+    if let Some(n) = args.find_range {
+        inserted = inserted.min(n.max(1));
+    }
     let find = phase(&client, &coll, Op::Find, tasks, duration, inserted).await;
 
     println!();
+    println!("find phase reads _id 0..{inserted}");
     println!(
         "{:<16} {:>12} {:>10} {:>14} {:>8}",
         "phase", "ops/s", "ops", "mean lat (us)", "errors"
