@@ -1,5 +1,5 @@
-//! Prose tests of the Client Backpressure and Retryable Writes specifications (the cases that
-//! involve overload errors), run against the emulator with the fork.
+//! Prose tests of the Client Backpressure specification and the overload cases of the Retryable
+//! Reads (3.1-3.3) and Retryable Writes (6) prose tests, run against the emulator with the fork.
 //!
 //! Jitter is pinned with the fork's hidden `overload-test-hooks` feature
 //! (`mongodb::fork::test_hooks::with_pinned_jitter`), the injectable jitter source of the
@@ -142,34 +142,71 @@ async fn backpressure_3_overload_errors_retried_at_most_max_retries() {
     assert_eq!(events.started("find").len(), 3, "MAX_RETRIES (2) + 1");
 }
 
-/// Backpressure prose test 4: with enableOverloadRetargeting the retry avoids the server that
-/// returned the overload error; without it, the retry goes back to it.
-#[tokio::test]
-async fn backpressure_4_overload_retargeting() {
+/// Runs one `find` on a two-member replica set (primaryPreferred) whose primary fails it once
+/// with `code` and `labels`, and returns the addresses of the two attempts.
+async fn retry_addresses(options: &str, code: i32, labels: &[&str]) -> Vec<String> {
     let server = Server::replica_set_of(2);
-    for (retargeting, expect_other_server) in [(true, true), (false, false)] {
-        let uri = server.uri_with(&format!(
-            "readPreference=primaryPreferred&enableOverloadRetargeting={retargeting}"
-        ));
-        let (client, events) = client(&uri).await;
-        // The fail point goes to the primary only (configureFailPoint is sent there).
-        fail_point(
-            &client,
-            overload_fail_point("find", doc! { "times": 1 }.into(), 462),
+    let mut extra = String::from("readPreference=primaryPreferred&retryReads=true");
+    if !options.is_empty() {
+        extra.push('&');
+        extra.push_str(options);
+    }
+    let uri = server.uri_with(&extra);
+    let (client, events) = client(&uri).await;
+    // configureFailPoint is sent to the primary, so only the primary fails.
+    fail_point(
+        &client,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["find"], "errorCode": code, "errorLabels": labels },
+        },
+    )
+    .await;
+    let coll = client.database("prose").collection::<Document>("retarget");
+    with_pinned_jitter(0.0, coll.find_one(doc! {}))
+        .await
+        .expect("the retry succeeds");
+    let addresses = events.started("find");
+    assert_eq!(addresses.len(), 2, "one failure, one retry: {addresses:?}");
+    addresses
+}
+
+/// Backpressure prose test 4 and retryable-reads prose test 3.1: with
+/// enableOverloadRetargeting, a read failing with a retryable overload error is retried on
+/// another server.
+#[tokio::test]
+async fn retargeting_on_moves_overload_retries_to_another_server() {
+    for code in [462, 6] {
+        let addresses = retry_addresses(
+            "enableOverloadRetargeting=true",
+            code,
+            &["RetryableError", "SystemOverloadedError"],
         )
         .await;
-        let coll = client.database("prose").collection::<Document>("retarget");
-        with_pinned_jitter(0.0, coll.find_one(doc! {}))
-            .await
-            .expect("the retry succeeds");
-        let addresses = events.started("find");
-        assert_eq!(addresses.len(), 2, "one failure, one retry: {addresses:?}");
-        assert_eq!(
-            addresses[0] != addresses[1],
-            expect_other_server,
-            "enableOverloadRetargeting={retargeting}: {addresses:?}"
-        );
+        assert_ne!(addresses[0], addresses[1], "code {code}: {addresses:?}");
     }
+}
+
+/// Retryable-reads prose test 3.2: a non-overload retryable error is retried on the same
+/// server, retargeting or not.
+#[tokio::test]
+async fn non_overload_retries_stay_on_the_same_server() {
+    for options in [
+        "enableOverloadRetargeting=false",
+        "enableOverloadRetargeting=true",
+    ] {
+        let addresses = retry_addresses(options, 6, &["RetryableError"]).await;
+        assert_eq!(addresses[0], addresses[1], "{options}: {addresses:?}");
+    }
+}
+
+/// Retryable-reads prose test 3.3: without enableOverloadRetargeting (the default), an overload
+/// retry goes back to the same server.
+#[tokio::test]
+async fn retargeting_off_keeps_overload_retries_on_the_same_server() {
+    let addresses = retry_addresses("", 6, &["RetryableError", "SystemOverloadedError"]).await;
+    assert_eq!(addresses[0], addresses[1], "{addresses:?}");
 }
 
 /// Backpressure prose test 5: a positive server `baseBackoffMS` replaces the 100 ms base.
