@@ -182,16 +182,7 @@ pub(crate) async fn handle(
     let info = CommandInfo::from_command(&body, arrival);
     let admission = match shared.model.admit(&info).await {
         Ok(a) => a,
-        Err(r) => {
-            return Outcome::Reply(finish(
-                shared,
-                member,
-                Err(rejection_error(&r)),
-                label_ctx,
-                None,
-                None,
-            ));
-        }
+        Err(r) => return rejected(shared, member, &r, label_ctx),
     };
 
     // failCommand: after parsing and metadata, before anything else.
@@ -269,16 +260,7 @@ pub(crate) async fn handle(
     // Overload model, step 2: ticket, virtual cores, yields and the deadline.
     let ran = match admission.execute(&mut disconnected).await {
         Ok(o) => o,
-        Err(r) => {
-            return Outcome::Reply(finish(
-                shared,
-                member,
-                Err(rejection_error(&r)),
-                label_ctx,
-                None,
-                None,
-            ));
-        }
+        Err(r) => return rejected(shared, member, &r, label_ctx),
     };
     let mut close_after = false;
     let mut result = execute(
@@ -871,12 +853,31 @@ fn is_shutdown_code(code: i32) -> bool {
 }
 
 /// The error reply of an overload-model rejection (its labels are final).
+/// The reply to a request the overload model rejected (before it reached the engine).
+fn rejected(
+    shared: &Shared,
+    member: &Arc<Member>,
+    r: &Rejection,
+    label_ctx: LabelContext,
+) -> Outcome {
+    Outcome::Reply(finish(
+        shared,
+        member,
+        Err(rejection_error(r)),
+        label_ctx,
+        None,
+        None,
+    ))
+}
+
 fn rejection_error(r: &Rejection) -> CommandError {
     CommandError {
         code: r.code,
         code_name: std::borrow::Cow::Borrowed(r.code_name),
         errmsg: r.errmsg.clone(),
-        labels: Some(r.labels()),
+        // 462/433 carry fixed labels; for 50 and 279 the server's usual rules apply (for
+        // example TransientTransactionError inside a transaction).
+        labels: r.fixed_labels(),
         extra: None,
     }
 }

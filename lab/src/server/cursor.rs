@@ -192,12 +192,8 @@ impl Cursors {
 
     /// `getMore` on a change stream: `next` produces the batch and the new position from the
     /// cursor's state.
-    pub(crate) fn stream_get_more(
-        &mut self,
-        id: i64,
-        ns: &str,
-        next: impl FnOnce(&StreamState) -> Result<(Vec<Bson>, u64), CommandError>,
-    ) -> Result<Document, CommandError> {
+    /// The cursor a getMore names, if it exists and belongs to the namespace the getMore gives.
+    fn owned(&mut self, id: i64, ns: &str) -> Result<&mut Cursor, CommandError> {
         let Some(cursor) = self.map.get_mut(&id) else {
             return Err(CommandError::new(
                 codes::CURSOR_NOT_FOUND,
@@ -210,6 +206,16 @@ impl Cursors {
                 format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", cursor.ns),
             ));
         }
+        Ok(cursor)
+    }
+
+    pub(crate) fn stream_get_more(
+        &mut self,
+        id: i64,
+        ns: &str,
+        next: impl FnOnce(&StreamState) -> Result<(Vec<Bson>, u64), CommandError>,
+    ) -> Result<Document, CommandError> {
+        let cursor = self.owned(id, ns)?;
         let Some(state) = cursor.stream.as_mut() else {
             return Err(CommandError::new(
                 codes::CURSOR_NOT_FOUND,
@@ -247,18 +253,7 @@ impl Cursors {
         ns: &str,
         limit: BatchLimit,
     ) -> Result<Document, CommandError> {
-        let Some(cursor) = self.map.get_mut(&id) else {
-            return Err(CommandError::new(
-                codes::CURSOR_NOT_FOUND,
-                format!("cursor id {id} not found"),
-            ));
-        };
-        if cursor.ns != ns {
-            return Err(CommandError::new(
-                codes::UNAUTHORIZED,
-                format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", cursor.ns),
-            ));
-        }
+        let cursor = self.owned(id, ns)?;
         cursor.last_used = Instant::now();
         let batch = take_batch(
             &mut cursor.docs,
