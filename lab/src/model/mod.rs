@@ -23,65 +23,20 @@
 //! probing and the per-second series advance on model events and on [`Model::snapshot`].
 //! Time is `tokio::time`, so tests run with a paused clock.
 //!
-//! # Integration into the server (about ten lines)
+//! # Where the server calls it
 //!
-//! In `server::Shared`: `model: Arc<Model>`, built with
-//! `Model::new(config.overload.clone())?` (`ModelConfig::default()` when the lab is not used).
-//!
-//! In `server::conn::serve`, call `shared.model.connection_opened().await` once after accept
-//! (charges `costs.connectionMs`, 0 by default). Take `let arrival = Instant::now();`
-//! (`tokio::time::Instant`) right after each message was read, and give `commands::handle`
-//! the arrival and a disconnect future. The request is already read, so the reader is free: a
-//! disconnect is the reader hitting EOF,
-//!
-//! ```ignore
-//! let disconnected = async {
-//!     use tokio::io::AsyncBufReadExt;
-//!     match rd.fill_buf().await {
-//!         Ok([]) | Err(_) => {}                      // EOF or error: the client is gone
-//!         Ok(_) => std::future::pending::<()>().await, // pipelined bytes: not a disconnect
-//!     }
-//! };
-//! ```
-//!
-//! (`fill_buf` is cancel-safe and leaves bytes in the buffer for the next `read_message`.)
-//!
-//! In `server::commands::handle`, once `name` is known (before failCommand, like mongod's
-//! ingress limiter):
-//!
-//! ```ignore
-//! let info = model::CommandInfo::from_command(&body, arrival);
-//! let admission = match shared.model.admit(&info).await {
-//!     Ok(a) => a,
-//!     Err(r) => return Outcome::Reply(finish(shared, member, Err(rejection_error(&r)), LabelContext::default(), None, None)),
-//! };
-//! ```
-//!
-//! and after failCommand and `Generic::parse`, just before `execute(...)` (the engine call):
-//!
-//! ```ignore
-//! let ran = match admission.execute(disconnected).await {
-//!     Ok(o) => o,
-//!     Err(r) => return Outcome::Reply(finish(shared, member, Err(rejection_error(&r)), label_ctx, None, None)),
-//! };
-//! // after the engine: if result.is_err() { shared.model.record_failed(&ran); }
-//! ```
-//!
-//! where `rejection_error(r)` is `CommandError { code: r.code, code_name: r.code_name.into(),
-//! errmsg: r.errmsg.clone(), labels: r.fixed_labels(), extra: None }`. `fixed_labels` is `Some`
-//! for 462 and 433 (433 carries `RetryableError`, which the code-based label rules would not
-//! add, and 462 has it only with `allowRetries`) and `None` for 50 and 279, so the usual rules
-//! (transactions, retryable writes) apply to those. `finish` adds `baseBackoffMS` from
-//! `externalClientBaseBackoffMS` to anything labelled `SystemOverloadedError`, so either keep
-//! [`ModelConfig::base_backoff_ms`] at 0 and use that parameter, or put
-//! `r.base_backoff_ms` into `extra`. [`Rejection::to_document`] renders the whole reply when no
-//! `$clusterTime` is needed. A request that never reaches `execute` (failCommand answered, a
-//! parse error) just drops its [`Admission`].
-//!
-//! `serverStatus`: `"labOverload": shared.model.snapshot().to_document()`.
-//! `setParameter` / `getParameter` of `labOverload` (a document):
-//! `shared.model.set_parameters(&doc)` (partial documents merge into the current
-//! configuration) and `shared.model.config().to_document()`.
+//! `server::Shared` owns one `Arc<Model>` built from `EmulatorConfig::overload`.
+//! `server::conn::serve` takes each request's arrival time right after reading it and passes a
+//! disconnect future (the idle reader hitting EOF). `server::commands::handle` calls
+//! [`Model::admit`] once the command name is known (before failCommand, like mongod's ingress
+//! limiter) and [`Admission::execute`] just before the engine call, then
+//! [`Model::record_failed`] when the engine returned an error. Rejections become error replies
+//! with [`Rejection::fixed_labels`]: fixed labels for 462 and 433, the server's usual label rules
+//! for 50 and 279 (so a transaction statement still gets `TransientTransactionError`). A request
+//! that never reaches `execute` (failCommand answered, a parse error) just drops its
+//! [`Admission`]. `serverStatus.labOverload` is [`Model::snapshot`]; `setParameter` /
+//! `getParameter` of `labOverload` use [`Model::set_parameters`] (partial documents merge into
+//! the current configuration) and [`Model::config`].
 
 mod config;
 mod cores;
