@@ -721,6 +721,27 @@ fn to_bson<T: serde::Serialize>(value: &T) -> Result<Bson, String> {
     bson::to_bson(value).map_err(|e| format!("cannot convert a result to BSON: {e}"))
 }
 
+/// Reads every document of a cursor the operation opened.
+async fn drain_cursor<T>(
+    cursor: Result<crate::mongodb::Cursor<T>, DriverError>,
+) -> Result<Vec<T>, DriverError>
+where
+    T: DeserializeOwned + Unpin + Send + Sync,
+{
+    cursor?.try_collect().await
+}
+
+/// Reads every document of a cursor the operation opened in session `s`.
+async fn drain_session_cursor<T>(
+    cursor: Result<crate::mongodb::SessionCursor<T>, DriverError>,
+    s: &mut ClientSession,
+) -> Result<Vec<T>, DriverError>
+where
+    T: DeserializeOwned + Unpin + Send + Sync,
+{
+    cursor?.stream(s).try_collect().await
+}
+
 fn docs_value(docs: Vec<Document>) -> Option<Bson> {
     Some(Bson::Array(docs.into_iter().map(Bson::Document).collect()))
 }
@@ -850,24 +871,15 @@ async fn collection_op(
                     if name == "createFindCursor" {
                         return Err("createFindCursor with a session is not implemented".into());
                     }
-                    match action.session(&mut *s).await {
-                        Ok(mut cursor) => cursor
-                            .stream(s)
-                            .try_collect::<Vec<_>>()
-                            .await
-                            .map(|d| value(docs_value(d))),
-                        Err(e) => Err(e),
-                    }
+                    drain_session_cursor(action.session(&mut *s).await, s)
+                        .await
+                        .map(|d| value(docs_value(d)))
                 }
                 None => match action.await {
                     Ok(cursor) if name == "createFindCursor" => Ok(Produced::Entity(
                         Entity::Cursor(Arc::new(AsyncMutex::new(cursor))),
                     )),
-                    Ok(cursor) => cursor
-                        .try_collect::<Vec<_>>()
-                        .await
-                        .map(|d| value(docs_value(d))),
-                    Err(e) => Err(e),
+                    other => drain_cursor(other).await.map(|d| value(docs_value(d))),
                 },
             }
         }
@@ -910,21 +922,12 @@ async fn collection_op(
             let options = args.options()?;
             let action = coll.aggregate(pipeline).with_options(options);
             match sess.get()? {
-                Some(s) => match action.session(&mut *s).await {
-                    Ok(mut cursor) => cursor
-                        .stream(s)
-                        .try_collect::<Vec<_>>()
-                        .await
-                        .map(|d| value(docs_value(d))),
-                    Err(e) => Err(e),
-                },
-                None => match action.await {
-                    Ok(cursor) => cursor
-                        .try_collect::<Vec<_>>()
-                        .await
-                        .map(|d| value(docs_value(d))),
-                    Err(e) => Err(e),
-                },
+                Some(s) => drain_session_cursor(action.session(&mut *s).await, s)
+                    .await
+                    .map(|d| value(docs_value(d))),
+                None => drain_cursor(action.await)
+                    .await
+                    .map(|d| value(docs_value(d))),
             }
         }
         "countDocuments" => {
@@ -972,19 +975,15 @@ async fn collection_op(
                 })
             } else {
                 match sess.get()? {
-                    Some(s) => match coll
-                        .list_indexes()
-                        .with_options(options)
-                        .session(&mut *s)
-                        .await
-                    {
-                        Ok(mut cursor) => cursor.stream(s).try_collect::<Vec<_>>().await,
-                        Err(e) => Err(e),
-                    },
-                    None => match coll.list_indexes().with_options(options).await {
-                        Ok(cursor) => cursor.try_collect::<Vec<_>>().await,
-                        Err(e) => Err(e),
-                    },
+                    Some(s) => {
+                        let cursor = coll
+                            .list_indexes()
+                            .with_options(options)
+                            .session(&mut *s)
+                            .await;
+                        drain_session_cursor(cursor, s).await
+                    }
+                    None => drain_cursor(coll.list_indexes().with_options(options).await).await,
                 }
                 .map(|models| {
                     let docs = models
@@ -1045,24 +1044,15 @@ async fn database_op(
                     if name == "createCommandCursor" {
                         return Err("createCommandCursor with a session is not implemented".into());
                     }
-                    match action.session(&mut *s).await {
-                        Ok(mut cursor) => cursor
-                            .stream(s)
-                            .try_collect::<Vec<_>>()
-                            .await
-                            .map(|d| value(docs_value(d))),
-                        Err(e) => Err(e),
-                    }
+                    drain_session_cursor(action.session(&mut *s).await, s)
+                        .await
+                        .map(|d| value(docs_value(d)))
                 }
                 None => match action.await {
                     Ok(cursor) if name == "createCommandCursor" => Ok(Produced::Entity(
                         Entity::Cursor(Arc::new(AsyncMutex::new(cursor))),
                     )),
-                    Ok(cursor) => cursor
-                        .try_collect::<Vec<_>>()
-                        .await
-                        .map(|d| value(docs_value(d))),
-                    Err(e) => Err(e),
+                    other => drain_cursor(other).await.map(|d| value(docs_value(d))),
                 },
             }
         }
@@ -1080,14 +1070,8 @@ async fn database_op(
             let options = args.options()?;
             let action = db.list_collections().filter(filter).with_options(options);
             match sess.get()? {
-                Some(s) => match action.session(&mut *s).await {
-                    Ok(mut cursor) => cursor.stream(s).try_collect::<Vec<_>>().await,
-                    Err(e) => Err(e),
-                },
-                None => match action.await {
-                    Ok(cursor) => cursor.try_collect::<Vec<_>>().await,
-                    Err(e) => Err(e),
-                },
+                Some(s) => drain_session_cursor(action.session(&mut *s).await, s).await,
+                None => drain_cursor(action.await).await,
             }
             .map(|specs| {
                 let docs = specs
@@ -1117,21 +1101,12 @@ async fn database_op(
             let options = args.options()?;
             let action = db.aggregate(pipeline).with_options(options);
             match sess.get()? {
-                Some(s) => match action.session(&mut *s).await {
-                    Ok(mut cursor) => cursor
-                        .stream(s)
-                        .try_collect::<Vec<_>>()
-                        .await
-                        .map(|d| value(docs_value(d))),
-                    Err(e) => Err(e),
-                },
-                None => match action.await {
-                    Ok(cursor) => cursor
-                        .try_collect::<Vec<_>>()
-                        .await
-                        .map(|d| value(docs_value(d))),
-                    Err(e) => Err(e),
-                },
+                Some(s) => drain_session_cursor(action.session(&mut *s).await, s)
+                    .await
+                    .map(|d| value(docs_value(d))),
+                None => drain_cursor(action.await)
+                    .await
+                    .map(|d| value(docs_value(d))),
             }
         }
         "createChangeStream" => {
