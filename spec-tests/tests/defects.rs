@@ -74,8 +74,8 @@ macro_rules! scenarios {
                 }
             }
 
-            pub async fn client(uri: &str) -> (Client, Started) {
-                let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+            /// Makes `options` record every started command.
+            pub fn record_started(options: &mut ClientOptions) -> Started {
                 let started = Started::default();
                 let sink = started.clone();
                 options.command_event_handler =
@@ -84,6 +84,12 @@ macro_rules! scenarios {
                             sink.0.lock().unwrap().push(e.command);
                         }
                     }));
+                started
+            }
+
+            pub async fn client(uri: &str) -> (Client, Started) {
+                let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+                let started = record_started(&mut options);
                 (Client::with_options(options).expect("client"), started)
             }
 
@@ -310,14 +316,7 @@ macro_rules! scenarios {
                 })
                 .expect("options deserialize");
                 options.repl_set_name = parsed.repl_set_name.clone();
-                let started = Started::default();
-                let sink = started.clone();
-                options.command_event_handler =
-                    Some(EventHandler::callback(move |event: CommandEvent| {
-                        if let CommandEvent::Started(e) = event {
-                            sink.0.lock().unwrap().push(e.command);
-                        }
-                    }));
+                let started = record_started(&mut options);
                 let client = Client::with_options(options).expect("client");
                 let coll = client.database("b5").collection::<Document>("c");
                 coll.find_one(doc! {}).await.expect("warm up");
