@@ -10,7 +10,7 @@ impl Workspace {
     /// Runs `lab run <args>`: the load generator against its in-process emulator, upstream and
     /// the fork side by side.
     pub fn run_lab(&self, args: &[String]) -> Result<ExitStatus> {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let cargo = crate::project::cargo_program();
         Command::new(cargo)
             .args([
                 "run",

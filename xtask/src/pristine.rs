@@ -37,7 +37,7 @@ pub struct CargoRegistry {
 impl Default for CargoRegistry {
     fn default() -> Self {
         Self {
-            cargo: std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()),
+            cargo: crate::project::cargo_program(),
         }
     }
 }

@@ -6,6 +6,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+/// The cargo that runs xtask (`$CARGO`), so nested builds use the same toolchain.
+pub fn cargo_program() -> std::ffi::OsString {
+    std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+}
+
 /// The project's directories. Every command takes one, so tests can point it at a temporary copy.
 #[derive(Clone, Debug)]
 pub struct Project {

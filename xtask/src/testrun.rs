@@ -90,7 +90,7 @@ impl Workspace {
             DriverOutcome::Built { patches } => println!("built driver/ with {patches} patches"),
         }
         let root = self.project.root();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let cargo = crate::project::cargo_program();
 
         let mut xtask_tests = Command::new(&cargo);
         xtask_tests
