@@ -29,8 +29,9 @@ pub(crate) struct Database {
 #[derive(Debug, Clone)]
 pub(crate) struct Collection {
     pub(crate) docs: Vec<Document>,
-    /// `_id` values of `docs`, for the unique `_id_` index.
-    ids: BTreeSet<OrdBson>,
+    /// The `_id_` index: each `_id` of `docs` → its position in `docs`. It enforces `_id`
+    /// uniqueness and answers `{_id: v}` lookups without a scan.
+    ids: BTreeMap<OrdBson, usize>,
     pub(crate) options: Document,
     pub(crate) uuid: bson::Uuid,
     pub(crate) indexes: Vec<Document>,
@@ -124,7 +125,7 @@ impl Collection {
     pub(crate) fn new(options: Document) -> Self {
         Collection {
             docs: Vec::new(),
-            ids: BTreeSet::new(),
+            ids: BTreeMap::new(),
             options,
             uuid: bson::Uuid::new(),
             indexes: vec![id_index()],
@@ -164,7 +165,7 @@ impl Collection {
     /// Inserts a prepared document after the `_id` and unique-index checks; returns its `_id`.
     pub(crate) fn insert_prepared(&mut self, ns: &str, doc: Document) -> EngineResult<Bson> {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        if self.ids.contains(&OrdBson(id.clone())) {
+        if self.ids.contains_key(&OrdBson(id.clone())) {
             let mut pattern = Document::new();
             pattern.insert("_id", 1);
             return Err(duplicate_key_error(
@@ -175,7 +176,7 @@ impl Collection {
             ));
         }
         self.check_unique(ns, &doc, None)?;
-        self.ids.insert(OrdBson(id.clone()));
+        self.ids.insert(OrdBson(id.clone()), self.docs.len());
         self.docs.push(doc);
         Ok(id)
     }
@@ -195,19 +196,32 @@ impl Collection {
         Ok(())
     }
 
-    /// Removes the documents at the given ascending indexes.
+    /// The position in `docs` of the document whose `_id` equals `id` (numbers compare by
+    /// value across types, as in mongod's index).
+    pub(crate) fn position_of_id(&self, id: &Bson) -> Option<usize> {
+        self.ids.get(&OrdBson(id.clone())).copied()
+    }
+
+    /// Removes the documents at the given indexes.
     pub(crate) fn remove_indexes(&mut self, indexes: &[usize]) {
+        if indexes.is_empty() {
+            return;
+        }
         let doomed: BTreeSet<usize> = indexes.iter().copied().collect();
         let mut i = 0;
-        let ids = &mut self.ids;
-        self.docs.retain(|d| {
+        self.docs.retain(|_| {
             let keep = !doomed.contains(&i);
             i += 1;
-            if !keep {
-                ids.remove(&OrdBson(d.get("_id").cloned().unwrap_or(Bson::Null)));
-            }
             keep
         });
+        // Removal shifts the positions after the first removed document; renumber them all
+        // (one pass, like the removal itself).
+        self.ids = self
+            .docs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (OrdBson(d.get("_id").cloned().unwrap_or(Bson::Null)), i))
+            .collect();
     }
 
     /// Removes every document (keeps indexes and options).

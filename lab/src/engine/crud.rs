@@ -188,16 +188,17 @@ fn id_equality(filter: &Document) -> Option<&Bson> {
 
 /// Indexes of the documents matching `filter`, in natural order, or ordered by `sort`.
 fn matching_indexes(
-    docs: &[Document],
+    collection: Option<&Collection>,
     filter: &Document,
     sort: Option<&Document>,
 ) -> EngineResult<Vec<usize>> {
     check_depth(filter)?;
+    let docs = collection.map_or(&[][..], |c| c.docs.as_slice());
     if let Some(id) = id_equality(filter) {
-        // `_id` is unique, so the common `{_id: <value>}` filter needs no full match and stops
-        // at the first hit.
-        let hit = docs.iter().position(|d| {
-            d.get("_id")
+        // The common `{_id: <value>}` filter is answered by the `_id_` index, as in mongod.
+        let hit = collection.and_then(|c| c.position_of_id(id)).filter(|&i| {
+            docs.get(i)
+                .and_then(|d| d.get("_id"))
                 .is_some_and(|v| type_rank(v) == type_rank(id) && bson_eq(v, id))
         });
         return Ok(hit.into_iter().collect());
@@ -335,9 +336,8 @@ impl Store {
             }
         }
         let ns = format!("{db}.{coll}");
-        let docs = self.documents(db, coll);
         let mut hits = matching_indexes(
-            docs,
+            self.collection(db, coll),
             &stmt.filter,
             if stmt.multi { None } else { stmt.sort.as_ref() },
         )?;
@@ -384,8 +384,7 @@ impl Store {
     ) -> DeleteOutcome {
         let mut outcome = DeleteOutcome::default();
         for (index, stmt) in statements.iter().enumerate() {
-            let docs = self.documents(db, coll);
-            match matching_indexes(docs, &stmt.filter, None) {
+            match matching_indexes(self.collection(db, coll), &stmt.filter, None) {
                 Ok(mut hits) => {
                     if stmt.just_one {
                         hits.truncate(1);
@@ -417,7 +416,7 @@ impl Store {
             _ => None,
         };
         let docs = self.documents(db, coll);
-        let hits = matching_indexes(docs, &spec.filter, spec.sort.as_ref())?;
+        let hits = matching_indexes(self.collection(db, coll), &spec.filter, spec.sort.as_ref())?;
         let skip = usize::try_from(spec.skip).unwrap_or(usize::MAX);
         let limit = limit_of(spec.limit).unwrap_or(usize::MAX);
         let mut out = Vec::new();
@@ -466,7 +465,7 @@ impl Store {
             }
         };
         let ns = format!("{db}.{coll}");
-        let hit = matching_indexes(self.documents(db, coll), &spec.query, spec.sort.as_ref())?
+        let hit = matching_indexes(self.collection(db, coll), &spec.query, spec.sort.as_ref())?
             .into_iter()
             .next();
         let Some(update) = &spec.update else {
@@ -540,7 +539,7 @@ impl Store {
         skip: u64,
         limit: i64,
     ) -> EngineResult<u64> {
-        let hits = matching_indexes(self.documents(db, coll), filter, None)?.len() as u64;
+        let hits = matching_indexes(self.collection(db, coll), filter, None)?.len() as u64;
         let after_skip = hits.saturating_sub(skip);
         Ok(match limit_of(Some(limit)) {
             Some(l) => after_skip.min(l as u64),
@@ -565,7 +564,7 @@ impl Store {
         let docs = self.documents(db, coll);
         let mut seen = BTreeSet::new();
         let mut out = Vec::new();
-        for idx in matching_indexes(docs, filter, None)? {
+        for idx in matching_indexes(self.collection(db, coll), filter, None)? {
             let Some(d) = docs.get(idx) else { continue };
             for v in lookup_unwound(d, key) {
                 if seen.insert(OrdBson(v.clone())) {
@@ -805,6 +804,36 @@ mod tests {
         assert_eq!(s.documents("db", "c"), &[doc! {"_id": 4, "even": true}]);
         // The _id of a deleted document can be reused.
         assert_eq!(s.insert("db", "c", vec![doc! {"_id": 1}], true).n, 1);
+    }
+
+    #[test]
+    fn id_lookups_follow_deletes_and_compare_numbers_by_value() {
+        let mut s = store_with((1..=6).map(|i| doc! {"_id": i, "v": i * 10}).collect());
+        let by_id = |s: &Store, id: Bson| {
+            let spec = FindSpec {
+                filter: doc! {"_id": id},
+                ..Default::default()
+            };
+            s.find("db", "c", &spec).expect("ok")
+        };
+        // Deleting from the middle shifts the later documents; the index must follow.
+        let out = s.delete(
+            "db",
+            "c",
+            &[DeleteStatement {
+                filter: doc! {"_id": {"$in": [2, 4]}},
+                just_one: false,
+            }],
+            true,
+        );
+        assert_eq!(out.n, 2);
+        assert_eq!(by_id(&s, Bson::Int32(5)), vec![doc! {"_id": 5, "v": 50}]);
+        assert_eq!(by_id(&s, Bson::Double(6.0)), vec![doc! {"_id": 6, "v": 60}]);
+        assert_eq!(by_id(&s, Bson::Int64(1)), vec![doc! {"_id": 1, "v": 10}]);
+        assert!(by_id(&s, Bson::Int32(4)).is_empty());
+        assert!(by_id(&s, Bson::String("5".into())).is_empty());
+        assert_eq!(s.insert("db", "c", vec![doc! {"_id": 4}], true).n, 1);
+        assert_eq!(by_id(&s, Bson::Int32(4)), vec![doc! {"_id": 4}]);
     }
 
     #[test]
