@@ -295,4 +295,35 @@ async fn tiny_model_run_reads_the_server_snapshot() {
     // Without retries every request is one attempt; 150 % of a 100/s limiter sheds some.
     assert_eq!(s.attempts_per_request, Some(1.0));
     assert!(s.errors["overload"] > 0, "{s:?}");
+    let queue = s.server_queue.expect("the model publishes queue waits");
+    assert!(queue.p99.is_some_and(|p| p >= 0.0), "{queue:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_finished_after_the_application_gave_up_is_wasted() {
+    // A deadline shorter than any request's service time: the application gives up on every
+    // request, the server still does the work, and the model must count it as wasted.
+    let cfg = LabConfig {
+        scenario: one_phase(0.5, 2.0),
+        variants: vec![Variant::parse("fork-default").unwrap()],
+        capacity: 100.0,
+        instances: 1,
+        server_mode: ServerMode::Model,
+        docs: 50,
+        deadline: Duration::from_millis(1),
+        drain: Duration::from_millis(500),
+        ..LabConfig::default()
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    let run = runner::run(&cfg, &bar).await.expect("lab run");
+    let s = &run.runs[0].summary;
+    let server = s.server.as_ref().expect("labOverload counters");
+    let abandoned = server.get("abandoned").copied().unwrap_or(0.0);
+    assert!(
+        abandoned >= 0.9 * s.offered as f64,
+        "{abandoned} of {}: {server:?}",
+        s.offered
+    );
+    assert!(s.wasted_share.is_some_and(|w| w > 0.8), "{s:?}");
+    assert_eq!(s.good, 0, "{s:?}");
 }

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::config::{Driver, OpKind};
 use super::metrics::{AttemptReport, ErrorClass, Recorder};
@@ -34,6 +34,17 @@ pub struct OpSpec {
     pub range_len: i64,
     /// `maxTimeMS` for reads, if any.
     pub max_time: Option<Duration>,
+    /// When the application stops waiting, sent as `comment.labDeadlineMs` (Unix epoch ms) so
+    /// that the server model can count work finished after it as wasted.
+    pub give_up_at: Option<SystemTime>,
+}
+
+impl OpSpec {
+    /// `give_up_at` in Unix epoch milliseconds.
+    pub fn give_up_at_epoch_ms(&self) -> Option<i64> {
+        let since_epoch = self.give_up_at?.duration_since(UNIX_EPOCH).ok()?;
+        Some(i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX))
+    }
 }
 
 /// A driver client as the lab uses it.
@@ -236,7 +247,11 @@ macro_rules! lab_driver {
             }
 
             async fn op(inner: &Inner, op: &OpSpec) -> Result<(), m::error::Error> {
-                let comment = Bson::Document(doc! { "labReq": op.req as i64 });
+                let mut comment = doc! { "labReq": op.req as i64 };
+                if let Some(ms) = op.give_up_at_epoch_ms() {
+                    comment.insert("labDeadlineMs", ms);
+                }
+                let comment = Bson::Document(comment);
                 match op.kind {
                     OpKind::PointRead => {
                         let mut a = inner.coll.find_one(doc! { "_id": op.key }).comment(comment);

@@ -270,8 +270,9 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
          deadline (the application stopped waiting), other (50 expired, pool/selection, \
          network, other). Late ok: requests the application had given up on that succeeded \
          later (server work nobody used). Recovery: seconds after the burst until goodput stays ≥ 95 % of \
-         offered. Wasted work: server core time spent on expired, killed, orphaned or failed \
-         requests ÷ all core time (server model only).\n"
+         offered. Wasted work: server core time spent on requests that expired, were killed, \
+         orphaned, abandoned (finished after the application's deadline) or failed, and on \
+         rejections, ÷ all core time (server model only).\n"
     );
     let _ = writeln!(s, "## Details per run\n");
     let mut det = Vec::new();
@@ -355,7 +356,9 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
         "End to end is what the application saw (the deadline for requests it gave up on). \
          Connection wait and service time are summed over a request's attempts (late ones \
          included); service time is the command monitoring duration, so it contains the \
-         server's queueing. Server queue is n/a unless the server's snapshot publishes it.\n"
+         server's queueing. Server queue is the time each request the server admitted spent in \
+         its queues (ingress queue and ticket waits), per attempt, from the server model \
+         (n/a without it).\n"
     );
     if run.runs.iter().any(|r| r.summary.server.is_some()) {
         let _ = writeln!(s, "## Server model counters (deltas over each run)\n");
@@ -366,6 +369,7 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
             "completed",
             "expired",
             "orphaned",
+            "abandoned",
             "failed",
             "busyCoreMs",
             "wastedWorkMs",

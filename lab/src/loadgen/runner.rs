@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bson::{doc, Bson, Document};
 use indicatif::ProgressBar;
@@ -120,6 +120,7 @@ async fn drive_on(
                     key: a.key,
                     range_len: opts.range_len,
                     max_time: opts.max_time,
+                    give_up_at: None,
                 };
                 requests.spawn_on(
                     request(client.clone(), op, when, recorder.clone(), opts.deadline),
@@ -159,6 +160,10 @@ async fn request(
     deadline: Duration,
 ) {
     let begun = Instant::now();
+    let op = OpSpec {
+        give_up_at: SystemTime::now().checked_add(deadline),
+        ..op
+    };
     let mut call = tokio::spawn(client.run(op));
     let failed = |_| AttemptReport {
         outcome: Err(ErrorClass::Other),
@@ -551,6 +556,7 @@ async fn calibrate(cfg: &LabConfig, uri: &str) -> Result<f64, String> {
                     key: rng.random_range(0..docs),
                     range_len: mix.range_len,
                     max_time: None,
+                    give_up_at: None,
                 };
                 let r = c.run(op).await;
                 let now = Instant::now();

@@ -207,7 +207,8 @@ pub fn summarize(
         conn_wait: Percentiles::of(&merged(seconds, |s| &s.conn_wait)),
         server_queue: server.and_then(|s| {
             let get = |p: &str| s.get(&format!("queueWaitMs.{p}")).copied();
-            get("p99").map(|p99| Percentiles {
+            let recorded = get("count").is_some_and(|n| n > 0.0);
+            get("p99").filter(|_| recorded).map(|p99| Percentiles {
                 p50: get("p50"),
                 p95: get("p95"),
                 p99: Some(p99),

@@ -17,6 +17,13 @@
 //!    expired, killed, orphaned (client gone) or failed requests is counted as wasted, and so
 //!    is the optional cost of rejecting a request (`costs.rejectionMs`).
 //!
+//! The lab's load generator also tells the model when its application stops waiting
+//! (`comment: {labDeadlineMs: <Unix epoch ms>}`). mongod cannot know this; the model uses it
+//! only as a measuring oracle: a request that completes after that instant is *abandoned* and
+//! its work wasted, which is how work done for applications that gave up shows in the figures.
+//! The time data requests spend in the server's queues (ingress queue plus ticket waits) is
+//! kept as a distribution, reset whenever the model is switched on.
+//!
 //! [`ModelConfig::default`] is "model off": both steps return at once. Everything is bounded:
 //! every wait has a deadline (`maxTimeMS`, else `safetyTimeLimitMs`), the ingress queue and the
 //! ticket waiter queues have caps, the time series is a ring. There are no background tasks:
@@ -51,6 +58,7 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::SystemTime;
 
 use bson::{Bson, Document};
 use tokio::time::{Duration, Instant};
@@ -60,12 +68,12 @@ pub use config::{
     Wakeup, DEFAULT_EXEMPT_COMMANDS,
 };
 pub use rejection::{Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
-pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample};
+pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample, WaitPercentiles};
 
 use cores::Cores;
 use limiter::{Bucket, Take};
 use probing::Prober;
-use stats::{add_us, bump, Counters, Series};
+use stats::{add_us, bump, Counters, Series, WaitHistogram};
 use tickets::{AcquireError, TicketPool};
 use wait::{Interrupt, Watch};
 
@@ -143,6 +151,8 @@ pub struct CommandInfo {
     pub in_transaction: bool,
     /// When the request was read off the socket; `maxTimeMS` counts from here.
     pub arrival: Instant,
+    /// When the application stops waiting (`comment.labDeadlineMs`), if it said so.
+    pub client_deadline: Option<SystemTime>,
 }
 
 impl CommandInfo {
@@ -155,11 +165,13 @@ impl CommandInfo {
             cost_override_ms: None,
             in_transaction: false,
             arrival,
+            client_deadline: None,
         }
     }
 
-    /// Reads name, kind ([`CommandKind::classify`]), `maxTimeMS`, `comment.labCostMs` and
-    /// `autocommit` from a command body. Malformed fields are ignored.
+    /// Reads name, kind ([`CommandKind::classify`]), `maxTimeMS`, `comment.labCostMs`,
+    /// `comment.labDeadlineMs` and `autocommit` from a command body. Malformed fields are
+    /// ignored.
     pub fn from_command(body: &Document, arrival: Instant) -> CommandInfo {
         let name = body.keys().next().cloned().unwrap_or_default();
         let kind = CommandKind::classify(&name, body);
@@ -169,16 +181,19 @@ impl CommandInfo {
             Some(Bson::Double(d)) if d.is_finite() && *d >= 1.0 => Some(*d as u64),
             _ => None,
         };
-        let cost_override_ms = match body
-            .get_document("comment")
-            .ok()
-            .and_then(|c| c.get("labCostMs"))
-        {
+        let comment = body.get_document("comment").ok();
+        let comment_ms = |field: &str| match comment.and_then(|c| c.get(field)) {
             Some(Bson::Int32(i)) if *i >= 0 => Some(f64::from(*i)),
             Some(Bson::Int64(i)) if *i >= 0 => Some(*i as f64),
             Some(Bson::Double(d)) if d.is_finite() && *d >= 0.0 => Some(*d),
             _ => None,
         };
+        let cost_override_ms = comment_ms("labCostMs");
+        // Microseconds stay exact in an f64 for any epoch millisecond before the year 2255.
+        let client_deadline = comment_ms("labDeadlineMs").and_then(|ms| {
+            SystemTime::UNIX_EPOCH
+                .checked_add(Duration::from_micros((ms.min(9e12) * 1000.0) as u64))
+        });
         let in_transaction = matches!(body.get("autocommit"), Some(Bson::Boolean(false)));
         CommandInfo {
             name,
@@ -187,6 +202,7 @@ impl CommandInfo {
             cost_override_ms,
             in_transaction,
             arrival,
+            client_deadline,
         }
     }
 
@@ -199,6 +215,12 @@ impl CommandInfo {
     /// Sets the cost override.
     pub fn with_cost_ms(mut self, ms: f64) -> CommandInfo {
         self.cost_override_ms = Some(ms);
+        self
+    }
+
+    /// Sets the instant the application stops waiting.
+    pub fn with_client_deadline(mut self, at: SystemTime) -> CommandInfo {
+        self.client_deadline = Some(at);
         self
     }
 
@@ -246,6 +268,8 @@ pub struct ExecOutcome {
     pub total: Duration,
     /// The client had gone by the end (the work was wasted).
     pub client_disconnected: bool,
+    /// The request completed after its application's deadline (the work was wasted).
+    pub abandoned: bool,
 }
 
 /// The model of one server. Share it as `Arc<Model>`.
@@ -258,6 +282,7 @@ pub struct Model {
     write: TicketPool,
     cores: Cores,
     counters: Counters,
+    queue_waits: WaitHistogram,
     in_flight: AtomicU64,
     prober: Mutex<Prober>,
     series: Mutex<Series>,
@@ -289,6 +314,7 @@ impl Model {
             write: TicketPool::new(w, mw, config.seed ^ WRITE_SEED_SALT, fifo),
             cores: Cores::new(config.cores),
             counters: Counters::default(),
+            queue_waits: WaitHistogram::default(),
             in_flight: AtomicU64::new(0),
             prober: Mutex::new(Prober::new(config.probing_initial(), now, 0)),
             series: Mutex::new(Series::new(config.series_capacity_secs as usize)),
@@ -347,6 +373,10 @@ impl Model {
         }
         self.cores.resize(new.cores);
         lock(&self.series).set_capacity(new.series_capacity_secs as usize);
+        if new.enabled && !old.enabled {
+            // Each lab variant switches the model on; its wait figures start afresh.
+            self.queue_waits.reset();
+        }
         if new.limiter.enabled && !(old.limiter.enabled && old.enabled) {
             // A limiter switched on starts with a full bucket.
             lock(&self.bucket).fill(new.burst_tokens(), now);
@@ -393,6 +423,7 @@ impl Model {
                     if valid > deadline {
                         tokio::time::sleep_until(deadline).await;
                         drop(slot);
+                        self.queue_waits.record(Instant::now() - now);
                         bump(&self.counters.expired);
                         return Err(Rejection::expired(Duration::ZERO));
                     }
@@ -410,6 +441,7 @@ impl Model {
             cost_ms: info.cost_ms(&cfg),
             in_transaction: info.in_transaction,
             arrival: info.arrival,
+            client_deadline: info.client_deadline,
             deadline,
             ingress_wait,
         })
@@ -476,6 +508,7 @@ impl Model {
             uptime_secs: (now - self.start).as_secs_f64(),
             counters: self.counters.read(),
             gauges: self.gauges(now, &cfg),
+            queue_wait_ms: self.queue_waits.percentiles(),
         }
     }
 
@@ -490,7 +523,7 @@ impl Model {
     /// its work moves from useful to wasted.
     pub fn record_failed(&self, outcome: &ExecOutcome) {
         bump(&self.counters.failed);
-        if outcome.client_disconnected {
+        if outcome.client_disconnected || outcome.abandoned {
             return; // already wasted
         }
         let us = u64::try_from(outcome.work.as_micros()).unwrap_or(u64::MAX);
@@ -583,16 +616,20 @@ pub struct Admission {
     cost_ms: f64,
     in_transaction: bool,
     arrival: Instant,
+    client_deadline: Option<SystemTime>,
     deadline: Instant,
     ingress_wait: Duration,
 }
 
 /// Accounting of one execution; dropping it unsettled (the future was cancelled) counts its work
-/// as wasted.
+/// as wasted. Dropping it records the request's queue wait, whatever the outcome.
 struct Run<'a> {
     model: &'a Model,
     work: Duration,
     settled: bool,
+    /// Ingress queue plus ticket waits so far; `None` for requests that take no ticket
+    /// (commands without cost), which would only dilute the distribution.
+    queued: Option<Duration>,
 }
 
 impl Run<'_> {
@@ -614,6 +651,9 @@ impl Run<'_> {
 
 impl Drop for Run<'_> {
     fn drop(&mut self) {
+        if let Some(queued) = self.queued {
+            self.model.queue_waits.record(queued);
+        }
         self.model.in_flight.fetch_sub(1, Ordering::Relaxed);
         if !self.settled {
             add_us(&self.model.counters.wasted_us, self.work);
@@ -647,11 +687,6 @@ impl Admission {
         let disconnected = pin!(disconnected);
         let mut watch = Watch::new(disconnected, cfg.kill_on_client_disconnect);
         model.in_flight.fetch_add(1, Ordering::Relaxed);
-        let mut run = Run {
-            model,
-            work: Duration::ZERO,
-            settled: false,
-        };
         let cost_ms = if cfg.enabled { self.cost_ms } else { 0.0 };
         let pool = match self.kind {
             _ if cost_ms <= 0.0 => None,
@@ -660,6 +695,12 @@ impl Admission {
             }
             CommandKind::Write => Some(&model.write),
             CommandKind::Command => None,
+        };
+        let mut run = Run {
+            model,
+            work: Duration::ZERO,
+            settled: false,
+            queued: pool.map(|_| self.ingress_wait),
         };
         let mut ticket = None;
         if let Some(p) = pool {
@@ -679,6 +720,7 @@ impl Admission {
                 Err(AcquireError::Interrupted(i)) => return Err(run.stop(i)),
             }
             out.ticket_wait += Instant::now() - t0;
+            run.queued = Some(self.ingress_wait + out.ticket_wait);
         }
         let quantum = Duration::from_secs_f64(cfg.quantum_ms / 1000.0);
         let yield_period = Duration::from_secs_f64(cfg.yield_period_ms / 1000.0);
@@ -731,19 +773,28 @@ impl Admission {
                         Err(AcquireError::Shed) => return Err(run.stop(Interrupt::Deadline)),
                     }
                     out.ticket_wait += Instant::now() - t0;
+                    run.queued = Some(self.ingress_wait + out.ticket_wait);
                 }
             }
         }
         drop(ticket);
         let now = Instant::now();
         let gone = watch.check().await || watch.fired();
+        let abandoned = !gone
+            && self
+                .client_deadline
+                .is_some_and(|at| SystemTime::now() > at);
         out.client_disconnected = gone;
+        out.abandoned = abandoned;
         out.work = run.work;
         out.total = now.saturating_duration_since(self.arrival);
         run.settled = true;
         bump(&model.counters.completed);
         if gone {
             bump(&model.counters.orphaned);
+            add_us(&model.counters.wasted_us, run.work);
+        } else if abandoned {
+            bump(&model.counters.abandoned);
             add_us(&model.counters.wasted_us, run.work);
         } else {
             add_us(&model.counters.useful_us, run.work);

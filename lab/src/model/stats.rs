@@ -2,8 +2,11 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use bson::Document;
+use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// Monotonic counters (work in microseconds internally).
@@ -17,6 +20,7 @@ pub(crate) struct Counters {
     pub(crate) killed: AtomicU64,
     pub(crate) orphaned: AtomicU64,
     pub(crate) failed: AtomicU64,
+    pub(crate) abandoned: AtomicU64,
     pub(crate) wasted_us: AtomicU64,
     pub(crate) useful_us: AtomicU64,
     pub(crate) busy_us: AtomicU64,
@@ -54,8 +58,11 @@ pub struct CounterSnapshot {
     pub orphaned: u64,
     /// Completed requests whose command then failed (reported by the server).
     pub failed: u64,
-    /// Core time spent on requests that expired, were killed, were orphaned or failed, and on
-    /// rejecting requests (ms).
+    /// Requests that completed after the deadline their application announced in
+    /// `comment.labDeadlineMs` (the application had stopped waiting; the lab's oracle).
+    pub abandoned: u64,
+    /// Core time spent on requests that expired, were killed, were orphaned, were abandoned or
+    /// failed, and on rejecting requests (ms).
     pub wasted_work_ms: f64,
     /// Core time spent on requests that completed for a client still waiting (ms).
     pub useful_work_ms: f64,
@@ -78,6 +85,7 @@ impl Counters {
             killed: g(&self.killed),
             orphaned: g(&self.orphaned),
             failed: g(&self.failed),
+            abandoned: g(&self.abandoned),
             wasted_work_ms: ms(&self.wasted_us),
             useful_work_ms: ms(&self.useful_us),
             overhead_work_ms: ms(&self.overhead_us),
@@ -97,6 +105,7 @@ impl CounterSnapshot {
             killed: self.killed.saturating_sub(o.killed),
             orphaned: self.orphaned.saturating_sub(o.orphaned),
             failed: self.failed.saturating_sub(o.failed),
+            abandoned: self.abandoned.saturating_sub(o.abandoned),
             wasted_work_ms: (self.wasted_work_ms - o.wasted_work_ms).max(0.0),
             useful_work_ms: (self.useful_work_ms - o.useful_work_ms).max(0.0),
             overhead_work_ms: (self.overhead_work_ms - o.overhead_work_ms).max(0.0),
@@ -145,6 +154,72 @@ pub struct ModelSnapshot {
     pub counters: CounterSnapshot,
     /// Current values.
     pub gauges: GaugeSnapshot,
+    /// How long admitted requests waited in the server's queues, since the model was last
+    /// switched on.
+    pub queue_wait_ms: WaitPercentiles,
+}
+
+/// Percentiles of a wait, in milliseconds (0 when nothing was recorded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct WaitPercentiles {
+    /// Requests recorded.
+    pub count: u64,
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Longest.
+    pub max: f64,
+}
+
+/// The distribution of one kind of wait (microsecond resolution, 3 significant digits, up to
+/// an hour; longer waits are recorded as an hour, so memory stays fixed).
+#[derive(Debug)]
+pub(crate) struct WaitHistogram(Mutex<Histogram<u64>>);
+
+const HOUR_US: u64 = 3_600_000_000;
+
+fn empty_histogram() -> Histogram<u64> {
+    // 1 µs..1 h at 3 significant digits is a valid, fixed-size configuration.
+    Histogram::new_with_bounds(1, HOUR_US, 3).unwrap_or_else(|e| unreachable!("{e}"))
+}
+
+impl Default for WaitHistogram {
+    fn default() -> Self {
+        WaitHistogram(Mutex::new(empty_histogram()))
+    }
+}
+
+impl WaitHistogram {
+    fn hist(&self) -> std::sync::MutexGuard<'_, Histogram<u64>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn record(&self, wait: Duration) {
+        let us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+        self.hist().saturating_record(us.clamp(1, HOUR_US));
+    }
+
+    pub(crate) fn reset(&self) {
+        self.hist().reset();
+    }
+
+    pub(crate) fn percentiles(&self) -> WaitPercentiles {
+        let h = self.hist();
+        let ms = |us: u64| us as f64 / 1000.0;
+        if h.is_empty() {
+            return WaitPercentiles::default();
+        }
+        WaitPercentiles {
+            count: h.len(),
+            p50: ms(h.value_at_quantile(0.50)),
+            p95: ms(h.value_at_quantile(0.95)),
+            p99: ms(h.value_at_quantile(0.99)),
+            max: ms(h.max()),
+        }
+    }
 }
 
 impl ModelSnapshot {
@@ -247,6 +322,23 @@ impl Series {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wait_histogram_reports_milliseconds_and_resets() {
+        let w = WaitHistogram::default();
+        assert_eq!(w.percentiles(), WaitPercentiles::default());
+        for ms in 1..=100 {
+            w.record(Duration::from_millis(ms));
+        }
+        w.record(Duration::from_secs(10 * 3600));
+        let p = w.percentiles();
+        assert_eq!(p.count, 101);
+        assert!((p.p50 - 51.0).abs() < 0.1, "{p:?}");
+        assert!((p.p99 - 100.0).abs() < 0.1, "{p:?}");
+        assert!((p.max - 3_600_000.0).abs() / 3_600_000.0 < 0.001, "{p:?}");
+        w.reset();
+        assert_eq!(w.percentiles().count, 0);
+    }
 
     #[test]
     fn ring_is_bounded_and_fills_gaps() {

@@ -133,3 +133,100 @@ async fn huge_max_time_ms_does_not_overflow() {
     let r = tokio::time::timeout(Duration::from_secs(1), a.execute(std::future::pending())).await;
     assert!(r.is_err());
 }
+
+fn one_ticket_model() -> Arc<Model> {
+    Model::new(ModelConfig {
+        enabled: true,
+        tickets: TicketConfig {
+            read: 1,
+            write: 1,
+            ..TicketConfig::default()
+        },
+        ..ModelConfig::default()
+    })
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn queue_waits_are_published_and_start_afresh_when_switched_on() {
+    let m = one_ticket_model();
+    let run = |m: Arc<Model>| async move {
+        let info = CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(10.0);
+        let a = m.admit(&info).await.unwrap();
+        a.execute(std::future::pending()).await.unwrap()
+    };
+    let (first, second) = tokio::join!(run(m.clone()), run(m.clone()));
+    // One of the two waited for the other's ticket.
+    let waited = first.ticket_wait.max(second.ticket_wait);
+    assert!(waited >= Duration::from_millis(9), "{first:?} {second:?}");
+    let q = m.snapshot().queue_wait_ms;
+    assert_eq!(q.count, 2, "{q:?}");
+    assert!((q.max - waited.as_secs_f64() * 1000.0).abs() < 0.5, "{q:?}");
+    assert!(q.p50 < 0.5, "{q:?}");
+    // Commands that take no ticket are not recorded.
+    let ping = CommandInfo::new("ping", CommandKind::Command, Instant::now());
+    let a = m.admit(&ping).await.unwrap();
+    a.execute(std::future::pending()).await.unwrap();
+    assert_eq!(m.snapshot().queue_wait_ms.count, 2);
+    m.set_parameters(&bson::doc! {"enabled": false}).unwrap();
+    m.set_parameters(&bson::doc! {"enabled": true}).unwrap();
+    assert_eq!(m.snapshot().queue_wait_ms, WaitPercentiles::default());
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_finished_after_the_applications_deadline_is_wasted() {
+    let m = one_ticket_model();
+    let now = std::time::SystemTime::now();
+    let find = |at| {
+        CommandInfo::new("find", CommandKind::Scan, Instant::now())
+            .with_cost_ms(10.0)
+            .with_client_deadline(at)
+    };
+    let gone = find(now - std::time::Duration::from_secs(1));
+    let out = m
+        .admit(&gone)
+        .await
+        .unwrap()
+        .execute(std::future::pending())
+        .await
+        .unwrap();
+    assert!(out.abandoned);
+    // A failure reported afterwards must not count the same work twice.
+    m.record_failed(&out);
+    let c = m.snapshot().counters;
+    assert_eq!((c.abandoned, c.completed), (1, 1));
+    assert!((c.wasted_work_ms - 10.0).abs() < 1.0, "{c:?}");
+    assert!(c.useful_work_ms < 0.001, "{c:?}");
+    let waiting = find(now + std::time::Duration::from_secs(3600));
+    let out = m
+        .admit(&waiting)
+        .await
+        .unwrap()
+        .execute(std::future::pending())
+        .await
+        .unwrap();
+    assert!(!out.abandoned);
+    let c = m.snapshot().counters;
+    assert_eq!(c.abandoned, 1);
+    assert!((c.useful_work_ms - 10.0).abs() < 1.0, "{c:?}");
+}
+
+#[test]
+fn the_applications_deadline_is_read_from_the_comment() {
+    let body = bson::doc! {"find": "c", "comment": {"labReq": 7_i64, "labDeadlineMs": 1_700_000_000_123_i64}};
+    let info = CommandInfo::from_command(&body, Instant::now());
+    let expected =
+        std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
+    assert_eq!(info.client_deadline, Some(expected));
+    for bad in [
+        bson::Bson::String("soon".into()),
+        bson::Bson::Int64(-5),
+        bson::Bson::Double(f64::NAN),
+    ] {
+        let body = bson::doc! {"find": "c", "comment": {"labDeadlineMs": bad}};
+        assert_eq!(
+            CommandInfo::from_command(&body, Instant::now()).client_deadline,
+            None
+        );
+    }
+}
