@@ -104,6 +104,9 @@ struct RunArgs {
     /// Documents in the collection.
     #[arg(long, default_value_t = 1000)]
     docs: i64,
+    /// The server model's ingress limiter rate as a share of capacity (0 turns it off).
+    #[arg(long, default_value_t = 0.9)]
+    limiter_share: f64,
     /// Extra server model settings (JSON object merged into `labOverload`).
     #[arg(long)]
     model_json: Option<String>,
@@ -152,6 +155,9 @@ fn config(a: &RunArgs) -> Result<LabConfig, String> {
     if a.deadline_ms == 0 {
         return Err("--deadline-ms must be positive".into());
     }
+    if !(a.limiter_share.is_finite() && (0.0..=10.0).contains(&a.limiter_share)) {
+        return Err("--limiter-share must be between 0 and 10".into());
+    }
     Ok(LabConfig {
         scenario,
         variants,
@@ -177,6 +183,7 @@ fn config(a: &RunArgs) -> Result<LabConfig, String> {
         seed: a.seed,
         server_mode: a.server,
         persona: a.persona,
+        limiter_share: a.limiter_share,
         model_overrides,
         max_lag_p99: Duration::from_secs_f64(a.max_lag_ms / 1000.0),
     })

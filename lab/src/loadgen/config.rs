@@ -432,6 +432,10 @@ pub struct LabConfig {
     pub server_mode: ServerMode,
     /// Emulator persona.
     pub persona: Persona,
+    /// The ingress limiter's rate as a share of `capacity` (0: no limiter). Below 1 so the
+    /// work the limiter admits stays below what the server completes; at exactly 1 the ticket
+    /// queues are a random walk and runs become bistable (see `docs/lab.md`).
+    pub limiter_share: f64,
     /// Extra `labOverload` settings (JSON object), merged over the lab's defaults.
     pub model_overrides: Option<serde_json::Value>,
     /// Schedule-lag p99 above which a run is INVALID.
@@ -459,6 +463,7 @@ impl Default for LabConfig {
             seed: 4,
             server_mode: ServerMode::Model,
             persona: Persona::Replicaset,
+            limiter_share: 0.9,
             model_overrides: None,
             max_lag_p99: Duration::from_millis(5),
         }

@@ -249,15 +249,25 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
     let _ = writeln!(
         s,
         "Scenario **{}** ({}), capacity **{:.0} ops/s** ({}), {} arrivals, {} instances, \
-         deadline {} ms, server mode **{:?}**, {} run(s) per variant, wall time {:.0} s.\n",
+         maxPoolSize {} each, deadline {} ms, server mode **{:?}**{}, {} run(s) per variant, \
+         wall time {:.0} s.\n",
         cfg.scenario.name,
         phases.join(" → "),
         run.capacity,
         run.capacity_note,
         format!("{:?}", cfg.arrivals).to_lowercase(),
         cfg.instances,
+        cfg.max_pool_size,
         cfg.deadline.as_millis(),
         cfg.server_mode,
+        match (run.model_config.is_some(), cfg.limiter_share > 0.0) {
+            (true, true) => format!(
+                " (ingress limiter at {:.0} % of capacity)",
+                cfg.limiter_share * 100.0
+            ),
+            (true, false) => " (no ingress limiter)".to_string(),
+            (false, _) => String::new(),
+        },
         cfg.repeats,
         run.wall.as_secs_f64()
     );

@@ -216,7 +216,8 @@ pub struct LabRun {
     pub wall: Duration,
 }
 
-/// The `labOverload` settings of model mode at `capacity`.
+/// The `labOverload` settings of model mode at `capacity`: the ingress limiter admits
+/// `cfg.limiter_share × capacity` per second (off when the share is 0).
 pub fn model_document(cfg: &LabConfig, capacity: f64) -> Result<Document, String> {
     let mut d = doc! {
         "enabled": true,
@@ -227,7 +228,9 @@ pub fn model_document(cfg: &LabConfig, capacity: f64) -> Result<Document, String
         },
         "tickets": { "mode": "fixed", "read": 8i64, "write": 8i64 },
         "limiter": {
-            "enabled": true, "ratePerSec": capacity, "burstCapacitySecs": 0.25,
+            "enabled": cfg.limiter_share > 0.0,
+            "ratePerSec": (capacity * cfg.limiter_share).max(1.0),
+            "burstCapacitySecs": 0.25,
             "maxQueueDepth": 0i64,
         },
     };
@@ -655,7 +658,12 @@ async fn run_against(
     };
     let model = match cfg.server_mode {
         ServerMode::Model => {
-            control.set_model(&model_document(cfg, capacity)?).await?;
+            // Calibration measures what the cores and tickets complete, so no limiter.
+            let mut unlimited = model_document(cfg, capacity)?;
+            if let Ok(limiter) = unlimited.get_document_mut("limiter") {
+                limiter.insert("enabled", false);
+            }
+            control.set_model(&unlimited).await?;
             if cfg.capacity <= 0.0 {
                 progress.set_message("calibrating the server model's capacity");
                 let measured = calibrate(cfg, uri).await?;
