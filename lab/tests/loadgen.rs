@@ -283,7 +283,10 @@ async fn tiny_model_run_reads_the_server_snapshot() {
     let model = run.model_config.as_ref().expect("model settings");
     // The limiter admits 90 % of capacity by default.
     let rate = model.get_document("limiter").unwrap().get_f64("ratePerSec");
-    assert!(rate.as_ref().is_ok_and(|r| (r - 90.0).abs() < 1e-9), "{rate:?}");
+    assert!(
+        rate.as_ref().is_ok_and(|r| (r - 90.0).abs() < 1e-9),
+        "{rate:?}"
+    );
     let s = &run.runs[0].summary;
     let server = s.server.as_ref().expect("labOverload counters");
     assert!(

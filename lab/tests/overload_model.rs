@@ -88,3 +88,53 @@ async fn invalid_overload_config_fails_start() {
     .await;
     assert!(res.is_err());
 }
+
+#[tokio::test]
+async fn counters_and_series_reach_server_status_and_the_handle() {
+    let emu = common::start(common::rs(1)).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    let on = raw
+        .command(&doc! {
+            "setParameter": 1,
+            "labOverload": { "enabled": true, "tickets": { "read": 2, "write": 2 } },
+            "$db": "admin",
+        })
+        .await
+        .unwrap();
+    assert_eq!(on.get_f64("ok"), Ok(1.0), "{on}");
+    for _ in 0..5 {
+        let r = raw
+            .command(&doc! { "find": "c", "filter": { "_id": 1 }, "$db": "db" })
+            .await
+            .unwrap();
+        assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
+    }
+    // Let a second boundary pass so that the series has a sample with these requests.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let status = raw
+        .command(&doc! { "serverStatus": 1, "$db": "admin" })
+        .await
+        .unwrap();
+    let overload = status.get_document("labOverload").unwrap();
+    let admitted = overload
+        .get_document("counters")
+        .unwrap()
+        .get_i64("admitted")
+        .unwrap();
+    assert!(admitted >= 5, "{overload}");
+    let series = overload.get_array("series").unwrap();
+    let in_series: i64 = series
+        .iter()
+        .filter_map(|s| s.as_document())
+        .filter_map(|s| s.get_document("counters").ok())
+        .filter_map(|c| c.get_i64("admitted").ok())
+        .sum();
+    assert!(in_series >= 5, "{overload}");
+    let waits = overload.get_document("queueWaitMs").unwrap();
+    assert!(waits.get_i64("count").unwrap() >= 5, "{waits}");
+    // The library handle sees the same model.
+    let model = emu.overload();
+    assert!(model.snapshot().counters.admitted >= admitted as u64);
+    assert!(!model.series(60).is_empty());
+    emu.shutdown().await;
+}

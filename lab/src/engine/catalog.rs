@@ -1,6 +1,7 @@
 //! Databases, collections, index metadata and the per-collection write primitives.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
 use bson::{oid::ObjectId, Bson, Document};
 
@@ -200,6 +201,34 @@ impl Collection {
     /// value across types, as in mongod's index).
     pub(crate) fn position_of_id(&self, id: &Bson) -> Option<usize> {
         self.ids.get(&OrdBson(id.clone())).copied()
+    }
+
+    /// Positions, ascending, of the documents whose `_id` lies between `lower` and `upper` in
+    /// the index's order (which orders values of different types by type, like mongod).
+    pub(crate) fn positions_in_id_range(
+        &self,
+        lower: Bound<&Bson>,
+        upper: Bound<&Bson>,
+    ) -> Vec<usize> {
+        let key = |b: Bound<&Bson>| match b {
+            Bound::Included(v) => Bound::Included(OrdBson(v.clone())),
+            Bound::Excluded(v) => Bound::Excluded(OrdBson(v.clone())),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let (lower, upper) = (key(lower), key(upper));
+        // BTreeMap::range panics on inverted or equal-excluded bounds; such a range is empty.
+        let empty = match (&lower, &upper) {
+            (Bound::Included(l), Bound::Included(u)) => l > u,
+            (Bound::Included(l) | Bound::Excluded(l), Bound::Excluded(u))
+            | (Bound::Excluded(l), Bound::Included(u)) => l >= u,
+            _ => false,
+        };
+        if empty {
+            return Vec::new();
+        }
+        let mut positions: Vec<usize> = self.ids.range((lower, upper)).map(|(_, &i)| i).collect();
+        positions.sort_unstable();
+        positions
     }
 
     /// Removes the documents at the given indexes.

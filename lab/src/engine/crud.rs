@@ -2,6 +2,7 @@
 //! parsers for the corresponding command documents.
 
 use std::collections::BTreeSet;
+use std::ops::Bound;
 
 use bson::{Bson, Document};
 
@@ -186,6 +187,64 @@ fn id_equality(filter: &Document) -> Option<&Bson> {
     }
 }
 
+/// A value the `_id_` index can look up or bound a range with (the values whose matching
+/// rules are plain comparison).
+fn id_index_key(v: &Bson) -> Option<&Bson> {
+    match v {
+        Bson::Document(_)
+        | Bson::Array(_)
+        | Bson::RegularExpression(_)
+        | Bson::Null
+        | Bson::Undefined
+        | Bson::MinKey
+        | Bson::MaxKey => None,
+        v => Some(v),
+    }
+}
+
+/// The positions, ascending, that the `_id_` index gives for a filter whose `_id` condition
+/// is a range (`$gt`, `$gte`, `$lt`, `$lte`, `$eq`) or an `$in` list of plain values; `None`
+/// when the index cannot narrow the filter. A superset of the matches: the caller still
+/// matches every candidate against the whole filter, whose other conditions are ANDed.
+fn id_index_candidates(collection: &Collection, filter: &Document) -> Option<Vec<usize>> {
+    let Bson::Document(cond) = filter.get("_id")? else {
+        return None;
+    };
+    let mut lower = Bound::Unbounded;
+    let mut upper = Bound::Unbounded;
+    let mut listed: Option<Vec<usize>> = None;
+    for (op, v) in cond {
+        match op.as_str() {
+            "$in" => {
+                let Bson::Array(values) = v else { return None };
+                let mut positions = Vec::with_capacity(values.len());
+                for value in values {
+                    positions.extend(collection.position_of_id(id_index_key(value)?));
+                }
+                positions.sort_unstable();
+                positions.dedup();
+                listed = Some(positions);
+            }
+            "$eq" => {
+                let key = id_index_key(v)?;
+                (lower, upper) = (Bound::Included(key), Bound::Included(key));
+            }
+            "$gt" => lower = Bound::Excluded(id_index_key(v)?),
+            "$gte" => lower = Bound::Included(id_index_key(v)?),
+            "$lt" => upper = Bound::Excluded(id_index_key(v)?),
+            "$lte" => upper = Bound::Included(id_index_key(v)?),
+            _ => return None,
+        }
+    }
+    if let Some(positions) = listed {
+        return Some(positions);
+    }
+    if matches!((lower, upper), (Bound::Unbounded, Bound::Unbounded)) {
+        return None;
+    }
+    Some(collection.positions_in_id_range(lower, upper))
+}
+
 /// Indexes of the documents matching `filter`, in natural order, or ordered by `sort`.
 fn matching_indexes(
     collection: Option<&Collection>,
@@ -203,14 +262,28 @@ fn matching_indexes(
         });
         return Ok(hit.into_iter().collect());
     }
+    let candidates = collection.and_then(|c| id_index_candidates(c, filter));
     let mut hits = Vec::new();
-    for (i, d) in docs.iter().enumerate() {
-        if match_document(filter, d)? {
-            hits.push(i);
+    match &candidates {
+        Some(positions) => {
+            for &i in positions {
+                if let Some(d) = docs.get(i) {
+                    if match_document(filter, d)? {
+                        hits.push(i);
+                    }
+                }
+            }
+        }
+        None => {
+            for (i, d) in docs.iter().enumerate() {
+                if match_document(filter, d)? {
+                    hits.push(i);
+                }
+            }
         }
     }
     // Validate the filter even when nothing was there to evaluate it against.
-    if docs.is_empty() {
+    if docs.is_empty() || candidates.is_some_and(|c| c.is_empty()) {
         match_document(filter, &Document::new())?;
     }
     if let Some(spec) = sort {
@@ -834,6 +907,64 @@ mod tests {
         assert!(by_id(&s, Bson::String("5".into())).is_empty());
         assert_eq!(s.insert("db", "c", vec![doc! {"_id": 4}], true).n, 1);
         assert_eq!(by_id(&s, Bson::Int32(4)), vec![doc! {"_id": 4}]);
+    }
+
+    #[test]
+    fn id_index_narrowed_filters_match_what_a_scan_matches() {
+        let mut docs: Vec<Document> = (0..40)
+            .map(|i| match i % 4 {
+                0 => doc! {"_id": i, "v": i},
+                1 => doc! {"_id": f64::from(i) + 0.5, "v": i},
+                2 => doc! {"_id": format!("s{i:02}"), "v": i},
+                _ => doc! {"_id": {"k": i}, "v": i},
+            })
+            .collect();
+        // Natural order differs from `_id` order.
+        docs.reverse();
+        let mut s = store_with(docs);
+        s.delete(
+            "db",
+            "c",
+            &[DeleteStatement {
+                filter: doc! {"v": {"$in": [4, 5, 6, 7]}},
+                just_one: false,
+            }],
+            true,
+        );
+        let filters = vec![
+            doc! {"_id": {"$gte": 8, "$lt": 20}},
+            doc! {"_id": {"$gt": 8.5}},
+            doc! {"_id": {"$lte": 12}},
+            doc! {"_id": {"$gte": "s10", "$lte": "s30"}},
+            doc! {"_id": {"$gt": 30, "$lt": 10}},
+            doc! {"_id": {"$gt": 8, "$lt": 8}},
+            doc! {"_id": {"$gte": 8, "$lte": 8}},
+            doc! {"_id": {"$eq": 16.0}},
+            doc! {"_id": {"$in": [16, "s18", 9.5, 4, {"k": 3}]}},
+            doc! {"_id": {"$in": []}},
+            doc! {"_id": {"$gte": 0}, "v": {"$gt": 20}},
+            doc! {"_id": {"$gte": 0, "$ne": 12}},
+            doc! {"_id": {"$lt": {"k": 20}}},
+        ];
+        let all = s.documents("db", "c").to_vec();
+        for filter in filters {
+            let expected: Vec<Document> = all
+                .iter()
+                .filter(|d| match_document(&filter, d).expect("valid filter"))
+                .cloned()
+                .collect();
+            let spec = FindSpec {
+                filter: filter.clone(),
+                ..Default::default()
+            };
+            assert_eq!(s.find("db", "c", &spec).expect("ok"), expected, "{filter}");
+        }
+        // A malformed filter is still an error when the index finds no candidate.
+        let bad = FindSpec {
+            filter: doc! {"x": {"$bogus": 1}, "_id": {"$gt": 30, "$lt": 10}},
+            ..Default::default()
+        };
+        assert_eq!(s.find("db", "c", &bad).map_err(|e| e.code), Err(2));
     }
 
     #[test]

@@ -1157,9 +1157,24 @@ fn server_status(shared: &Shared, member: &Member) -> Document {
         },
         "metrics": { "cursor": { "open": { "total": cursors } } },
         "logicalSessionRecordCache": { "activeSessionsCount": sessions },
-        "labOverload": shared.model.snapshot().to_document(),
+        "labOverload": overload_status(&shared.model),
         "ok": 1.0,
     }
+}
+
+/// Seconds of the overload model's per-second series that `serverStatus` returns.
+const STATUS_SERIES_SECS: usize = 60;
+
+/// `serverStatus.labOverload`: the model's snapshot plus its last minute of samples.
+fn overload_status(model: &crate::model::Model) -> Document {
+    let mut d = model.snapshot().to_document();
+    let series: Vec<Bson> = model
+        .series(STATUS_SERIES_SECS)
+        .iter()
+        .map(|s| Bson::Document(s.to_document()))
+        .collect();
+    d.insert("series", series);
+    d
 }
 
 fn configure_fail_point(member: &Member, body: &Document) -> Result<Document, CommandError> {

@@ -425,6 +425,14 @@ impl Emulator {
         lock(&self.shared.metadata).iter().cloned().collect()
     }
 
+    /// The overload model shared by all members: [`Model::snapshot`](crate::model::Model::snapshot)
+    /// for counters, gauges and queue waits, [`Model::series`](crate::model::Model::series) for
+    /// the per-second samples, [`Model::set_parameters`](crate::model::Model::set_parameters) to
+    /// change it (the same as `serverStatus` / `setParameter` of `labOverload`).
+    pub fn overload(&self) -> Arc<crate::model::Model> {
+        self.shared.model.clone()
+    }
+
     /// Closes the listeners and all connections and waits for every task to finish.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown_tx.send(true);
