@@ -1,6 +1,6 @@
 //! `cargo xtask lab`: builds the overload lab with the `lab` profile and runs it.
 
-use std::process::{Command, ExitStatus};
+use std::process::ExitStatus;
 
 use anyhow::{Context, Result};
 
@@ -10,8 +10,7 @@ impl Workspace {
     /// Runs `lab run <args>`: the load generator against its in-process emulator, upstream and
     /// the fork side by side.
     pub fn run_lab(&self, args: &[String]) -> Result<ExitStatus> {
-        let cargo = crate::project::cargo_program();
-        Command::new(cargo)
+        crate::project::cargo_command()
             .args([
                 "run",
                 "--quiet",

@@ -11,6 +11,29 @@ pub fn cargo_program() -> std::ffi::OsString {
     std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
 }
 
+/// A command running [`cargo_program`] for a nested build, without the variables cargo set
+/// for the xtask binary itself (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...). Some build
+/// scripts (ring's) watch `CARGO_MANIFEST_DIR`; passing xtask's value on made every nested
+/// build and every plain `cargo build` rebuild those crates and everything above them.
+pub fn cargo_command() -> std::process::Command {
+    let mut command = std::process::Command::new(cargo_program());
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_for_xtask) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+fn set_by_cargo_for_xtask(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_MANIFEST_")
+        || matches!(
+            name,
+            "CARGO_CRATE_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_BIN_NAME"
+        )
+}
+
 /// The project's directories. Every command takes one, so tests can point it at a temporary copy.
 #[derive(Clone, Debug)]
 pub struct Project {
@@ -153,6 +176,27 @@ mod tests {
     use super::*;
 
     const SUM: &str = "af84443ae9878f59a6818686f339064479f42cdf293c4c637d8fc9c0a8c5eed6";
+
+    #[test]
+    fn nested_cargo_drops_only_the_variables_cargo_set_for_xtask() {
+        for name in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_NAME",
+            "CARGO_CRATE_NAME",
+        ] {
+            assert!(set_by_cargo_for_xtask(name), "{name}");
+        }
+        for name in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "RUSTFLAGS",
+            "SPEC_DIR",
+        ] {
+            assert!(!set_by_cargo_for_xtask(name), "{name}");
+        }
+    }
 
     #[test]
     fn parses_pinned_release_with_comments() {

@@ -90,14 +90,12 @@ impl Workspace {
             DriverOutcome::Built { patches } => println!("built driver/ with {patches} patches"),
         }
         let root = self.project.root();
-        let cargo = crate::project::cargo_program();
-
-        let mut xtask_tests = Command::new(&cargo);
+        let mut xtask_tests = crate::project::cargo_command();
         xtask_tests
             .args(["test", "--manifest-path"])
             .arg(root.join("xtask/Cargo.toml"));
 
-        let mut workspace_tests = Command::new(&cargo);
+        let mut workspace_tests = crate::project::cargo_command();
         workspace_tests
             .args(["test", "--workspace", "--no-fail-fast", "--manifest-path"])
             .arg(root.join("Cargo.toml"))
@@ -125,7 +123,7 @@ impl Workspace {
             total += tally;
         }
 
-        let app = self.run_patch_app(&cargo)?;
+        let app = self.run_patch_app()?;
         total += app;
         if !broken.is_empty() {
             eprintln!("failed to run: {}", broken.join(", "));
@@ -136,13 +134,13 @@ impl Workspace {
     /// Builds the example application that swaps the fork in with `[patch.crates-io]` and checks
     /// that it reports the fork's identity. It shares the workspace's target directory and starts
     /// from the workspace's lock file, so it reuses the driver build instead of compiling it again.
-    fn run_patch_app(&self, cargo: &OsString) -> Result<Tally> {
+    fn run_patch_app(&self) -> Result<Tally> {
         let root = self.project.root();
         let app = root.join("examples/patch-app");
         fs::copy(root.join("Cargo.lock"), app.join("Cargo.lock"))
             .context("cannot seed the patch-app lock file")?;
         println!("==> patch-app (mongodb = \"3\" with [patch.crates-io] to the fork)");
-        let out = Command::new(cargo)
+        let out = crate::project::cargo_command()
             .args(["run", "--quiet", "--manifest-path"])
             .arg(app.join("Cargo.toml"))
             .env("CARGO_TARGET_DIR", root.join("target"))
