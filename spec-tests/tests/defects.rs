@@ -250,6 +250,47 @@ macro_rules! scenarios {
                 (started.named("bulkWrite").len(), n)
             }
 
+            /// B1, load-balanced half: a client bulkWrite whose results need getMores, on a
+            /// load-balanced connection (the cursor is pinned to it), where the first getMore
+            /// fails with a retryable overload error. Returns the bulkWrites and getMores sent
+            /// and whether the bulkWrite succeeded.
+            pub async fn load_balanced_bulk_write_get_more_overloaded_once(
+                uri: &str,
+            ) -> (usize, usize, bool) {
+                use ::$driver::options::{InsertOneModel, WriteModel};
+                let (client, started) = client(uri).await;
+                let admin = client.database("admin");
+                let coll = client.database("b1lb").collection::<Document>("c");
+                coll.delete_many(doc! {}).await.expect("clean");
+                admin
+                    .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 1 })
+                    .await
+                    .expect("setParameter");
+                fail_with_overload(&client, "getMore", doc! { "times": 1 }.into()).await;
+                let insert = |id: i32| {
+                    WriteModel::from(
+                        InsertOneModel::builder()
+                            .namespace(coll.namespace())
+                            .document(doc! { "_id": id })
+                            .build(),
+                    )
+                };
+                let result = client
+                    .bulk_write([insert(1), insert(2), insert(3)])
+                    .verbose_results()
+                    .await;
+                fail_point_off(&client).await;
+                admin
+                    .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 0 })
+                    .await
+                    .expect("setParameter");
+                (
+                    started.named("bulkWrite").len(),
+                    started.named("getMore").len(),
+                    result.is_ok(),
+                )
+            }
+
             /// B6: the monitor connects while the TLS front serves a trusted certificate, then
             /// the first pool connection gets one that does not validate. Returns whether the
             /// operation's error carried the overload labels and how many times the pool was
@@ -697,6 +738,37 @@ async fn b2_acknowledged_bulk_write_is_never_sent_again() {
     );
     let (sent, n) = fork::bulk_write_with_failing_get_more(&uri).await;
     assert_eq!((sent, n), (1, 2), "the fork sends the bulkWrite once");
+}
+
+#[tokio::test]
+async fn b1_load_balanced_bulk_write_results_get_more_is_retried() {
+    let server = Server::start(lab::Topology::Sharded { routers: 1 });
+    let router = server
+        .uri
+        .trim_start_matches("mongodb://")
+        .split(['/', '?', ','])
+        .next()
+        .expect("a router address")
+        .to_string();
+    let uri = format!("mongodb://{router}/?loadBalanced=true&retryWrites=true&retryReads=true");
+    let (bulk_writes, get_mores, ok) =
+        upstream::load_balanced_bulk_write_get_more_overloaded_once(&uri).await;
+    // Upstream does not retry the pinned getMore; the overload labels on its error make the
+    // whole acknowledged bulkWrite look retryable, so it is sent again (only the retryable-write
+    // deduplication of these inserts keeps the data right).
+    assert_eq!(
+        (bulk_writes, get_mores, ok),
+        (2, 2, true),
+        "upstream 3.9.1 resends the bulkWrite instead of retrying its results getMore in \
+         load-balanced mode (defects B1 and B2)"
+    );
+    let (bulk_writes, get_mores, ok) =
+        fork::load_balanced_bulk_write_get_more_overloaded_once(&uri).await;
+    assert_eq!(
+        (bulk_writes, get_mores, ok),
+        (1, 2, true),
+        "the fork sends the bulkWrite once and retries the pinned getMore on its connection"
+    );
 }
 
 #[tokio::test]
