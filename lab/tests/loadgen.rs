@@ -304,8 +304,8 @@ async fn tiny_model_run_reads_the_server_snapshot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_finished_after_the_application_gave_up_is_wasted() {
-    // A deadline shorter than any request's service time: the application gives up on every
-    // request, the server still does the work, and the model must count it as wasted.
+    // A deadline far shorter than any request's service time: the application gives up on
+    // every request, the server still does the work, and the model must count it as wasted.
     let cfg = LabConfig {
         scenario: one_phase(0.5, 2.0),
         variants: vec![Variant::parse("fork-default").unwrap()],
@@ -314,6 +314,10 @@ async fn work_finished_after_the_application_gave_up_is_wasted() {
         server_mode: ServerMode::Model,
         docs: 50,
         deadline: Duration::from_millis(1),
+        // Every request costs far more than the deadline plus the timer's slack.
+        model_overrides: Some(serde_json::json!({
+            "costs": { "pointReadMs": 20, "rangeReadMs": 20, "writeMs": 20 }
+        })),
         drain: Duration::from_millis(500),
         ..LabConfig::default()
     };
@@ -327,6 +331,8 @@ async fn work_finished_after_the_application_gave_up_is_wasted() {
         "{abandoned} of {}: {server:?}",
         s.offered
     );
-    assert!(s.wasted_share.is_some_and(|w| w > 0.8), "{s:?}");
+    // Wasted work is a share of all core time: never above 1 (the counters sum the same
+    // nanoseconds of work, per quantum and per request).
+    assert!(s.wasted_share.is_some_and(|w| w > 0.8 && w <= 1.0), "{s:?}");
     assert_eq!(s.good, 0, "{s:?}");
 }

@@ -73,7 +73,7 @@ pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample, WaitPerce
 use cores::Cores;
 use limiter::{Bucket, Take};
 use probing::Prober;
-use stats::{add_us, bump, Counters, Series, WaitHistogram};
+use stats::{add_ns, bump, Counters, Series, WaitHistogram};
 use tickets::{AcquireError, TicketPool};
 use wait::{Interrupt, Watch};
 
@@ -412,7 +412,7 @@ impl Model {
                     bump(&self.counters.rejected);
                     let mut r = Rejection::rate_limited(l.allow_retries, cfg.base_backoff_ms);
                     r.work = self.burn(cfg.costs.rejection_ms, deadline, &cfg).await;
-                    add_us(&self.counters.wasted_us, r.work);
+                    add_ns(&self.counters.wasted_ns, r.work);
                     return Err(r);
                 }
                 Take::At(valid) => {
@@ -456,7 +456,7 @@ impl Model {
         }
         let deadline = Instant::now() + Duration::from_millis(cfg.safety_time_limit_ms);
         let work = self.burn(cfg.costs.connection_ms, deadline, &cfg).await;
-        add_us(&self.counters.overhead_us, work);
+        add_ns(&self.counters.overhead_ns, work);
         work
     }
 
@@ -494,7 +494,7 @@ impl Model {
         let charged = progress.min(remaining);
         let quantum = Duration::from_secs_f64(cfg.quantum_ms / 1000.0);
         self.cores.bank(progress - charged, quantum * cfg.cores * 4);
-        add_us(&self.counters.busy_us, charged);
+        add_ns(&self.counters.busy_ns, charged);
         charged
     }
 
@@ -526,14 +526,14 @@ impl Model {
         if outcome.client_disconnected || outcome.abandoned {
             return; // already wasted
         }
-        let us = u64::try_from(outcome.work.as_micros()).unwrap_or(u64::MAX);
+        let ns = u64::try_from(outcome.work.as_nanos()).unwrap_or(u64::MAX);
         let _ = self
             .counters
-            .useful_us
+            .useful_ns
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(us))
+                Some(v.saturating_sub(ns))
             });
-        self.counters.wasted_us.fetch_add(us, Ordering::Relaxed);
+        self.counters.wasted_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     fn gauges(&self, now: Instant, cfg: &ModelConfig) -> GaugeSnapshot {
@@ -635,7 +635,7 @@ struct Run<'a> {
 impl Run<'_> {
     fn stop(&mut self, why: Interrupt) -> Rejection {
         self.settled = true;
-        add_us(&self.model.counters.wasted_us, self.work);
+        add_ns(&self.model.counters.wasted_ns, self.work);
         match why {
             Interrupt::Deadline => {
                 bump(&self.model.counters.expired);
@@ -656,7 +656,7 @@ impl Drop for Run<'_> {
         }
         self.model.in_flight.fetch_sub(1, Ordering::Relaxed);
         if !self.settled {
-            add_us(&self.model.counters.wasted_us, self.work);
+            add_ns(&self.model.counters.wasted_ns, self.work);
         }
     }
 }
@@ -714,7 +714,7 @@ impl Admission {
                     r.work = model
                         .burn(cfg.costs.rejection_ms, self.deadline, &cfg)
                         .await;
-                    add_us(&model.counters.wasted_us, r.work);
+                    add_ns(&model.counters.wasted_ns, r.work);
                     return Err(r);
                 }
                 Err(AcquireError::Interrupted(i)) => return Err(run.stop(i)),
@@ -792,12 +792,12 @@ impl Admission {
         bump(&model.counters.completed);
         if gone {
             bump(&model.counters.orphaned);
-            add_us(&model.counters.wasted_us, run.work);
+            add_ns(&model.counters.wasted_ns, run.work);
         } else if abandoned {
             bump(&model.counters.abandoned);
-            add_us(&model.counters.wasted_us, run.work);
+            add_ns(&model.counters.wasted_ns, run.work);
         } else {
-            add_us(&model.counters.useful_us, run.work);
+            add_ns(&model.counters.useful_ns, run.work);
         }
         drop(run);
         model.maintain(now, &cfg);

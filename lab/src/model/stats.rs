@@ -9,7 +9,8 @@ use bson::Document;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-/// Monotonic counters (work in microseconds internally).
+/// Monotonic counters (core time in nanoseconds internally, so that per-quantum sums and
+/// per-request sums of the same work agree exactly).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) admitted: AtomicU64,
@@ -21,19 +22,19 @@ pub(crate) struct Counters {
     pub(crate) orphaned: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) abandoned: AtomicU64,
-    pub(crate) wasted_us: AtomicU64,
-    pub(crate) useful_us: AtomicU64,
-    pub(crate) busy_us: AtomicU64,
-    pub(crate) overhead_us: AtomicU64,
+    pub(crate) wasted_ns: AtomicU64,
+    pub(crate) useful_ns: AtomicU64,
+    pub(crate) busy_ns: AtomicU64,
+    pub(crate) overhead_ns: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-pub(crate) fn add_us(c: &AtomicU64, d: std::time::Duration) {
+pub(crate) fn add_ns(c: &AtomicU64, d: std::time::Duration) {
     c.fetch_add(
-        u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+        u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
         Ordering::Relaxed,
     );
 }
@@ -75,7 +76,7 @@ pub struct CounterSnapshot {
 impl Counters {
     pub(crate) fn read(&self) -> CounterSnapshot {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let ms = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64 / 1000.0;
+        let ms = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64 / 1e6;
         CounterSnapshot {
             admitted: g(&self.admitted),
             rejected: g(&self.rejected),
@@ -86,10 +87,10 @@ impl Counters {
             orphaned: g(&self.orphaned),
             failed: g(&self.failed),
             abandoned: g(&self.abandoned),
-            wasted_work_ms: ms(&self.wasted_us),
-            useful_work_ms: ms(&self.useful_us),
-            overhead_work_ms: ms(&self.overhead_us),
-            busy_core_ms: ms(&self.busy_us),
+            wasted_work_ms: ms(&self.wasted_ns),
+            useful_work_ms: ms(&self.useful_ns),
+            overhead_work_ms: ms(&self.overhead_ns),
+            busy_core_ms: ms(&self.busy_ns),
         }
     }
 }
