@@ -334,3 +334,21 @@ async fn coll_stats_reports_capped_options() {
     assert_eq!(stats.get_i32("maxSize"), Ok(4096), "{stats}");
     emu.shutdown().await;
 }
+
+#[tokio::test]
+async fn search_index_commands_answer_like_a_mongod_without_search() {
+    let emu = common::start(common::rs(1)).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    for command in [
+        doc! { "createSearchIndexes": "c", "indexes": [{ "definition": {} }], "$db": "db" },
+        doc! { "updateSearchIndex": "c", "name": "default", "definition": {}, "$db": "db" },
+        doc! { "dropSearchIndex": "c", "name": "default", "$db": "db" },
+        doc! { "aggregate": "c", "pipeline": [{ "$listSearchIndexes": {} }], "cursor": {}, "$db": "db" },
+    ] {
+        let reply = raw.command(&command).await.unwrap();
+        assert_eq!(reply.get_f64("ok"), Ok(0.0), "{reply}");
+        assert_eq!(reply.get_i32("code"), Ok(31082), "{reply}");
+        assert_eq!(reply.get_str("codeName"), Ok("SearchNotEnabled"), "{reply}");
+    }
+    emu.shutdown().await;
+}

@@ -167,6 +167,34 @@ macro_rules! scenarios {
                 outcome(&result, started.named(command).len())
             }
 
+            /// B1: a search-index command rejected twice with a retryable overload error. The
+            /// emulator, like a mongod without a search deployment, then answers 31082
+            /// SearchNotEnabled, so a third attempt shows as that code.
+            pub async fn search_index_command_under_overload(uri: &str, command: &str) -> Outcome {
+                use ::$driver::SearchIndexModel;
+                let (client, started) = client(uri).await;
+                let coll = client.database("b1").collection::<Document>("searchable");
+                coll.insert_one(doc! {}).await.expect("seed");
+                fail_with_overload(&client, command, doc! { "times": 2 }.into()).await;
+                let definition = doc! { "mappings": { "dynamic": true } };
+                let result = match command {
+                    "createSearchIndexes" => coll
+                        .create_search_index(
+                            SearchIndexModel::builder()
+                                .name("default".to_string())
+                                .definition(definition)
+                                .build(),
+                        )
+                        .await
+                        .map(|_| ()),
+                    "updateSearchIndex" => coll.update_search_index("default", definition).await,
+                    "dropSearchIndex" => coll.drop_search_index("default").await,
+                    other => panic!("no scenario for {other}"),
+                };
+                fail_point_off(&client).await;
+                outcome(&result, started.named(command).len())
+            }
+
             /// B3: many overload retries against a server that always rejects. With
             /// `virtual_time` the backoffs pass on a paused clock.
             pub async fn many_overload_retries(
@@ -502,6 +530,30 @@ async fn b1_create_drop_and_drop_database_retry_on_overload() {
             (fork.attempts, fork.ok),
             (3, true),
             "the fork retries {command} twice and succeeds: {fork:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn b1_search_index_commands_retry_on_overload() {
+    let server = Server::standalone();
+    let uri = server.uri_with("retryWrites=true");
+    for command in [
+        "createSearchIndexes",
+        "updateSearchIndex",
+        "dropSearchIndex",
+    ] {
+        let up = upstream::search_index_command_under_overload(&uri, command).await;
+        assert_eq!(
+            (up.attempts, up.ok, up.code),
+            (1, false, Some(462)),
+            "upstream 3.9.1 should give {command} a single attempt (defect B1): {up:?}"
+        );
+        let fork = fork::search_index_command_under_overload(&uri, command).await;
+        assert_eq!(
+            (fork.attempts, fork.ok, fork.code),
+            (3, false, Some(31082)),
+            "the fork retries {command} twice and reaches the server's own answer: {fork:?}"
         );
     }
 }

@@ -512,6 +512,11 @@ fn execute(
             doc! { "authInfo": { "authenticatedUsers": [], "authenticatedUserRoles": [] }, "ok": 1.0 },
         ),
         "getLog" => Ok(doc! { "totalLinesWritten": 0i32, "log": [], "ok": 1.0 }),
+        // Like a mongod without mongot: the commands exist (so fail points and retries
+        // apply to them) but always fail.
+        "createSearchIndexes" | "updateSearchIndex" | "dropSearchIndex" => {
+            Err(CommandError::search_not_enabled())
+        }
         n if data::is_data_command(n) => {
             check_role(shared, member, name, body, g)?;
             run_data_command(shared, member, conn, name, db, body, g, close_after)

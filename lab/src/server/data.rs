@@ -621,6 +621,9 @@ fn aggregate(
         Some(c) => format!("{db}.{c}"),
         None => format!("{db}.$cmd.aggregate"),
     };
+    if first_stage == "$listSearchIndexes" {
+        return Err(CommandError::search_not_enabled());
+    }
     if first_stage == "$changeStream" {
         if !ctx.replicated {
             return Err(CommandError::new(

@@ -22,6 +22,16 @@ pub struct CommandError {
 }
 
 impl CommandError {
+    /// The reply of a mongod without a search deployment (mongot) to the search-index
+    /// commands and `$listSearchIndexes`.
+    pub fn search_not_enabled() -> Self {
+        CommandError::new(
+            codes::SEARCH_NOT_ENABLED,
+            "Search index commands and the $listSearchIndexes stage require additional \
+             configuration: this server has no search deployment",
+        )
+    }
+
     /// An error with the code name looked up in [`code_name`].
     pub fn new(code: i32, errmsg: impl Into<String>) -> Self {
         CommandError {
@@ -97,6 +107,7 @@ pub mod codes {
     pub const NOT_WRITABLE_PRIMARY: i32 = 10107;
     pub const NOT_PRIMARY_NO_SECONDARY_OK: i32 = 13435;
     pub const CHANGE_STREAM_NOT_SUPPORTED: i32 = 40573;
+    pub const SEARCH_NOT_ENABLED: i32 = 31082;
 }
 
 /// mongod's name for `code`; `Location<code>` for codes without a symbolic name here.
@@ -169,6 +180,7 @@ pub fn code_name(code: i32) -> Cow<'static, str> {
         13388 => "StaleConfig",
         13435 => "NotPrimaryNoSecondaryOk",
         13436 => "NotPrimaryOrSecondary",
+        31082 => "SearchNotEnabled",
         40573 => "Location40573",
         _ => return Cow::Owned(format!("Location{code}")),
     };
