@@ -600,6 +600,36 @@ macro_rules! run {
     };
 }
 
+/// Runs an action that opens a cursor (with the session when there is one) and reads every
+/// document of it.
+macro_rules! drain {
+    ($sess:expr, $action:expr) => {
+        match $sess.get()? {
+            Some(s) => drain_session_cursor($action.session(&mut *s).await, s).await,
+            None => drain_cursor($action.await).await,
+        }
+    };
+}
+
+/// Like [`drain!`], but with `$keep_open` (createFindCursor, createCommandCursor) the cursor
+/// becomes an entity instead of being read.
+macro_rules! drain_or_keep {
+    ($sess:expr, $action:expr, $keep_open:expr, $op:expr) => {
+        match ($sess.get()?, $keep_open) {
+            (Some(_), true) => return Err(format!("{} with a session is not implemented", $op)),
+            (Some(s), false) => drain_session_cursor($action.session(&mut *s).await, s)
+                .await
+                .map(|d| value(docs_value(d))),
+            (None, true) => $action
+                .await
+                .map(|cursor| Produced::Entity(Entity::Cursor(Arc::new(AsyncMutex::new(cursor))))),
+            (None, false) => drain_cursor($action.await)
+                .await
+                .map(|d| value(docs_value(d))),
+        }
+    };
+}
+
 struct Args {
     doc: Document,
     op: String,
@@ -866,22 +896,7 @@ async fn collection_op(
             let filter = args.opt_doc("filter")?;
             let options = args.options()?;
             let action = coll.find(filter).with_options(options);
-            match sess.get()? {
-                Some(s) => {
-                    if name == "createFindCursor" {
-                        return Err("createFindCursor with a session is not implemented".into());
-                    }
-                    drain_session_cursor(action.session(&mut *s).await, s)
-                        .await
-                        .map(|d| value(docs_value(d)))
-                }
-                None => match action.await {
-                    Ok(cursor) if name == "createFindCursor" => Ok(Produced::Entity(
-                        Entity::Cursor(Arc::new(AsyncMutex::new(cursor))),
-                    )),
-                    other => drain_cursor(other).await.map(|d| value(docs_value(d))),
-                },
-            }
+            drain_or_keep!(sess, action, name == "createFindCursor", name)
         }
         "findOne" => {
             let filter = args.opt_doc("filter")?;
@@ -921,14 +936,7 @@ async fn collection_op(
             let pipeline = args.docs("pipeline")?;
             let options = args.options()?;
             let action = coll.aggregate(pipeline).with_options(options);
-            match sess.get()? {
-                Some(s) => drain_session_cursor(action.session(&mut *s).await, s)
-                    .await
-                    .map(|d| value(docs_value(d))),
-                None => drain_cursor(action.await)
-                    .await
-                    .map(|d| value(docs_value(d))),
-            }
+            drain!(sess, action).map(|d| value(docs_value(d)))
         }
         "countDocuments" => {
             let filter = args.opt_doc("filter")?;
@@ -974,18 +982,8 @@ async fn collection_op(
                     )))
                 })
             } else {
-                match sess.get()? {
-                    Some(s) => {
-                        let cursor = coll
-                            .list_indexes()
-                            .with_options(options)
-                            .session(&mut *s)
-                            .await;
-                        drain_session_cursor(cursor, s).await
-                    }
-                    None => drain_cursor(coll.list_indexes().with_options(options).await).await,
-                }
-                .map(|models| {
+                let action = coll.list_indexes().with_options(options);
+                drain!(sess, action).map(|models| {
                     let docs = models
                         .iter()
                         .filter_map(|m| bson::to_document(m).ok())
@@ -1039,22 +1037,7 @@ async fn database_op(
             let options: Option<crate::mongodb::options::RunCursorCommandOptions> =
                 args.options()?;
             let action = db.run_cursor_command(command).with_options(options);
-            match sess.get()? {
-                Some(s) => {
-                    if name == "createCommandCursor" {
-                        return Err("createCommandCursor with a session is not implemented".into());
-                    }
-                    drain_session_cursor(action.session(&mut *s).await, s)
-                        .await
-                        .map(|d| value(docs_value(d)))
-                }
-                None => match action.await {
-                    Ok(cursor) if name == "createCommandCursor" => Ok(Produced::Entity(
-                        Entity::Cursor(Arc::new(AsyncMutex::new(cursor))),
-                    )),
-                    other => drain_cursor(other).await.map(|d| value(docs_value(d))),
-                },
-            }
+            drain_or_keep!(sess, action, name == "createCommandCursor", name)
         }
         "createCollection" => {
             let collection = args.string("collection")?;
@@ -1069,11 +1052,7 @@ async fn database_op(
             let filter = args.opt_doc("filter")?;
             let options = args.options()?;
             let action = db.list_collections().filter(filter).with_options(options);
-            match sess.get()? {
-                Some(s) => drain_session_cursor(action.session(&mut *s).await, s).await,
-                None => drain_cursor(action.await).await,
-            }
-            .map(|specs| {
+            drain!(sess, action).map(|specs| {
                 let docs = specs
                     .iter()
                     .filter_map(|s| bson::to_document(s).ok())
@@ -1100,14 +1079,7 @@ async fn database_op(
             let pipeline = args.docs("pipeline")?;
             let options = args.options()?;
             let action = db.aggregate(pipeline).with_options(options);
-            match sess.get()? {
-                Some(s) => drain_session_cursor(action.session(&mut *s).await, s)
-                    .await
-                    .map(|d| value(docs_value(d))),
-                None => drain_cursor(action.await)
-                    .await
-                    .map(|d| value(docs_value(d))),
-            }
+            drain!(sess, action).map(|d| value(docs_value(d)))
         }
         "createChangeStream" => {
             let pipeline = args.docs("pipeline").unwrap_or_default();

@@ -38,28 +38,11 @@ const QUERY_OPS: &[&str] = &[
     "$comment",
 ];
 
-const UPDATE_OPS: &[&str] = &[
-    "$set",
-    "$unset",
-    "$inc",
-    "$mul",
-    "$min",
-    "$max",
-    "$rename",
-    "$setOnInsert",
-    "$push",
-    "$addToSet",
-    "$pop",
-    "$pull",
-    "$pullAll",
-    "$currentDate",
-    "$bit",
-    "$each",
-    "$slice",
-    "$sort",
-    "$position",
-    "$nope",
-];
+/// Every update operator the engine knows, plus array-update modifiers and an unknown name.
+fn update_ops() -> Vec<&'static str> {
+    let modifiers = ["$each", "$slice", "$sort", "$position", "$nope"];
+    update::OPERATORS.iter().copied().chain(modifiers).collect()
+}
 
 const EXPR_OPS: &[&str] = &[
     "$switch",
@@ -257,12 +240,13 @@ fn matching_random_filters_never_panics() {
 #[test]
 fn updates_with_random_operators_never_panic() {
     let mut rng = rng_for(0x5eed_0002);
+    let update_ops = update_ops();
     for _ in 0..iterations(4000) {
         let mut doc = stored_doc(&mut rng);
         let update = if rng.random_bool(0.8) {
             let mut u = Document::new();
             for _ in 0..rng.random_range(1..3) {
-                u.insert(pick(&mut rng, UPDATE_OPS), value(&mut rng, 3, UPDATE_OPS));
+                u.insert(pick(&mut rng, &update_ops), value(&mut rng, 3, &update_ops));
             }
             UpdateModification::Document(u)
         } else {
@@ -290,6 +274,7 @@ fn updates_with_random_operators_never_panic() {
 #[test]
 fn random_pipelines_and_finds_never_panic() {
     let mut rng = rng_for(0x5eed_0003);
+    let update_ops = update_ops();
     for round in 0..iterations(600) {
         let mut store = Store::new();
         let docs: Vec<Document> = (0..rng.random_range(0..6))
@@ -323,7 +308,7 @@ fn random_pipelines_and_finds_never_panic() {
         let _ = store.find("db", "c", &spec);
         let stmt = UpdateStatement {
             filter: document(&mut rng, 2, QUERY_OPS),
-            update: UpdateModification::Document(document(&mut rng, 2, UPDATE_OPS)),
+            update: UpdateModification::Document(document(&mut rng, 2, &update_ops)),
             upsert: rng.random(),
             multi: rng.random(),
             array_filters: vec![],
@@ -337,7 +322,7 @@ fn random_pipelines_and_finds_never_panic() {
             remove: rng.random_bool(0.3),
             update: rng
                 .random_bool(0.7)
-                .then(|| UpdateModification::Document(document(&mut rng, 2, UPDATE_OPS))),
+                .then(|| UpdateModification::Document(document(&mut rng, 2, &update_ops))),
             return_new: rng.random(),
             upsert: rng.random(),
             fields: Some(document(&mut rng, 1, &["$slice", "$elemMatch"])),

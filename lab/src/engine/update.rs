@@ -169,7 +169,7 @@ pub(crate) fn unset_fields(arg: &Bson) -> EngineResult<Vec<String>> {
     }
 }
 
-const OPERATORS: &[&str] = &[
+pub(crate) const OPERATORS: &[&str] = &[
     "$set",
     "$unset",
     "$inc",
