@@ -2,9 +2,9 @@
 
 use super::*;
 
-#[tokio::test(start_paused = true)]
-async fn dropped_execution_releases_everything_and_counts_waste() {
-    let m = Model::new(ModelConfig {
+/// An enabled model with one read and one write ticket.
+fn one_ticket_model() -> Arc<Model> {
+    Model::new(ModelConfig {
         enabled: true,
         tickets: TicketConfig {
             read: 1,
@@ -13,7 +13,12 @@ async fn dropped_execution_releases_everything_and_counts_waste() {
         },
         ..ModelConfig::default()
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_execution_releases_everything_and_counts_waste() {
+    let m = one_ticket_model();
     let info = CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(100.0);
     let a = m.admit(&info).await.unwrap();
     // Cancel the execution half-way (e.g. the server shuts down).
@@ -32,16 +37,7 @@ async fn dropped_execution_releases_everything_and_counts_waste() {
 
 #[tokio::test(start_paused = true)]
 async fn woken_waiter_that_expires_passes_its_wake_up_on() {
-    let m = Model::new(ModelConfig {
-        enabled: true,
-        tickets: TicketConfig {
-            read: 1,
-            write: 1,
-            ..TicketConfig::default()
-        },
-        ..ModelConfig::default()
-    })
-    .unwrap();
+    let m = one_ticket_model();
     let mk = |cost: f64, max: u64| {
         CommandInfo::new("find", CommandKind::Scan, Instant::now())
             .with_cost_ms(cost)
@@ -132,19 +128,6 @@ async fn huge_max_time_ms_does_not_overflow() {
     // The cost is clamped to an hour; give up after a second.
     let r = tokio::time::timeout(Duration::from_secs(1), a.execute(std::future::pending())).await;
     assert!(r.is_err());
-}
-
-fn one_ticket_model() -> Arc<Model> {
-    Model::new(ModelConfig {
-        enabled: true,
-        tickets: TicketConfig {
-            read: 1,
-            write: 1,
-            ..TicketConfig::default()
-        },
-        ..ModelConfig::default()
-    })
-    .unwrap()
 }
 
 #[tokio::test(start_paused = true)]
