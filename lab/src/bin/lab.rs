@@ -190,27 +190,16 @@ fn config(a: &RunArgs) -> Result<LabConfig, String> {
 }
 
 fn default_out() -> PathBuf {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (d, s) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = d as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    PathBuf::from("lab-runs").join(format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
-    ))
+    // `lab-runs/YYYYMMDD-HHMMSS` (UTC), from the RFC 3339 rendering of the current time.
+    let now = bson::DateTime::now()
+        .try_to_rfc3339_string()
+        .unwrap_or_default();
+    let digits: String = now.chars().filter(char::is_ascii_digit).take(14).collect();
+    let name = match (digits.get(..8), digits.get(8..14)) {
+        (Some(date), Some(time)) => format!("{date}-{time}"),
+        _ => "run".to_string(),
+    };
+    PathBuf::from("lab-runs").join(name)
 }
 
 async fn run(a: RunArgs) -> Result<bool, String> {
@@ -279,5 +268,21 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_output_folder_is_named_by_utc_date_and_time() {
+        let out = default_out();
+        assert_eq!(out.parent(), Some(std::path::Path::new("lab-runs")));
+        let name = out.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let (date, time) = name.split_once('-').expect("YYYYMMDD-HHMMSS");
+        assert_eq!((date.len(), time.len()), (8, 6), "{name}");
+        assert!(date.starts_with("20"), "{name}");
+        assert!(name.chars().all(|c| c.is_ascii_digit() || c == '-'), "{name}");
     }
 }

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
 
+use super::data::id_key;
 use super::error::CommandError;
 use crate::engine::Store;
 
@@ -66,16 +67,6 @@ pub(crate) fn token(seq: u64) -> Document {
 pub(crate) fn parse_token(v: &Bson) -> Option<u64> {
     let data = v.as_document()?.get_str("_data").ok()?;
     u64::from_str_radix(data.strip_prefix("82")?, 16).ok()
-}
-
-/// The `_id` key of a document, comparable across numeric types.
-fn id_key(v: &Bson) -> String {
-    match v {
-        Bson::Int32(i) => format!("n:{}", f64::from(*i)),
-        Bson::Int64(i) => format!("n:{}", *i as f64),
-        Bson::Double(d) => format!("n:{d}"),
-        other => format!("{other:?}"),
-    }
 }
 
 impl ChangeLog {

@@ -112,7 +112,7 @@ pub(crate) fn write_targets(name: &str, db: &str, body: &Document) -> Vec<(Strin
 }
 
 /// A comparable rendering of an `_id` (numbers of any type compare by value, as in an index).
-fn id_key(v: &Bson) -> String {
+pub(crate) fn id_key(v: &Bson) -> String {
     match v {
         Bson::Int32(i) => format!("n:{}", f64::from(*i)),
         Bson::Int64(i) => format!("n:{}", *i as f64),
