@@ -283,6 +283,9 @@ mod tests {
         let (date, time) = name.split_once('-').expect("YYYYMMDD-HHMMSS");
         assert_eq!((date.len(), time.len()), (8, 6), "{name}");
         assert!(date.starts_with("20"), "{name}");
-        assert!(name.chars().all(|c| c.is_ascii_digit() || c == '-'), "{name}");
+        assert!(
+            name.chars().all(|c| c.is_ascii_digit() || c == '-'),
+            "{name}"
+        );
     }
 }

@@ -233,24 +233,26 @@ impl Collection {
 
     /// Removes the documents at the given indexes.
     pub(crate) fn remove_indexes(&mut self, indexes: &[usize]) {
-        if indexes.is_empty() {
-            return;
-        }
+        let key = |d: &Document| OrdBson(d.get("_id").cloned().unwrap_or(Bson::Null));
         let doomed: BTreeSet<usize> = indexes.iter().copied().collect();
+        let Some(&first) = doomed.first() else {
+            return;
+        };
+        for d in doomed.iter().filter_map(|&i| self.docs.get(i)) {
+            self.ids.remove(&key(d));
+        }
         let mut i = 0;
         self.docs.retain(|_| {
             let keep = !doomed.contains(&i);
             i += 1;
             keep
         });
-        // Removal shifts the positions after the first removed document; renumber them all
-        // (one pass, like the removal itself).
-        self.ids = self
-            .docs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (OrdBson(d.get("_id").cloned().unwrap_or(Bson::Null)), i))
-            .collect();
+        // Only the documents after the first removed one moved.
+        for (position, d) in self.docs.iter().enumerate().skip(first) {
+            if let Some(slot) = self.ids.get_mut(&key(d)) {
+                *slot = position;
+            }
+        }
     }
 
     /// Removes every document (keeps indexes and options).

@@ -7,7 +7,7 @@ use std::ops::Bound;
 use bson::{Bson, Document};
 
 use super::catalog::Collection;
-use super::compare::{bson_eq, type_rank, OrdBson};
+use super::compare::OrdBson;
 use super::expression::{bson_type_name, is_truthy};
 use super::limits::check_depth;
 use super::path::lookup_unwound;
@@ -171,22 +171,6 @@ pub(crate) fn parse_find_and_modify(cmd: &Document) -> EngineResult<FindAndModif
     })
 }
 
-/// The value of a filter that is exactly `{_id: <scalar>}` (not a document, array, regex or
-/// null, whose matching rules are richer than plain equality).
-fn id_equality(filter: &Document) -> Option<&Bson> {
-    if filter.len() != 1 {
-        return None;
-    }
-    match filter.get("_id")? {
-        Bson::Document(_)
-        | Bson::Array(_)
-        | Bson::RegularExpression(_)
-        | Bson::Null
-        | Bson::Undefined => None,
-        v => Some(v),
-    }
-}
-
 /// A value the `_id_` index can look up or bound a range with (the values whose matching
 /// rules are plain comparison).
 fn id_index_key(v: &Bson) -> Option<&Bson> {
@@ -203,12 +187,22 @@ fn id_index_key(v: &Bson) -> Option<&Bson> {
 }
 
 /// The positions, ascending, that the `_id_` index gives for a filter whose `_id` condition
-/// is a range (`$gt`, `$gte`, `$lt`, `$lte`, `$eq`) or an `$in` list of plain values; `None`
-/// when the index cannot narrow the filter. A superset of the matches: the caller still
-/// matches every candidate against the whole filter, whose other conditions are ANDed.
+/// is a plain value, a range (`$gt`, `$gte`, `$lt`, `$lte`, `$eq`) or an `$in` list of plain
+/// values; `None` when the index cannot narrow the filter. A superset of the matches: the
+/// caller still matches every candidate against the whole filter, whose other conditions are
+/// ANDed.
 fn id_index_candidates(collection: &Collection, filter: &Document) -> Option<Vec<usize>> {
-    let Bson::Document(cond) = filter.get("_id")? else {
-        return None;
+    let cond = match filter.get("_id")? {
+        Bson::Document(cond) => cond,
+        // `{_id: v}`, the common point lookup.
+        v => {
+            return Some(
+                collection
+                    .position_of_id(id_index_key(v)?)
+                    .into_iter()
+                    .collect(),
+            )
+        }
     };
     let mut lower = Bound::Unbounded;
     let mut upper = Bound::Unbounded;
@@ -253,15 +247,6 @@ fn matching_indexes(
 ) -> EngineResult<Vec<usize>> {
     check_depth(filter)?;
     let docs = collection.map_or(&[][..], |c| c.docs.as_slice());
-    if let Some(id) = id_equality(filter) {
-        // The common `{_id: <value>}` filter is answered by the `_id_` index, as in mongod.
-        let hit = collection.and_then(|c| c.position_of_id(id)).filter(|&i| {
-            docs.get(i)
-                .and_then(|d| d.get("_id"))
-                .is_some_and(|v| type_rank(v) == type_rank(id) && bson_eq(v, id))
-        });
-        return Ok(hit.into_iter().collect());
-    }
     let candidates = collection.and_then(|c| id_index_candidates(c, filter));
     let mut hits = Vec::new();
     match &candidates {
