@@ -59,7 +59,11 @@ async fn woken_waiter_that_expires_passes_its_wake_up_on() {
     let s = short.await.unwrap();
     let l = long.await.unwrap();
     assert!(l.is_ok());
-    assert!(s.is_err() || s.is_ok());
+    // The short request may run or expire, depending on the wake-up order; if it fails, it
+    // is only by running out of time.
+    if let Err(code) = s {
+        assert_eq!(code, 50, "the short request can only expire");
+    }
     assert_eq!(m.snapshot().gauges.read_waiters, 0);
 }
 
