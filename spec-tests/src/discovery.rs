@@ -104,7 +104,11 @@ pub fn data_root() -> Result<DataRoot, String> {
         _ => match pinned_commit() {
             // xtask renames a fetch into this directory only once it holds the pinned commit.
             Some(commit) => (
-                package.join("../target/spec-cache").join(commit),
+                package
+                    .parent()
+                    .unwrap_or(package)
+                    .join("target/spec-cache")
+                    .join(commit),
                 "the pinned commit fetched by `cargo xtask test`",
             ),
             None => (synced, "the default spec-tests/data/"),

@@ -143,16 +143,16 @@ impl Fetcher {
         // One staging directory per process: two runs fetching at once do not share one.
         let staging = parent.join(format!("{commit}.partial-{}", std::process::id()));
         remove_dir_if_exists(&staging)?;
-        fs::create_dir_all(&staging)?;
-        let fetched = self.fetch_into(&staging, commit);
-        let fetched = fetched.and_then(|()| {
+        fs::create_dir_all(&staging)
+            .with_context(|| format!("cannot create {}", staging.display()))?;
+        let verified = self.fetch_into(&staging, commit).and_then(|()| {
             let head = self.head(&staging).unwrap_or_default();
             if head != commit {
                 bail!("checked out `{head}`, not the pinned commit {commit}");
             }
             Ok(())
         });
-        if let Err(reason) = fetched {
+        if let Err(reason) = verified {
             // Best effort: the staging directory only wastes space if it stays.
             let _ = remove_dir_if_exists(&staging);
             bail!(
