@@ -55,7 +55,8 @@ pub struct Observed {
     /// With `connection`, pairs a started event with its succeeded/failed event.
     pub request_id: Option<i32>,
     /// The connection a command event went over: its server's address and the driver's id for
-    /// it. Request ids alone are only unique per driver process, so the pairing checks both.
+    /// it. Request ids come from one process-wide counter that wraps; with the connection they
+    /// name one command, which is how command monitoring pairs events.
     pub connection: Option<(String, u32)>,
 }
 
