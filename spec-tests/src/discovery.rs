@@ -73,10 +73,23 @@ pub struct DataRoot {
     pub origin: &'static str,
 }
 
-/// Resolves the data root: `SPEC_DIR` (relative paths against the current directory), else
-/// `spec-tests/data/`. The root must contain `source/`; otherwise the error says how to get it.
+/// The specifications commit pinned in `spec-tests/SPEC_COMMIT`: its one line that is neither
+/// blank nor a `#` comment. `cargo xtask test` fetches it when no other data is there.
+pub fn pinned_commit() -> Option<&'static str> {
+    include_str!("../SPEC_COMMIT")
+        .lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty() && !line.starts_with('#'))
+}
+
+/// Resolves the data root, first match wins: `SPEC_DIR` (relative paths against the current
+/// directory), else `spec-tests/data/` (from `cargo xtask sync-spec`), else the pinned commit
+/// as `cargo xtask test` fetched it into `target/spec-cache/<commit>`. The root must contain
+/// `source/`; otherwise the error says how to get it. A `SPEC_DIR` without it is an error, never
+/// a reason to use other data.
 pub fn data_root() -> Result<DataRoot, String> {
-    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
+    let package = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let synced = package.join("data");
     let (path, origin) = match std::env::var_os("SPEC_DIR") {
         Some(dir) if !dir.is_empty() => {
             let dir = PathBuf::from(dir);
@@ -87,12 +100,25 @@ pub fn data_root() -> Result<DataRoot, String> {
             };
             (dir, "SPEC_DIR")
         }
-        _ => (default, "the default spec-tests/data/"),
+        _ if synced.join("source").is_dir() => (synced, "the default spec-tests/data/"),
+        _ => match pinned_commit() {
+            // xtask renames a fetch into this directory only once it holds the pinned commit.
+            Some(commit) => (
+                package
+                    .parent()
+                    .unwrap_or(package)
+                    .join("target/spec-cache")
+                    .join(commit),
+                "the pinned commit fetched by `cargo xtask test`",
+            ),
+            None => (synced, "the default spec-tests/data/"),
+        },
     };
     if !path.join("source").is_dir() {
         return Err(format!(
-            "no spec test data: {} (from {origin}) has no `source/` directory. Set SPEC_DIR to a \
-             checkout of the specifications repository (the directory holding `source/`), or run \
+            "no spec test data: {} (from {origin}) has no `source/` directory. Run `cargo xtask \
+             test` once to fetch the pinned specifications commit, set SPEC_DIR to a checkout of \
+             the specifications repository (the directory holding `source/`), or run \
              `cargo xtask sync-spec <dir>` to copy the suites into spec-tests/data/.",
             path.display()
         ));
@@ -166,6 +192,16 @@ fn collect_json(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pin_is_a_full_commit_id() {
+        let commit = pinned_commit().expect("spec-tests/SPEC_COMMIT names a commit");
+        assert_eq!(commit.len(), 40, "{commit}");
+        assert!(
+            commit.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')),
+            "{commit}"
+        );
+    }
 
     #[test]
     fn walks_nested_directories_and_prefers_unified() {

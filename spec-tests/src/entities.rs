@@ -52,12 +52,16 @@ pub struct Observed {
     pub awaited: Option<bool>,
     /// Commands on the sensitive list, or hellos the driver redacted (speculative auth).
     pub sensitive: bool,
-    /// Pairs a started event with its succeeded/failed event.
+    /// With `connection`, pairs a started event with its succeeded/failed event.
     pub request_id: Option<i32>,
+    /// The connection a command event went over: its server's address and the driver's id for
+    /// it. Request ids come from one process-wide counter that wraps; with the connection they
+    /// name one command, which is how command monitoring pairs events.
+    pub connection: Option<(String, u32)>,
 }
 
 impl Observed {
-    fn new(name: &'static str, kind: EventType) -> Self {
+    pub fn new(name: &'static str, kind: EventType) -> Self {
         Observed {
             name,
             kind,
@@ -74,7 +78,16 @@ impl Observed {
             awaited: None,
             sensitive: false,
             request_id: None,
+            connection: None,
         }
+    }
+
+    /// Whether `self` (a succeeded or failed event) finishes the command `started` began.
+    fn finishes(&self, started: &Observed) -> bool {
+        started.name == "commandStartedEvent"
+            && self.request_id.is_some()
+            && self.request_id == started.request_id
+            && self.connection == started.connection
     }
 }
 
@@ -104,6 +117,7 @@ fn from_command(event: CommandEvent) -> Observed {
             let mut o = Observed::new("commandStartedEvent", EventType::Command);
             o.sensitive = sensitive(&e.command_name, &e.command);
             o.request_id = Some(e.request_id);
+            o.connection = Some((e.connection.address.to_string(), e.connection.id));
             o.command_name = Some(e.command_name);
             o.database_name = Some(e.db);
             o.command = Some(e.command);
@@ -111,10 +125,13 @@ fn from_command(event: CommandEvent) -> Observed {
             o.has_server_connection_id = e.connection.server_id.is_some();
             o
         }
+        // The driver's succeeded and failed events carry no database name; `EventLog::push`
+        // copies it, and the sensitivity, from the started event they finish.
         CommandEvent::Succeeded(e) => {
             let mut o = Observed::new("commandSucceededEvent", EventType::Command);
             o.sensitive = sensitive(&e.command_name, &e.reply);
             o.request_id = Some(e.request_id);
+            o.connection = Some((e.connection.address.to_string(), e.connection.id));
             o.command_name = Some(e.command_name);
             o.reply = Some(e.reply);
             o.has_service_id = e.service_id.is_some();
@@ -125,6 +142,7 @@ fn from_command(event: CommandEvent) -> Observed {
             let mut o = Observed::new("commandFailedEvent", EventType::Command);
             o.sensitive = sensitive(&e.command_name, &doc! {"redacted": false});
             o.request_id = Some(e.request_id);
+            o.connection = Some((e.connection.address.to_string(), e.connection.id));
             o.command_name = Some(e.command_name);
             o.has_service_id = e.service_id.is_some();
             o.has_server_connection_id = e.connection.server_id.is_some();
@@ -220,10 +238,21 @@ pub struct EventLog {
 }
 
 impl EventLog {
-    fn push(&self, event: Observed) {
-        if let Ok(mut events) = self.events.lock() {
-            events.push(event);
+    /// Records an event. A succeeded or failed command event takes the database name from its
+    /// started event, which precedes it in the log: the driver emits command events in order from
+    /// the task running the command. It also takes the started event's sensitivity, since a
+    /// failed event has no body to judge by and a redacted command's reply is redacted too.
+    fn push(&self, mut event: Observed) {
+        let Ok(mut events) = self.events.lock() else {
+            return;
+        };
+        if matches!(event.name, "commandSucceededEvent" | "commandFailedEvent") {
+            if let Some(started) = events.iter().rev().find(|s| event.finishes(s)) {
+                event.database_name = started.database_name.clone();
+                event.sensitive |= started.sensitive;
+            }
         }
+        events.push(event);
     }
 
     pub fn snapshot(&self) -> Vec<Observed> {
@@ -250,20 +279,9 @@ pub struct ClientEntity {
 impl ClientEntity {
     /// The recorded events the test observes, in order.
     pub fn observed(&self) -> Vec<Observed> {
-        let all = self.log.snapshot();
-        // A failed event has no body to judge by: it is as sensitive as its started event.
-        let sensitive_ids: Vec<i32> = all
-            .iter()
-            .filter(|e| e.sensitive && e.name == "commandStartedEvent")
-            .filter_map(|e| e.request_id)
-            .collect();
-        all.into_iter()
-            .map(|mut e| {
-                if e.request_id.is_some_and(|id| sensitive_ids.contains(&id)) {
-                    e.sensitive = true;
-                }
-                e
-            })
+        self.log
+            .snapshot()
+            .into_iter()
             .filter(|e| self.observe.iter().any(|o| o == e.name))
             .filter(|e| {
                 e.command_name.as_ref().is_none_or(|name| {
@@ -557,6 +575,42 @@ mod tests {
         );
         let err = uri_with_options("mongodb://h", Some(&doc! {"socketTimeoutMS": 1})).unwrap_err();
         assert!(err.contains("socketTimeoutMS"));
+    }
+
+    fn command_event(name: &'static str, request_id: i32, address: &str) -> Observed {
+        let mut event = Observed::new(name, EventType::Command);
+        event.command_name = Some("find".to_owned());
+        event.request_id = Some(request_id);
+        event.connection = Some((address.to_owned(), 1));
+        event
+    }
+
+    #[test]
+    fn finished_events_take_database_name_from_their_started_event() {
+        let log = EventLog::default();
+        let mut started = command_event("commandStartedEvent", 7, "a:27017");
+        started.database_name = Some("db".to_owned());
+        started.sensitive = true;
+        log.push(started);
+        // Same request id on another connection: not the started event's command.
+        log.push(command_event("commandFailedEvent", 7, "b:27017"));
+        log.push(command_event("commandSucceededEvent", 7, "a:27017"));
+        log.push(command_event("commandFailedEvent", 8, "a:27017"));
+
+        let events = log.snapshot();
+        let names: Vec<_> = events
+            .iter()
+            .map(|e| (e.database_name.as_deref(), e.sensitive))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (Some("db"), true),
+                (None, false),
+                (Some("db"), true),
+                (None, false)
+            ]
+        );
     }
 
     #[test]

@@ -1,78 +1,13 @@
 //! Checking what happened against what a test expects: an operation's result or error, the
 //! events each client saw, and (in the runner) the collections' final contents.
 
-use std::collections::HashMap;
-
 use bson::{doc, Bson, Document};
 
 use crate::entities::{Entity, EntityMap, Observed};
 use crate::matching::{match_root, match_root_document, match_root_optional, EntityLookup};
 use crate::mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
-use crate::mongodb::results::{
-    DeleteResult, InsertOneResult, SummaryBulkWriteResult, UpdateResult, VerboseBulkWriteResult,
-};
-use crate::operations::{DriverResult, Produced};
+use crate::outcome::{summary_bulk_result, verbose_bulk_result, DriverResult, Produced};
 use crate::schema::{self, EventType, ExpectedError, ExpectedEvent};
-
-fn summary_doc(s: &SummaryBulkWriteResult) -> Document {
-    doc! {
-        "insertedCount": s.inserted_count,
-        "upsertedCount": s.upserted_count,
-        "matchedCount": s.matched_count,
-        "modifiedCount": s.modified_count,
-        "deletedCount": s.deleted_count,
-    }
-}
-
-/// A summary client bulk write result as the unified format writes it: empty per-model maps.
-pub fn summary_bulk_result(s: &SummaryBulkWriteResult) -> Bson {
-    let mut d = summary_doc(s);
-    d.insert("insertResults", Document::new());
-    d.insert("updateResults", Document::new());
-    d.insert("deleteResults", Document::new());
-    Bson::Document(d)
-}
-
-fn indexed<T>(map: &HashMap<usize, T>, f: impl Fn(&T) -> Document) -> Document {
-    let mut keys: Vec<_> = map.keys().copied().collect();
-    keys.sort_unstable();
-    keys.into_iter()
-        .map(|k| (k.to_string(), Bson::Document(f(&map[&k]))))
-        .collect()
-}
-
-/// A verbose client bulk write result as the unified format writes it.
-pub fn verbose_bulk_result(v: &VerboseBulkWriteResult) -> Bson {
-    let mut d = summary_doc(&v.summary);
-    d.insert(
-        "insertResults",
-        indexed(
-            &v.insert_results,
-            |r: &InsertOneResult| doc! {"insertedId": r.inserted_id.clone()},
-        ),
-    );
-    d.insert(
-        "updateResults",
-        indexed(&v.update_results, |r: &UpdateResult| {
-            let mut u = doc! {
-                "matchedCount": r.matched_count as i64,
-                "modifiedCount": r.modified_count as i64,
-            };
-            if let Some(id) = &r.upserted_id {
-                u.insert("upsertedId", id.clone());
-            }
-            u
-        }),
-    );
-    d.insert(
-        "deleteResults",
-        indexed(
-            &v.delete_results,
-            |r: &DeleteResult| doc! {"deletedCount": r.deleted_count as i64},
-        ),
-    );
-    Bson::Document(d)
-}
 
 /// The error and the errors it wraps, outermost first.
 fn chain(error: &DriverError) -> Vec<&DriverError> {
@@ -384,6 +319,11 @@ pub fn event_matches(
                 m.command_name.as_ref(),
                 actual.command_name.as_ref(),
             )?;
+            same(
+                "databaseName",
+                m.database_name.as_ref(),
+                actual.database_name.as_ref(),
+            )?;
             ids(m.has_service_id, m.has_server_connection_id)?;
             if let Some(reply) = &m.reply {
                 let have = actual.reply.clone().unwrap_or_default();
@@ -396,6 +336,11 @@ pub fn event_matches(
                 "commandName",
                 m.command_name.as_ref(),
                 actual.command_name.as_ref(),
+            )?;
+            same(
+                "databaseName",
+                m.database_name.as_ref(),
+                actual.database_name.as_ref(),
             )?;
             ids(m.has_service_id, m.has_server_connection_id)?;
         }
@@ -490,4 +435,45 @@ pub fn check_events(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expected(event: Document) -> ExpectedEvent {
+        bson::from_document(event).expect("a valid expected event")
+    }
+
+    /// A finished command event as `EventLog` records it once paired with its started event.
+    fn observed(name: &'static str, database_name: Option<&str>) -> Observed {
+        let mut event = Observed::new(name, EventType::Command);
+        event.command_name = Some("ping".to_owned());
+        event.database_name = database_name.map(str::to_owned);
+        event.reply = Some(doc! {"ok": 1});
+        event
+    }
+
+    #[test]
+    fn finished_command_events_compare_the_database_name() {
+        let entities = EntityMap::default();
+        for name in ["commandSucceededEvent", "commandFailedEvent"] {
+            let want = expected(doc! {name: {"commandName": "ping", "databaseName": "admin"}});
+            assert_eq!(
+                event_matches(&want, &observed(name, Some("admin")), &entities),
+                Ok(())
+            );
+            let err = event_matches(&want, &observed(name, Some("test")), &entities).unwrap_err();
+            assert!(err.contains("databaseName"), "{name}: {err}");
+            // Unpaired (no started event seen): a database name was expected, none is known.
+            let err = event_matches(&want, &observed(name, None), &entities).unwrap_err();
+            assert!(err.contains("databaseName"), "{name}: {err}");
+
+            let any_database = expected(doc! {name: {"commandName": "ping"}});
+            assert_eq!(
+                event_matches(&any_database, &observed(name, Some("test")), &entities),
+                Ok(())
+            );
+        }
+    }
 }

@@ -3,9 +3,10 @@
 //!
 //! Modules, one concern each: [`discovery`] finds the JSON suites, [`schema`] parses them strictly,
 //! [`requirements`] decides whether a file or test can run on a target, [`matching`] holds the
-//! matching rules, [`entities`] builds the entity map, [`operations`] runs operations, [`expect`]
-//! checks results, errors, events and outcomes, [`runner`] runs one test, [`skips`] is the table
-//! of every reason a case is skipped, and [`uri_options`] runs the URI options tests.
+//! matching rules, [`entities`] builds the entity map, [`operations`] runs operations, [`outcome`]
+//! is what an operation came to, [`expect`] checks results, errors, events and outcomes,
+//! [`runner`] runs one test, [`skips`] is the table of every reason a case is skipped, and
+//! [`uri_options`] runs the URI options tests.
 
 // The driver under test. The fork by default; with the `upstream` feature, the unmodified
 // crates.io release. This is the only place that knows there are two.
@@ -21,6 +22,7 @@ pub mod entities;
 pub mod expect;
 pub mod matching;
 pub mod operations;
+pub mod outcome;
 pub mod requirements;
 pub mod runner;
 pub mod schema;

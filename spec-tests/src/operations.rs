@@ -20,6 +20,7 @@ use crate::mongodb::options::{
 };
 use crate::mongodb::results::{DeleteResult, UpdateResult};
 use crate::mongodb::{Client, ClientSession, Collection, Database, IndexModel, Namespace};
+use crate::outcome::{self, DriverResult, Produced};
 use crate::schema::{self, EntityDef, ExpectedEvent};
 use crate::skips;
 
@@ -545,15 +546,6 @@ fn from_bson<T: DeserializeOwned>(value: Bson, path: &str) -> Result<T, String> 
     serde_path_to_error::deserialize(bson::Deserializer::new(value))
         .map_err(|e| format!("{path}.{}: {}", e.path(), e.inner()))
 }
-
-/// What an operation produced when it did not fail.
-pub enum Produced {
-    Value(Option<Bson>),
-    Entity(Entity),
-}
-
-/// The driver's verdict on an operation.
-pub type DriverResult = Result<Produced, DriverError>;
 
 /// State shared by the operations of one test.
 pub struct Ctx {
@@ -1273,14 +1265,14 @@ async fn client_op(
                     Some(o) => action.ordered(o),
                     None => action,
                 };
-                run!(sess, action).map(|r| value(Some(expect::verbose_bulk_result(&r))))
+                run!(sess, action).map(|r| value(Some(outcome::verbose_bulk_result(&r))))
             } else {
                 let action = c.bulk_write(models);
                 let action = match ordered {
                     Some(o) => action.ordered(o),
                     None => action,
                 };
-                run!(sess, action).map(|r| value(Some(expect::summary_bulk_result(&r))))
+                run!(sess, action).map(|r| value(Some(outcome::summary_bulk_result(&r))))
             }
         }
         "createChangeStream" => {

@@ -3,8 +3,9 @@
 //! their reason; a failure message starts with the test's description. After the run, one line
 //! per file gives its counts and skip reasons.
 //!
-//! Data: `SPEC_DIR` (a checkout root holding `source/`), else `spec-tests/data/`. Without data
-//! the run fails. Target: a fresh emulator per case, or `MONGODB_URI`.
+//! Data: `SPEC_DIR` (a checkout root holding `source/`), else `spec-tests/data/`, else the pinned
+//! commit that `cargo xtask test` fetched (`discovery::data_root`). Without data the run fails.
+//! Target: a fresh emulator per case, or `MONGODB_URI`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -160,6 +161,8 @@ fn main() {
 
 fn build(args: &mut Arguments, tallies: &Tallies, trials: &mut Vec<Trial>) -> Result<(), String> {
     let root = discovery::data_root()?;
+    // On stderr, so that `--list` output and the summary lines stay as libtest prints them.
+    eprintln!("spec data: {} ({})", root.path.display(), root.origin);
     let mode = Arc::new(mode_from_env()?);
     if matches!(*mode, Mode::External { .. }) {
         // Fail points are global to a deployment: cases must not overlap.

@@ -8,5 +8,6 @@ pub mod pristine;
 pub mod project;
 pub mod rebase;
 pub mod series;
+pub mod spec_fetch;
 pub mod sync_spec;
 pub mod testrun;

@@ -11,6 +11,7 @@ use xtask::git::Git;
 use xtask::pristine::{CargoRegistry, CrateSource, LocalMirror};
 use xtask::project::Project;
 use xtask::rebase::PatchFate;
+use xtask::spec_fetch::Fetcher;
 use xtask::{sync_spec, testrun};
 
 #[derive(Parser)]
@@ -42,7 +43,9 @@ enum Cmd {
         /// The upstream version to try, e.g. 3.10.0.
         version: String,
     },
-    /// Run every test (xtask, workspace, spec suites, patch-app); uses SPEC_DIR.
+    /// Run every test (xtask, workspace, spec suites, patch-app). Spec JSON: SPEC_DIR, else
+    /// spec-tests/data, else the commit pinned in spec-tests/SPEC_COMMIT (fetched once with git
+    /// into target/spec-cache/, from SPEC_REPO_URL when set).
     Test,
     /// Run the overload lab (upstream and the fork side by side); arguments go to `lab run`.
     Lab {
@@ -123,9 +126,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Cmd::Test => {
-            let spec_dir =
-                testrun::resolve_spec_dir(ws.project.root(), std::env::var_os("SPEC_DIR"))?;
-            let tally = ws.test(&spec_dir)?;
+            let spec = testrun::resolve_spec_dir(
+                &ws.project,
+                std::env::var_os("SPEC_DIR"),
+                &Fetcher::from_env(),
+            )?;
+            println!("spec data: {spec}");
+            let tally = ws.test(&spec.dir)?;
             println!(
                 "{} passed, {} failed, {} skipped",
                 tally.passed, tally.failed, tally.skipped

@@ -72,6 +72,21 @@ impl Project {
         self.patches_dir().join("UPSTREAM")
     }
 
+    /// The specifications commit the spec suites come from when neither `SPEC_DIR` nor
+    /// `spec-tests/data` is there (see `crate::spec_fetch`).
+    pub fn spec_commit_file(&self) -> PathBuf {
+        self.root.join("spec-tests").join("SPEC_COMMIT")
+    }
+
+    /// Fetched specifications commits, one directory each (ignored with the rest of `target/`).
+    pub fn spec_cache_root(&self) -> PathBuf {
+        self.root.join("target").join("spec-cache")
+    }
+
+    pub fn spec_cache_dir(&self, commit: &str) -> PathBuf {
+        self.spec_cache_root().join(commit)
+    }
+
     /// Scratch space for commands that keep results for inspection (rebase).
     pub fn scratch_dir(&self) -> PathBuf {
         self.root.join("target").join("xtask")

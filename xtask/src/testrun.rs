@@ -1,9 +1,11 @@
 //! `cargo xtask test`: every test of the project, one final tally.
 //!
-//! Runs xtask's own tests, `cargo test --workspace` (which includes the spec suites, reading
-//! `SPEC_DIR`), and the patch-app example, then prints `N passed, N failed, N skipped`.
+//! Runs xtask's own tests, `cargo test --workspace` (which includes the spec suites, given the
+//! directory [`resolve_spec_dir`] chose as `SPEC_DIR`), and the patch-app example, then prints
+//! `N passed, N failed, N skipped`.
 
 use std::ffi::OsString;
+use std::fmt;
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::ops::AddAssign;
@@ -13,6 +15,8 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 
 use crate::fork::{DriverOutcome, Workspace};
+use crate::project::Project;
+use crate::spec_fetch::{self, Fetcher};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tally {
@@ -51,31 +55,90 @@ pub fn parse_summary(line: &str) -> Option<Tally> {
     Some(tally)
 }
 
-/// Where the spec JSON is: `SPEC_DIR` (relative to the current directory) when set, else
-/// `spec-tests/data`. Either must hold a `source/` directory, or nothing could be run.
-pub fn resolve_spec_dir(project_root: &Path, env: Option<OsString>) -> Result<PathBuf> {
-    let dir = match env {
-        Some(dir) => {
-            let dir = PathBuf::from(dir);
-            let absolute = if dir.is_absolute() {
-                dir
-            } else {
-                std::env::current_dir()?.join(dir)
-            };
-            absolute
-                .canonicalize()
-                .with_context(|| format!("SPEC_DIR={} does not exist", absolute.display()))?
+/// Where a run's spec JSON came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecOrigin {
+    /// `SPEC_DIR`, which wins whenever it is set (CI sets it).
+    EnvVar,
+    /// `spec-tests/data`, filled by `cargo xtask sync-spec`.
+    Synced,
+    /// The commit pinned in `spec-tests/SPEC_COMMIT`, fetched by this run or by an earlier one.
+    Pinned { commit: String, fetched: bool },
+}
+
+/// A directory holding the specifications' `source/`, and how it was chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecData {
+    pub dir: PathBuf,
+    pub origin: SpecOrigin,
+}
+
+/// Finds the spec JSON, first match wins: `SPEC_DIR` when set (relative to the current
+/// directory; it must hold `source/`, or the run stops rather than quietly using other data),
+/// else `spec-tests/data` when it holds `source/`, else the pinned specifications commit, from
+/// the cache or fetched into it.
+pub fn resolve_spec_dir(
+    project: &Project,
+    env: Option<OsString>,
+    fetcher: &Fetcher,
+) -> Result<SpecData> {
+    if let Some(dir) = env.filter(|dir| !dir.is_empty()) {
+        let dir = PathBuf::from(dir);
+        let absolute = if dir.is_absolute() {
+            dir
+        } else {
+            std::env::current_dir()?.join(dir)
+        };
+        let dir = absolute
+            .canonicalize()
+            .with_context(|| format!("SPEC_DIR={} does not exist", absolute.display()))?;
+        if !dir.join("source").is_dir() {
+            bail!(
+                "SPEC_DIR={} holds no spec test data (expected a `source/` directory): point it \
+                 at a checkout of the specifications repository, or unset it to use the pinned \
+                 commit",
+                dir.display()
+            );
         }
-        None => project_root.join("spec-tests").join("data"),
-    };
-    if !dir.join("source").is_dir() {
-        bail!(
-            "no spec test data in {} (expected a `source/` directory): set SPEC_DIR to a checkout of \
-             the specifications repository, or run `cargo xtask sync-spec <dir>`",
-            dir.display()
-        );
+        return Ok(SpecData {
+            dir,
+            origin: SpecOrigin::EnvVar,
+        });
     }
-    Ok(dir)
+    let synced = project.root().join("spec-tests").join("data");
+    if synced.join("source").is_dir() {
+        return Ok(SpecData {
+            dir: synced,
+            origin: SpecOrigin::Synced,
+        });
+    }
+    let commit = spec_fetch::read_pin(project)?;
+    let cached = fetcher.ensure(project, &commit)?;
+    Ok(SpecData {
+        dir: cached.dir,
+        origin: SpecOrigin::Pinned {
+            commit,
+            fetched: cached.fetched,
+        },
+    })
+}
+
+impl fmt::Display for SpecData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dir = self.dir.display();
+        match &self.origin {
+            SpecOrigin::EnvVar => write!(f, "{dir} (SPEC_DIR)"),
+            SpecOrigin::Synced => write!(f, "{dir} (copied by `cargo xtask sync-spec`)"),
+            SpecOrigin::Pinned {
+                commit,
+                fetched: true,
+            } => write!(f, "{dir} (specifications commit {commit}, fetched now)"),
+            SpecOrigin::Pinned {
+                commit,
+                fetched: false,
+            } => write!(f, "{dir} (specifications commit {commit}, cached)"),
+        }
+    }
 }
 
 struct Step<'a> {
@@ -213,22 +276,42 @@ mod tests {
     }
 
     #[test]
-    fn spec_dir_must_hold_source() {
-        let empty = tempfile::tempdir().unwrap();
-        let err = resolve_spec_dir(empty.path(), None)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("no spec test data"), "{err}");
-        let err = resolve_spec_dir(empty.path(), Some("/nonexistent/spec".into()))
+    fn spec_dir_wins_and_must_hold_source() {
+        let project_dir = tempfile::tempdir().unwrap();
+        let project = Project::new(project_dir.path());
+        // No fetch may happen while SPEC_DIR or spec-tests/data answers: this URL cannot work.
+        let offline = Fetcher {
+            git: "git".into(),
+            url: "file:///nonexistent/specifications".into(),
+        };
+        let err = resolve_spec_dir(&project, Some("/nonexistent/spec".into()), &offline)
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("SPEC_DIR=/nonexistent/spec does not exist"),
             "{err}"
         );
+        let err = resolve_spec_dir(&project, Some(project_dir.path().into()), &offline)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("holds no spec test data"), "{err}");
 
-        fs::create_dir_all(empty.path().join("spec/source")).unwrap();
-        let found = resolve_spec_dir(empty.path(), Some(empty.path().join("spec").into())).unwrap();
-        assert!(found.is_absolute() && found.join("source").is_dir());
+        fs::create_dir_all(project_dir.path().join("spec/source")).unwrap();
+        fs::create_dir_all(project_dir.path().join("spec-tests/data/source")).unwrap();
+        let found = resolve_spec_dir(
+            &project,
+            Some(project_dir.path().join("spec").into()),
+            &offline,
+        )
+        .unwrap();
+        assert_eq!(found.origin, SpecOrigin::EnvVar);
+        assert!(found.dir.is_absolute() && found.dir.ends_with("spec"));
+
+        // Unset, or set to nothing: spec-tests/data comes next.
+        for env in [None, Some(OsString::new())] {
+            let found = resolve_spec_dir(&project, env, &offline).unwrap();
+            assert_eq!(found.origin, SpecOrigin::Synced);
+            assert!(found.dir.ends_with("spec-tests/data"));
+        }
     }
 }
