@@ -659,8 +659,8 @@ async fn b3_backoff_survives_more_than_31_retries() {
         );
     }
     if overflow_checks_on() {
-        // Debug builds: `2u32.pow(32)` panics when the 32nd attempt's failure is turned into
-        // retry 32's backoff, so exactly 32 attempts were sent.
+        // With overflow checks (`dev`, `test`): `2u32.pow(32)` panics when the 32nd attempt's
+        // failure is turned into retry 32's backoff, so exactly 32 attempts were sent.
         let panic = match up {
             Err(join) if join.is_panic() => join.into_panic(),
             other => panic!(
@@ -678,9 +678,9 @@ async fn b3_backoff_survives_more_than_31_retries() {
             "upstream panics right after the 32nd attempt fails (defect B3)"
         );
     } else {
-        // Release builds: `2u32.pow(n)` wraps to 0 for every n >= 32, so retries 32 to 40 are
-        // sent back to back, a retry storm against a server that is shedding load. A zero
-        // sleep still waits for tokio's next 1 ms timer tick, hence the bound. Without the
+        // Without them (`release`): `2u32.pow(n)` wraps to 0 for every n >= 32, so retries 32
+        // to 40 are sent back to back, a retry storm against a server that is shedding load. A
+        // zero sleep still waits for tokio's next 1 ms timer tick, hence the bound. Without the
         // defect each of these nine waits would be jitter * 10 s.
         let up = up.expect("upstream does not panic without overflow checks");
         assert_eq!(
