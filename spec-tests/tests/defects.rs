@@ -41,6 +41,39 @@ struct Outcome {
     overload_labels: bool,
 }
 
+/// When each `find` of an operation started and failed, on the test runtime's clock (virtual
+/// while paused). Between a failure and the next start the retry loop only backs off, selects an
+/// already known server and checks out the connection it just returned, with no network wait, so
+/// each such gap is the backoff the driver chose for that retry.
+#[derive(Clone, Default)]
+struct FindTimeline(std::sync::Arc<std::sync::Mutex<FindTimes>>);
+
+#[derive(Default)]
+struct FindTimes {
+    started: Vec<tokio::time::Instant>,
+    failed: Vec<tokio::time::Instant>,
+}
+
+impl FindTimeline {
+    /// (attempts started, attempts failed)
+    fn counts(&self) -> (usize, usize) {
+        let times = self.0.lock().unwrap();
+        (times.started.len(), times.failed.len())
+    }
+
+    /// The backoff before each retry: element `k - 1` is the wait between attempt `k`'s failure
+    /// and attempt `k + 1`'s start, so element `k - 1` belongs to retry `k`.
+    fn backoffs(&self) -> Vec<std::time::Duration> {
+        let times = self.0.lock().unwrap();
+        times
+            .failed
+            .iter()
+            .zip(times.started.iter().skip(1))
+            .map(|(failed, next)| next.saturating_duration_since(*failed))
+            .collect()
+    }
+}
+
 macro_rules! scenarios {
     ($module:ident, $driver:ident) => {
         mod $module {
@@ -184,24 +217,63 @@ macro_rules! scenarios {
                 outcome(&result, started.named(command).len())
             }
 
-            /// B3: many overload retries against a server that always rejects. With
-            /// `virtual_time` the backoffs pass on a paused clock.
-            pub async fn many_overload_retries(
-                uri: &str,
-                max_retries: u32,
-                virtual_time: bool,
-            ) -> Outcome {
+            /// B3, fork half: many overload retries against a server that always rejects.
+            pub async fn many_overload_retries(uri: &str, max_retries: u32) -> Outcome {
                 let (client, started) =
                     client(&format!("{uri}&maxAdaptiveRetries={max_retries}")).await;
                 let coll = client.database("b3").collection::<Document>("c");
                 coll.find_one(doc! {}).await.expect("warm up");
                 fail_with_overload(&client, "find", "alwaysOn".into()).await;
-                // Forty backoffs of up to 10 s each pass in virtual time.
-                let clock = virtual_time.then(super::PausedClock::new);
                 let result = coll.find_one(doc! {}).await;
-                drop(clock);
                 fail_point_off(&client).await;
                 outcome(&result, started.named("find").len() - 1)
+            }
+
+            /// B3, upstream half: like `many_overload_retries` on a paused clock, recording into
+            /// `timeline` when each attempt started and failed. The caller keeps its own handle
+            /// on `timeline`, so the record survives a panic inside the operation.
+            pub async fn overload_retry_timeline(
+                uri: &str,
+                max_retries: u32,
+                timeline: super::FindTimeline,
+            ) -> Outcome {
+                let mut options =
+                    ClientOptions::parse(format!("{uri}&maxAdaptiveRetries={max_retries}"))
+                        .await
+                        .expect("valid uri");
+                let recording = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let sink = (timeline.clone(), recording.clone());
+                options.command_event_handler =
+                    Some(EventHandler::callback(move |event: CommandEvent| {
+                        let (timeline, recording) = &sink;
+                        if !recording.load(std::sync::atomic::Ordering::SeqCst) {
+                            return;
+                        }
+                        // The callback runs inside the operation's task, so this reads the test
+                        // runtime's (paused) clock.
+                        let now = tokio::time::Instant::now();
+                        let mut times = timeline.0.lock().unwrap();
+                        match event {
+                            CommandEvent::Started(e) if e.command_name == "find" => {
+                                times.started.push(now)
+                            }
+                            CommandEvent::Failed(e) if e.command_name == "find" => {
+                                times.failed.push(now)
+                            }
+                            _ => {}
+                        }
+                    }));
+                let client = Client::with_options(options).expect("client");
+                let coll = client.database("b3").collection::<Document>("c");
+                coll.find_one(doc! {}).await.expect("warm up");
+                fail_with_overload(&client, "find", "alwaysOn".into()).await;
+                recording.store(true, std::sync::atomic::Ordering::SeqCst);
+                let clock = super::PausedClock::new();
+                let result = coll.find_one(doc! {}).await;
+                drop(clock);
+                recording.store(false, std::sync::atomic::Ordering::SeqCst);
+                fail_point_off(&client).await;
+                outcome(&result, timeline.counts().0)
             }
 
             /// B4: overload errors (two, then success) whose `baseBackoffMS` is `value`.
@@ -405,11 +477,11 @@ macro_rules! scenarios {
                 }
             }
 
-            /// B7: the writeConcern of the retried commitTransaction after a retryable write
+            /// B9: the writeConcern of the retried commitTransaction after a retryable write
             /// error that carries `SystemOverloadedError` but not `RetryableError`.
             pub async fn commit_retry_write_concern(uri: &str) -> Option<Document> {
                 let (client, started) = client(uri).await;
-                let coll = client.database("b7").collection::<Document>("c");
+                let coll = client.database("b9").collection::<Document>("c");
                 coll.insert_one(doc! { "seed": 1 }).await.expect("seed");
                 client
                     .database("admin")
@@ -533,24 +605,95 @@ async fn b1_catalog_and_search_index_commands_retry_on_overload() {
     }
 }
 
+/// Whether `2u32.pow(32)`, the expression upstream's backoff evaluates at retry 32, panics in
+/// this build. The default profiles build the driver crates with the same overflow checks as this
+/// test (on in `dev`/`test`, off in `release`/`bench`), so this tells which of upstream's two
+/// failure modes the test must see.
+fn overflow_checks_on() -> bool {
+    std::panic::catch_unwind(|| std::hint::black_box(2u32).pow(std::hint::black_box(32))).is_err()
+}
+
+/// The message of a caught panic, whichever of the two payload types `panic!` produced.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn b3_backoff_survives_more_than_31_retries() {
-    // Each driver gets its own server: upstream panics with the fail point still on.
+    use std::time::Duration;
+    // Each driver gets its own server: upstream may panic with the fail point still on.
     let upstream_server = Server::standalone();
-    let up_uri = upstream_server.uri_with("retryReads=true");
-    // Upstream's `2u32.pow(attempt)` overflows at attempt 32: a panic in debug builds, where
-    // tests run. The panic happens inside the operation's future, so run it as a task.
+    // While the operation waits on the network, a paused clock jumps to the next timer; with a
+    // connect timeout, a monitor check then times out in virtual time, the pool is cleared and
+    // some retries fail to connect instead of sending a `find`. Without one, every retry is a
+    // `find`, so the timeline shows each retry.
+    let up_uri = upstream_server.uri_with("retryReads=true&connectTimeoutMS=0");
+    let timeline = FindTimeline::default();
+    // Forty backoffs of up to 10 s pass in virtual time. The panic (with overflow checks)
+    // happens inside the operation's future, so the scenario runs as a task.
+    let recorded = timeline.clone();
     let up =
-        tokio::spawn(async move { upstream::many_overload_retries(&up_uri, 40, true).await }).await;
-    match up {
-        Err(join) if join.is_panic() => {}
-        Err(join) => panic!("upstream scenario failed unexpectedly: {join}"),
-        Ok(outcome) if cfg!(debug_assertions) => {
-            panic!("upstream 3.9.1 should overflow at retry 32 (defect B3), got {outcome:?}")
-        }
-        // Release builds wrap to a zero backoff instead: the retry storm is not observable
-        // from the outcome alone.
-        Ok(_) => {}
+        tokio::spawn(async move { upstream::overload_retry_timeline(&up_uri, 40, recorded).await })
+            .await;
+    let backoffs = timeline.backoffs();
+    // Upstream's backoff is jitter * min(10 s, 100 ms * 2^retry): from retry 7 on the cap
+    // applies, so retries 1 to 31 wait about 5 s each on average. Seeing more than 10 s in all
+    // shows the timeline does measure backoffs (and is not, say, reading a real clock that a
+    // paused runtime never moves), so the zero waits asserted below mean something.
+    let before_overflow: Duration = backoffs.iter().take(31).sum();
+    assert!(
+        before_overflow > Duration::from_secs(10),
+        "upstream backs off before retry 32: {backoffs:?}"
+    );
+    // Nor does anything else move the clock between a failure and the next attempt: no wait
+    // exceeds its retry's ceiling (plus the 1 ms tick tokio's timer rounds a deadline up to).
+    for (retry, backoff) in (1u32..).zip(&backoffs).take(31) {
+        let ceiling = Duration::from_millis(100 << retry.min(7)).min(Duration::from_secs(10));
+        assert!(
+            *backoff <= ceiling + Duration::from_millis(1),
+            "retry {retry} waited {backoff:?}, more than upstream's {ceiling:?}: {backoffs:?}"
+        );
+    }
+    if overflow_checks_on() {
+        // With overflow checks (`dev`, `test`): `2u32.pow(32)` panics when the 32nd attempt's
+        // failure is turned into retry 32's backoff, so exactly 32 attempts were sent.
+        let panic = match up {
+            Err(join) if join.is_panic() => join.into_panic(),
+            other => panic!(
+                "upstream 3.9.1 should panic computing retry 32's backoff (defect B3), got {other:?}"
+            ),
+        };
+        let message = panic_message(panic.as_ref());
+        assert!(
+            message.contains("overflow"),
+            "upstream's panic is the backoff overflow (defect B3): {message}"
+        );
+        assert_eq!(
+            timeline.counts(),
+            (32, 32),
+            "upstream panics right after the 32nd attempt fails (defect B3)"
+        );
+    } else {
+        // Without them (`release`): `2u32.pow(n)` wraps to 0 for every n >= 32, so retries 32
+        // to 40 are sent back to back, a retry storm against a server that is shedding load. A
+        // zero sleep still waits for tokio's next 1 ms timer tick, hence the bound. Without the
+        // defect each of these nine waits would be jitter * 10 s.
+        let up = up.expect("upstream does not panic without overflow checks");
+        assert_eq!(
+            (up.attempts, up.ok, up.code, up.overload_labels),
+            (41, false, Some(462), true),
+            "upstream makes all 40 retries: {up:?}"
+        );
+        assert_eq!(backoffs.len(), 40, "{backoffs:?}");
+        let storm = &backoffs[31..];
+        assert!(
+            storm.iter().all(|b| *b < Duration::from_millis(2)),
+            "upstream 3.9.1 sends retries 32 to 40 without backoff (defect B3): {storm:?}"
+        );
     }
     let fork_server = Server::standalone();
     // Jitter pinned to 0 makes every backoff zero without skipping its arithmetic, which is
@@ -558,7 +701,7 @@ async fn b3_backoff_survives_more_than_31_retries() {
     let fork_uri = fork_server.uri_with("retryReads=true");
     let fork = mongodb::fork::test_hooks::with_pinned_jitter(
         0.0,
-        fork::many_overload_retries(&fork_uri, 40, false),
+        fork::many_overload_retries(&fork_uri, 40),
     )
     .await;
     assert_eq!(
@@ -604,12 +747,12 @@ async fn b7_uri_suggestions_name_real_overload_options() {
 }
 
 #[tokio::test]
-async fn b7_commit_retry_after_non_retryable_overload_upgrades_write_concern() {
+async fn b9_commit_retry_after_non_retryable_overload_upgrades_write_concern() {
     let server = Server::replica_set();
     let up = upstream::commit_retry_write_concern(&server.uri).await;
     assert!(
         up.as_ref().and_then(|wc| wc.get_str("w").ok()) != Some("majority"),
-        "upstream 3.9.1 skips the majority upgrade on SystemOverloadedError alone (defect B7): {up:?}"
+        "upstream 3.9.1 skips the majority upgrade on SystemOverloadedError alone (defect B9): {up:?}"
     );
     let fork = fork::commit_retry_write_concern(&server.uri).await;
     assert_eq!(
@@ -673,7 +816,7 @@ mod overload_events {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn b7_every_retry_is_logged_on_the_overload_target() {
+async fn f1_every_retry_is_logged_on_the_overload_target() {
     let server = Server::standalone();
     let uri = server.uri_with("retryReads=true");
     let events = overload_events::Counter::default();
@@ -681,7 +824,7 @@ async fn b7_every_retry_is_logged_on_the_overload_target() {
 
     let (client, _) = upstream::client(&uri).await;
     let coll = client
-        .database("b7")
+        .database("f1")
         .collection::<mongodb_upstream::bson::Document>("c");
     upstream::fail_with_overload(
         &client,
@@ -695,12 +838,12 @@ async fn b7_every_retry_is_logged_on_the_overload_target() {
     assert_eq!(
         events.count(),
         0,
-        "upstream 3.9.1 logs no retry (defect B7)"
+        "upstream 3.9.1 logs no retry (the fork adds this, feature F1)"
     );
 
     let (client, _) = fork::client(&uri).await;
     let coll = client
-        .database("b7")
+        .database("f1")
         .collection::<mongodb::bson::Document>("c");
     fork::fail_with_overload(&client, "find", mongodb::bson::doc! { "times": 2 }.into()).await;
     coll.find_one(mongodb::bson::doc! {})

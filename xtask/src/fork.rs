@@ -181,10 +181,11 @@ impl Workspace {
             );
         }
         let rendered = series::render(&self.git, &driver)?;
+        let defects = series::DefectAnchors::read(&self.project)?;
         let problems: Vec<String> = rendered
             .iter()
             .flat_map(|p| {
-                series::lint(p).into_iter().map(move |problem| {
+                series::lint(p, &defects).into_iter().map(move |problem| {
                     format!("  commit `{}`: {problem}", series::subject(&p.text))
                 })
             })
@@ -251,8 +252,9 @@ impl Workspace {
             ));
         }
         let patches = series::read(&self.project)?;
+        let defects = series::DefectAnchors::read(&self.project)?;
         for patch in &patches {
-            for problem in series::lint(patch) {
+            for problem in series::lint(patch, &defects) {
                 problems.push(format!("patches/{}: {problem}", patch.file));
             }
         }

@@ -23,6 +23,46 @@ const REQUIRED_FIELDS: [&str; 3] = ["Origin", "Forwarded", "Last-Update"];
 /// A description shorter than this many words cannot say both what a patch does and why.
 const MIN_DESCRIPTION_WORDS: usize = 12;
 
+/// The file, relative to the project root, whose sections a `Bug:` field links to.
+pub const DEFECTS_DOC: &str = "docs/defects.md";
+
+/// The anchors that [`DEFECTS_DOC`] defines: what `Bug: docs/defects.md#b3` may point at. An
+/// anchor is a line starting with `<a id="b3">`. Only such explicit anchors count: they resolve
+/// the same way on every renderer, unlike the IDs renderers derive from headings, and a line
+/// start keeps an anchor quoted in running text or in a code span from counting.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DefectAnchors(BTreeSet<String>);
+
+impl DefectAnchors {
+    /// The anchors of the project's defects document; none when the project has no such file.
+    pub fn read(project: &Project) -> Result<Self> {
+        let path = project.root().join(DEFECTS_DOC);
+        match fs::read_to_string(&path) {
+            Ok(text) => Ok(Self::parse(&text)),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(err) => Err(err).with_context(|| format!("cannot read {}", path.display())),
+        }
+    }
+
+    pub fn parse(markdown: &str) -> Self {
+        let anchors = markdown
+            .lines()
+            .filter_map(|line| {
+                let (id, _) = line
+                    .trim_start()
+                    .strip_prefix("<a id=\"")?
+                    .split_once('"')?;
+                (!id.is_empty()).then(|| id.to_owned())
+            })
+            .collect();
+        Self(anchors)
+    }
+
+    fn contains(&self, anchor: &str) -> bool {
+        self.0.contains(anchor)
+    }
+}
+
 /// Reads `patches/series` (one file name per line; `#` comments and blank lines ignored) and the
 /// patch files it names, in order. Fails when a listed file is missing or a `.patch` file is not
 /// listed, since either means the series and the directory disagree.
@@ -194,8 +234,9 @@ pub fn normalized(text: &str) -> String {
 }
 
 /// What a patch message lacks. Empty when the message says what and why and ends with the
-/// DEP-3-style fields (`Origin`, `Forwarded`, `Last-Update`, and `Bug` where it fixes one).
-pub fn lint(patch: &Patch) -> Vec<String> {
+/// DEP-3-style fields (`Origin`, `Forwarded`, `Last-Update`, and `Bug` where it fixes one, as a
+/// link to one of `defects`).
+pub fn lint(patch: &Patch, defects: &DefectAnchors) -> Vec<String> {
     let mut problems = Vec::new();
     if subject(&patch.text).is_empty() {
         problems.push("no subject line".to_owned());
@@ -247,7 +288,36 @@ pub fn lint(patch: &Patch) -> Vec<String> {
             }
         }
     }
+    for line in fields.lines() {
+        if let Some(value) = line.strip_prefix("Bug: ") {
+            problems.extend(check_bug(value.trim(), defects));
+        }
+    }
     problems
+}
+
+/// A `Bug:` field is a link to a section of the defects document, so every reference resolves.
+fn check_bug(value: &str, defects: &DefectAnchors) -> Option<String> {
+    let link_prefix = format!("{DEFECTS_DOC}#");
+    match value.strip_prefix(&link_prefix) {
+        Some(anchor) if defects.contains(anchor) => None,
+        Some(anchor) => Some(format!(
+            "`Bug: {value}` links to an anchor {DEFECTS_DOC} does not define; add a section \
+             there with `<a id=\"{anchor}\"></a>` before its heading"
+        )),
+        None => {
+            // A bare ID such as `B2` was the old form; say what it should become.
+            let id = value
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            Some(format!(
+                "`Bug: {value}` must be a link to the defect's section, e.g. \
+                 `Bug: {link_prefix}{id}`"
+            ))
+        }
+    }
 }
 
 fn check_field(key: &str, value: &str) -> Option<String> {
@@ -330,20 +400,99 @@ mod tests {
         );
     }
 
+    /// The anchors of a defects document with sections B1 and B2.
+    fn defects() -> DefectAnchors {
+        DefectAnchors::parse(
+            "# Defects\n\n<a id=\"b1\"></a>\n## B1: one\n\ntext\n\n<a id=\"b2\"></a>\n## B2: two\n",
+        )
+    }
+
+    fn with_bug(value: &str) -> Patch {
+        patch(&format!(
+            "{WHY}Origin: vendor\nForwarded: no\nBug: {value}\nLast-Update: 2026-11-29\n"
+        ))
+    }
+
     #[test]
     fn complete_message_passes() {
         assert_eq!(
-            lint(&patch(&format!("{WHY}{FIELDS}"))),
+            lint(&patch(&format!("{WHY}{FIELDS}")), &defects()),
             Vec::<String>::new()
         );
-        let with_bug =
-            format!("{WHY}Origin: vendor\nForwarded: no\nBug: B2\nLast-Update: 2026-11-29\n");
-        assert_eq!(lint(&patch(&with_bug)), Vec::<String>::new());
+        assert_eq!(
+            lint(&with_bug("docs/defects.md#b2"), &defects()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn only_explicit_anchors_are_collected() {
+        let anchors = DefectAnchors::parse(
+            "<a id=\"b1\"></a>\n## B1: x\n## B3: a heading without an anchor\n\
+             Write `<a id=\"bN\"></a>` before the heading.\n  <a id=\"f1\"></a>\n\
+             <a id=\"\"></a>\n<a id=\"unterminated\n",
+        );
+        assert_eq!(
+            anchors,
+            DefectAnchors(["b1", "f1"].map(String::from).into_iter().collect())
+        );
+        assert_eq!(DefectAnchors::parse(""), DefectAnchors::default());
+    }
+
+    #[test]
+    fn anchors_are_read_from_the_projects_defects_doc() {
+        let root = tempfile::tempdir().unwrap();
+        let project = Project::new(root.path());
+        assert_eq!(
+            DefectAnchors::read(&project).unwrap(),
+            DefectAnchors::default(),
+            "a project without the document defines no anchor"
+        );
+        fs::create_dir(root.path().join("docs")).unwrap();
+        fs::write(
+            root.path().join(DEFECTS_DOC),
+            "<a id=\"b1\"></a>\n## B1: one\n<a id=\"b2\"></a>\n## B2: two\n",
+        )
+        .unwrap();
+        assert_eq!(DefectAnchors::read(&project).unwrap(), defects());
+    }
+
+    #[test]
+    fn bug_link_to_an_unknown_anchor_is_reported() {
+        let problems = lint(&with_bug("docs/defects.md#b42"), &defects());
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("does not define") && problems[0].contains(r#"<a id="b42">"#),
+            "{problems:?}"
+        );
+        // Anchors are matched exactly: the heading's ID in upper case is not an anchor.
+        assert_eq!(lint(&with_bug("docs/defects.md#B2"), &defects()).len(), 1);
+        // A project without the document defines no anchor at all.
+        assert_eq!(
+            lint(&with_bug("docs/defects.md#b2"), &DefectAnchors::default()).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn bare_bug_id_is_reported_with_the_link_it_should_be() {
+        let problems = lint(&with_bug("B2"), &defects());
+        assert_eq!(
+            problems,
+            vec!["`Bug: B2` must be a link to the defect's section, e.g. \
+                  `Bug: docs/defects.md#b2`"
+                .to_owned()]
+        );
+        let problems = lint(&with_bug("B8 (found by a prose test)"), &defects());
+        assert!(
+            problems.len() == 1 && problems[0].contains("`Bug: docs/defects.md#b8`"),
+            "{problems:?}"
+        );
     }
 
     #[test]
     fn missing_why_is_reported() {
-        let problems = lint(&patch(&format!("Fix it.\n\n{FIELDS}")));
+        let problems = lint(&patch(&format!("Fix it.\n\n{FIELDS}")), &defects());
         assert!(
             problems[0].contains("what the patch changes and why"),
             "{problems:?}"
@@ -352,14 +501,14 @@ mod tests {
 
     #[test]
     fn missing_or_malformed_fields_are_reported() {
-        let problems = lint(&patch(WHY));
+        let problems = lint(&patch(WHY), &defects());
         assert!(
             problems.iter().any(|p| p.contains("DEP-3 fields")),
             "{problems:?}"
         );
 
         let partial = format!("{WHY}Origin: vendor\nLast-Update: 29/11/2026\n");
-        let problems = lint(&patch(&partial));
+        let problems = lint(&patch(&partial), &defects());
         assert!(
             problems.iter().any(|p| p.contains("`Forwarded:`")),
             "{problems:?}"
@@ -371,6 +520,6 @@ mod tests {
 
         let bad_forward =
             format!("{WHY}Origin: vendor\nForwarded: maybe\nLast-Update: 2026-11-29\n");
-        assert!(lint(&patch(&bad_forward))[0].contains("Forwarded: maybe"));
+        assert!(lint(&patch(&bad_forward), &defects())[0].contains("Forwarded: maybe"));
     }
 }
