@@ -89,20 +89,24 @@ mod tests {
         String::from_utf8(bytes).unwrap()
     }
 
+    fn sample_attempt<'a>(labels: &'a [&'a str]) -> RetryAttempt<'a> {
+        RetryAttempt {
+            operation: "find",
+            attempt: 2,
+            max_retries: 2,
+            server: "db1.example:27017",
+            error_code: Some(462),
+            error_labels: labels,
+            backoff: Some(Duration::from_millis(150)),
+        }
+    }
+
     #[test]
     fn retry_attempt_names_everything_an_operator_needs() {
         let labels = ["RetryableError", "SystemOverloadedError"];
         let text = captured(tracing::Level::DEBUG, || {
             assert!(retry_attempts_enabled());
-            retry_attempt(&RetryAttempt {
-                operation: "find",
-                attempt: 2,
-                max_retries: 2,
-                server: "db1.example:27017",
-                error_code: Some(462),
-                error_labels: &labels,
-                backoff: Some(Duration::from_millis(150)),
-            });
+            retry_attempt(&sample_attempt(&labels));
         });
         for needle in [
             "mongodb::overload",
@@ -121,10 +125,22 @@ mod tests {
 
     #[test]
     fn retry_attempts_are_debug_level() {
-        let text = captured(tracing::Level::INFO, || {
-            assert!(!retry_attempts_enabled());
+        // The same event, emitted for real: one line at DEBUG, nothing when only INFO is on.
+        let labels = ["SystemOverloadedError"];
+        let at_debug = captured(tracing::Level::DEBUG, || {
+            retry_attempt(&sample_attempt(&labels))
         });
-        assert!(text.is_empty());
+        assert_eq!(
+            at_debug.matches("retrying operation").count(),
+            1,
+            "{at_debug}"
+        );
+        assert!(at_debug.contains("DEBUG"), "{at_debug}");
+        let at_info = captured(tracing::Level::INFO, || {
+            assert!(!retry_attempts_enabled());
+            retry_attempt(&sample_attempt(&labels));
+        });
+        assert_eq!(at_info, "", "a DEBUG event leaked at INFO");
     }
 
     #[test]
