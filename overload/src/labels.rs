@@ -75,17 +75,41 @@ pub fn is_retryable_overload<'a>(labels: impl IntoIterator<Item = &'a str>) -> b
     Overload::of(labels).is_retryable()
 }
 
-/// Whether `label` is one of those that make a failed command eligible to be sent again
-/// (`RetryableError`, `RetryableWriteError`, `SystemOverloadedError`).
+/// The labels that make a failed command eligible to be sent again.
 ///
 /// An error that becomes the cause of another operation's error must lose these labels when
 /// that other operation may not be repeated: retry decisions look at a whole error chain, so
 /// the cause's labels would otherwise make the outer operation look retryable.
+pub const RESEND_LABELS: [&str; 3] = [
+    RETRYABLE_ERROR,
+    RETRYABLE_WRITE_ERROR,
+    SYSTEM_OVERLOADED_ERROR,
+];
+
+/// Whether `label` is one of [`RESEND_LABELS`].
 pub fn permits_resend(label: &str) -> bool {
-    matches!(
-        label,
-        RETRYABLE_ERROR | RETRYABLE_WRITE_ERROR | SYSTEM_OVERLOADED_ERROR
-    )
+    RESEND_LABELS.contains(&label)
+}
+
+/// How a TLS handshake failed, as far as overload labelling cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// The connection was reset, timed out or closed: what a server shedding connections does.
+    Io,
+    /// The TLS library rejected the peer (certificate, hostname, protocol): permanent.
+    Protocol,
+}
+
+impl TlsFailure {
+    /// Whether the failure gets the labels of a connection-establishment network error
+    /// (`SystemOverloadedError`, `RetryableError`): no pool clear, a retry after backoff.
+    ///
+    /// The CMAP specification says non-I/O TLS errors must not be labelled: retrying a server
+    /// whose certificate does not validate only repeats the failure, and unlabelled, the
+    /// server is marked Unknown.
+    pub fn gets_backpressure_labels(self) -> bool {
+        self == Self::Io
+    }
 }
 
 #[cfg(test)]
@@ -123,6 +147,12 @@ mod tests {
             SYSTEM_OVERLOADED_ERROR,
             "Retryable"
         ]));
+    }
+
+    #[test]
+    fn only_io_tls_failures_look_like_overload() {
+        assert!(TlsFailure::Io.gets_backpressure_labels());
+        assert!(!TlsFailure::Protocol.gets_backpressure_labels());
     }
 
     #[test]

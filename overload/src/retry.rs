@@ -133,6 +133,19 @@ impl RetryState {
         self.failures > u64::from(self.max_retries)
     }
 
+    /// For a command that must stay on one pinned connection, so that only the overload rules
+    /// can retry it (an ordinary retryable error there means the connection is gone): counts
+    /// `failure` and says whether to send the command again. Only a retryable overload error
+    /// that the command allows (`command_allows`, e.g. `retryReads` not false for a getMore)
+    /// is retried, and only within the cap; anything else is returned to the caller uncounted.
+    pub fn retry_on_pinned_connection(&mut self, failure: Failure, command_allows: bool) -> bool {
+        if !failure.overload.is_retryable() || !command_allows {
+            return false;
+        }
+        self.record_failure(failure);
+        !self.exhausted()
+    }
+
     /// Whether any failure so far was an overload error.
     pub fn overload_seen(&self) -> bool {
         self.overload_seen
@@ -252,6 +265,22 @@ mod tests {
     }
 
     #[test]
+    fn pinned_connections_retry_only_allowed_retryable_overload_errors() {
+        let mut state = RetryState::new(Some(2));
+        assert!(!state.retry_on_pinned_connection(ordinary(), true));
+        assert!(!state.retry_on_pinned_connection(Failure::new(Overload::NotRetryable, None), true));
+        assert!(!state.retry_on_pinned_connection(overloaded(), false));
+        assert_eq!(state.retry_number(), 0, "refused failures are not counted");
+        assert!(state.retry_on_pinned_connection(overloaded(), true));
+        assert!(state.retry_on_pinned_connection(overloaded(), true));
+        assert_eq!(state.retry_number(), 2);
+        assert!(
+            !state.retry_on_pinned_connection(overloaded(), true),
+            "cap of 2 reached"
+        );
+    }
+
+    #[test]
     fn retry_numbers_saturate_instead_of_wrapping() {
         let mut state = RetryState::new(Some(u32::MAX));
         state.failures = u64::from(u32::MAX) + 7;
@@ -286,6 +315,25 @@ mod tests {
             if !failures.iter().any(|f| f.overload.is_overload()) {
                 prop_assert!(allowed <= MAX_ORDINARY_RETRIES);
             }
+        }
+
+        #[test]
+        fn pinned_retries_never_exceed_max_adaptive_retries(
+            cap in 0u32..10,
+            failures in proptest::collection::vec((failure(), any::<bool>()), 0..40),
+        ) {
+            let mut state = RetryState::new(Some(cap));
+            let mut retried = 0u32;
+            for (failure, allowed) in failures {
+                if state.retry_on_pinned_connection(failure, allowed) {
+                    prop_assert!(failure.overload.is_retryable() && allowed);
+                    retried += 1;
+                } else if failure.overload.is_retryable() && allowed {
+                    // The cap was hit: the operation ends here.
+                    break;
+                }
+            }
+            prop_assert!(retried <= cap);
         }
 
         #[test]
