@@ -29,7 +29,8 @@ pub struct RetryAttempt<'a> {
     pub server: &'a str,
     /// The failure's server error code, when it was a server error.
     pub error_code: Option<i32>,
-    /// The failure's error labels, sorted so log lines compare.
+    /// The failure's error labels, in any order: the event lists them sorted, so log lines of
+    /// the same failure compare equal although label sets have no order.
     pub error_labels: &'a [&'a str],
     /// The backoff before the retry; `None` when the failure was not an overload error, which
     /// the specification retries without backoff.
@@ -38,6 +39,8 @@ pub struct RetryAttempt<'a> {
 
 /// Logs a retry at DEBUG: under overload there is one per retried request, too many for INFO.
 pub fn retry_attempt(event: &RetryAttempt<'_>) {
+    let mut labels = event.error_labels.to_vec();
+    labels.sort_unstable();
     tracing::debug!(
         target: TARGET,
         operation = event.operation,
@@ -45,7 +48,7 @@ pub fn retry_attempt(event: &RetryAttempt<'_>) {
         maxRetries = event.max_retries,
         server = event.server,
         errorCode = event.error_code,
-        errorLabels = ?event.error_labels,
+        errorLabels = ?labels,
         backoffMS = event.backoff.map(|b| b.as_secs_f64() * 1000.0),
         "retrying operation"
     );
@@ -121,6 +124,24 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle} in {text}");
         }
+    }
+
+    #[test]
+    fn labels_are_listed_sorted_whatever_their_order() {
+        let unsorted = [
+            "SystemOverloadedError",
+            "NoWritesPerformed",
+            "RetryableError",
+        ];
+        let text = captured(tracing::Level::DEBUG, || {
+            retry_attempt(&sample_attempt(&unsorted))
+        });
+        assert!(
+            text.contains(
+                r#"errorLabels=["NoWritesPerformed", "RetryableError", "SystemOverloadedError"]"#
+            ),
+            "{text}"
+        );
     }
 
     #[test]
