@@ -28,10 +28,6 @@
 use std::fmt;
 use std::time::Duration;
 
-/// The specification's default for `maxAdaptiveRetries`: retries after overload errors, not
-/// counting the first attempt.
-pub const DEFAULT_MAX_ADAPTIVE_RETRIES: u32 = 2;
-
 /// The specification's default base backoff.
 pub const DEFAULT_BASE: Duration = Duration::from_millis(100);
 
@@ -120,6 +116,22 @@ impl Backoff {
     }
 }
 
+/// The `baseBackoffMS` field of a server's error document, reduced to what validation needs, so
+/// this crate does not depend on a BSON library.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BaseBackoffField {
+    /// The field is missing or null.
+    Absent,
+    /// A BSON int32.
+    Int32(i32),
+    /// A BSON int64.
+    Int64(i64),
+    /// A BSON double.
+    Double(f64),
+    /// Any other BSON type, by name (for the warning that the value is ignored).
+    NotNumeric(String),
+}
+
 /// A server-supplied base backoff (`baseBackoffMS` on an overload error) that is safe to use:
 /// finite, positive, and at most [`MAX_SERVER_BASE`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -130,6 +142,9 @@ pub struct ServerBaseBackoff(Duration);
 pub enum InvalidServerBase {
     /// Zero or negative: the specification says to use only positive values.
     NotPositive(f64),
+    /// Positive but below one nanosecond, so it would be a zero [`Duration`]: as useless as
+    /// zero, and a zero base would turn every backoff into an immediate retry.
+    BelowResolution(f64),
     /// NaN or infinite.
     NotFinite,
     /// Above [`MAX_SERVER_BASE`].
@@ -142,6 +157,9 @@ impl fmt::Display for InvalidServerBase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NotPositive(v) => write!(f, "baseBackoffMS {v} is not positive"),
+            Self::BelowResolution(v) => {
+                write!(f, "baseBackoffMS {v} is below the nanosecond resolution")
+            }
             Self::NotFinite => write!(f, "baseBackoffMS is not a finite number"),
             Self::Absurd(v) => write!(
                 f,
@@ -172,7 +190,29 @@ impl ServerBaseBackoff {
         if ms > MAX_SERVER_BASE.as_millis() as f64 {
             return Err(InvalidServerBase::Absurd(ms));
         }
-        Ok(Self(Duration::from_secs_f64(ms / 1000.0)))
+        // `ms` is finite and within a day, so the conversion cannot panic; it can still round
+        // a tiny positive value down to zero.
+        let base = Duration::from_secs_f64(ms / 1000.0);
+        if base.is_zero() {
+            return Err(InvalidServerBase::BelowResolution(ms));
+        }
+        Ok(Self(base))
+    }
+
+    /// Validates `baseBackoffMS` as it appeared in a server's error document: absent (or
+    /// null) means the server gave no hint, which is not an error.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidServerBase`] says why a present value must be ignored.
+    pub fn from_field(field: BaseBackoffField) -> Result<Option<Self>, InvalidServerBase> {
+        match field {
+            BaseBackoffField::Absent => Ok(None),
+            BaseBackoffField::Int32(ms) => Self::from_millis_i64(ms.into()).map(Some),
+            BaseBackoffField::Int64(ms) => Self::from_millis_i64(ms).map(Some),
+            BaseBackoffField::Double(ms) => Self::from_millis_f64(ms).map(Some),
+            BaseBackoffField::NotNumeric(kind) => Err(InvalidServerBase::NotNumeric(kind)),
+        }
     }
 
     /// Validates an integer `baseBackoffMS`.
@@ -333,8 +373,121 @@ mod tests {
     }
 
     #[test]
+    fn bases_that_round_to_zero_are_rejected() {
+        // 1e-12 ms is a picosecond: positive, but a zero Duration.
+        assert_eq!(
+            ServerBaseBackoff::from_millis_f64(1e-12),
+            Err(InvalidServerBase::BelowResolution(1e-12))
+        );
+        assert_eq!(
+            ServerBaseBackoff::from_millis_f64(f64::MIN_POSITIVE),
+            Err(InvalidServerBase::BelowResolution(f64::MIN_POSITIVE))
+        );
+        // One nanosecond is the smallest base a Duration can hold.
+        assert_eq!(
+            ServerBaseBackoff::from_millis_f64(1e-6).map(ServerBaseBackoff::as_duration),
+            Ok(Duration::from_nanos(1))
+        );
+        assert!(InvalidServerBase::BelowResolution(1e-12)
+            .to_string()
+            .contains("below the nanosecond resolution"));
+    }
+
+    #[test]
+    fn fields_of_every_bson_shape() {
+        assert_eq!(
+            ServerBaseBackoff::from_field(BaseBackoffField::Absent),
+            Ok(None)
+        );
+        assert_eq!(
+            ServerBaseBackoff::from_field(BaseBackoffField::Int32(250)),
+            Ok(Some(ServerBaseBackoff(ms(250))))
+        );
+        assert_eq!(
+            ServerBaseBackoff::from_field(BaseBackoffField::Int64(250)),
+            Ok(Some(ServerBaseBackoff(ms(250))))
+        );
+        assert_eq!(
+            ServerBaseBackoff::from_field(BaseBackoffField::Double(0.5)),
+            Ok(Some(ServerBaseBackoff(Duration::from_micros(500))))
+        );
+        assert_eq!(
+            ServerBaseBackoff::from_field(BaseBackoffField::Int32(-1)),
+            Err(InvalidServerBase::NotPositive(-1.0))
+        );
+        assert_eq!(
+            ServerBaseBackoff::from_field(BaseBackoffField::Double(f64::NAN)),
+            Err(InvalidServerBase::NotFinite)
+        );
+        assert_eq!(
+            ServerBaseBackoff::from_field(BaseBackoffField::NotNumeric("String".into())),
+            Err(InvalidServerBase::NotNumeric("String".into()))
+        );
+    }
+
+    #[test]
     #[should_panic(expected = "retries into a storm")]
     fn zero_base_is_a_programmer_error() {
         Backoff::new(Duration::ZERO, MAX_BACKOFF);
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        fn server_base() -> impl Strategy<Value = Option<ServerBaseBackoff>> {
+            proptest::option::of(
+                (1..=MAX_SERVER_BASE.as_nanos() as u64)
+                    .prop_map(|n| ServerBaseBackoff(Duration::from_nanos(n))),
+            )
+        }
+
+        proptest! {
+            #[test]
+            fn delay_is_within_zero_and_the_ceiling(
+                attempt in any::<u32>(),
+                base in server_base(),
+                jitter in any::<f64>(),
+            ) {
+                let b = Backoff::default();
+                let ceiling = b.ceiling(attempt, base);
+                prop_assert!(ceiling <= MAX_BACKOFF);
+                let delay = b.delay(attempt, base, &mut || jitter);
+                prop_assert!(delay <= ceiling, "{delay:?} > {ceiling:?}");
+            }
+
+            #[test]
+            fn ceiling_never_shrinks_as_attempts_grow(
+                attempt in 0..u32::MAX,
+                base in server_base(),
+            ) {
+                let b = Backoff::default();
+                prop_assert!(b.ceiling(attempt, base) <= b.ceiling(attempt + 1, base));
+            }
+
+            #[test]
+            fn accepted_millis_are_positive_and_bounded(ms in any::<f64>()) {
+                // Any f64 at all: the validation must never panic, and what it accepts keeps
+                // the type's promise.
+                if let Ok(base) = ServerBaseBackoff::from_millis_f64(ms) {
+                    prop_assert!(!base.as_duration().is_zero());
+                    prop_assert!(base.as_duration() <= MAX_SERVER_BASE);
+                    prop_assert!(ms > 0.0);
+                }
+            }
+
+            #[test]
+            fn accepted_integers_are_exact(ms in any::<i64>()) {
+                match ServerBaseBackoff::from_millis_i64(ms) {
+                    Ok(base) => prop_assert_eq!(base.as_duration().as_millis(), ms as u128),
+                    Err(InvalidServerBase::NotPositive(_)) => prop_assert!(ms <= 0),
+                    Err(InvalidServerBase::Absurd(_)) => {
+                        prop_assert!(ms as u128 > MAX_SERVER_BASE.as_millis())
+                    }
+                    Err(other) => prop_assert!(false, "unexpected {other:?}"),
+                }
+            }
+        }
     }
 }

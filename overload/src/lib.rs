@@ -8,6 +8,8 @@
 
 pub mod backoff;
 pub mod identity;
+pub mod labels;
+pub mod retry;
 pub mod trace;
 
 pub use identity::ForkIdentity;

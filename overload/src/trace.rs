@@ -29,7 +29,8 @@ pub struct RetryAttempt<'a> {
     pub server: &'a str,
     /// The failure's server error code, when it was a server error.
     pub error_code: Option<i32>,
-    /// The failure's error labels, sorted so log lines compare.
+    /// The failure's error labels, in any order: the event lists them sorted, so log lines of
+    /// the same failure compare equal although label sets have no order.
     pub error_labels: &'a [&'a str],
     /// The backoff before the retry; `None` when the failure was not an overload error, which
     /// the specification retries without backoff.
@@ -38,6 +39,8 @@ pub struct RetryAttempt<'a> {
 
 /// Logs a retry at DEBUG: under overload there is one per retried request, too many for INFO.
 pub fn retry_attempt(event: &RetryAttempt<'_>) {
+    let mut labels = event.error_labels.to_vec();
+    labels.sort_unstable();
     tracing::debug!(
         target: TARGET,
         operation = event.operation,
@@ -45,7 +48,7 @@ pub fn retry_attempt(event: &RetryAttempt<'_>) {
         maxRetries = event.max_retries,
         server = event.server,
         errorCode = event.error_code,
-        errorLabels = ?event.error_labels,
+        errorLabels = ?labels,
         backoffMS = event.backoff.map(|b| b.as_secs_f64() * 1000.0),
         "retrying operation"
     );
@@ -89,20 +92,24 @@ mod tests {
         String::from_utf8(bytes).unwrap()
     }
 
+    fn sample_attempt<'a>(labels: &'a [&'a str]) -> RetryAttempt<'a> {
+        RetryAttempt {
+            operation: "find",
+            attempt: 2,
+            max_retries: 2,
+            server: "db1.example:27017",
+            error_code: Some(462),
+            error_labels: labels,
+            backoff: Some(Duration::from_millis(150)),
+        }
+    }
+
     #[test]
     fn retry_attempt_names_everything_an_operator_needs() {
         let labels = ["RetryableError", "SystemOverloadedError"];
         let text = captured(tracing::Level::DEBUG, || {
             assert!(retry_attempts_enabled());
-            retry_attempt(&RetryAttempt {
-                operation: "find",
-                attempt: 2,
-                max_retries: 2,
-                server: "db1.example:27017",
-                error_code: Some(462),
-                error_labels: &labels,
-                backoff: Some(Duration::from_millis(150)),
-            });
+            retry_attempt(&sample_attempt(&labels));
         });
         for needle in [
             "mongodb::overload",
@@ -120,11 +127,41 @@ mod tests {
     }
 
     #[test]
-    fn retry_attempts_are_debug_level() {
-        let text = captured(tracing::Level::INFO, || {
-            assert!(!retry_attempts_enabled());
+    fn labels_are_listed_sorted_whatever_their_order() {
+        let unsorted = [
+            "SystemOverloadedError",
+            "NoWritesPerformed",
+            "RetryableError",
+        ];
+        let text = captured(tracing::Level::DEBUG, || {
+            retry_attempt(&sample_attempt(&unsorted))
         });
-        assert!(text.is_empty());
+        assert!(
+            text.contains(
+                r#"errorLabels=["NoWritesPerformed", "RetryableError", "SystemOverloadedError"]"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn retry_attempts_are_debug_level() {
+        // The same event, emitted for real: one line at DEBUG, nothing when only INFO is on.
+        let labels = ["SystemOverloadedError"];
+        let at_debug = captured(tracing::Level::DEBUG, || {
+            retry_attempt(&sample_attempt(&labels))
+        });
+        assert_eq!(
+            at_debug.matches("retrying operation").count(),
+            1,
+            "{at_debug}"
+        );
+        assert!(at_debug.contains("DEBUG"), "{at_debug}");
+        let at_info = captured(tracing::Level::INFO, || {
+            assert!(!retry_attempts_enabled());
+            retry_attempt(&sample_attempt(&labels));
+        });
+        assert_eq!(at_info, "", "a DEBUG event leaked at INFO");
     }
 
     #[test]

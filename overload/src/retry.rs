@@ -1,0 +1,373 @@
+//! How often one operation may be retried, and how long it waits before each retry.
+//!
+//! The driver has two retry paths: the executor's loop, which selects a server for every
+//! attempt, and the in-place retry of a command that must stay on one pinned connection (the
+//! getMore on a client bulkWrite's results in load-balanced mode). Both keep a [`RetryState`]
+//! per operation and ask it the same questions, so the cap and the backoff cannot drift apart
+//! between them.
+//!
+//! The rules, from the Retryable Reads, Retryable Writes and Client Backpressure
+//! specifications:
+//!
+//! - an operation that failed with an ordinary retryable error is retried once;
+//! - once any failure of the operation carried `SystemOverloadedError`, it may be retried up to
+//!   `maxAdaptiveRetries` times in all (default 2), and that cap stays for the rest of the
+//!   operation even if later failures are not overload errors;
+//! - a retry after an overload error first waits [`Backoff::delay`] for its retry number, with
+//!   the `baseBackoffMS` of that failure, if valid, as the base.
+//!
+//! Whether a given failure may be retried at all (the command's retryability, the labels, the
+//! `retryReads`/`retryWrites` options) is the caller's decision; the state counts the failures
+//! the caller chose to retry. It reads no clock and draws no randomness: the caller sleeps the
+//! returned delay and passes in the jitter source.
+//!
+//! ```
+//! use overload::labels::Overload;
+//! use overload::retry::{Failure, RetryState};
+//!
+//! let mut state = RetryState::new(None);
+//! state.record_failure(Failure::new(Overload::Retryable, None));
+//! assert_eq!((state.retry_number(), state.max_retries()), (1, 2));
+//! assert!(!state.exhausted());
+//! state.record_failure(Failure::new(Overload::None, None));
+//! state.record_failure(Failure::new(Overload::None, None));
+//! assert!(state.exhausted(), "three failures: the first attempt and both retries");
+//! ```
+
+use std::time::Duration;
+
+use crate::backoff::{Backoff, Jitter, ServerBaseBackoff};
+use crate::labels::Overload;
+
+/// The specification's default for `maxAdaptiveRetries`: retries after overload errors, not
+/// counting the first attempt.
+pub const DEFAULT_MAX_ADAPTIVE_RETRIES: u32 = 2;
+
+/// Retries allowed after ordinary retryable errors (Retryable Reads and Writes: one).
+pub const MAX_ORDINARY_RETRIES: u32 = 1;
+
+/// One failed attempt, as far as the retry count and backoff care.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Failure {
+    /// What the failure's labels say about overload.
+    pub overload: Overload,
+    /// The server's `baseBackoffMS`, when it sent a valid one.
+    pub server_base: Option<ServerBaseBackoff>,
+}
+
+impl Failure {
+    /// A failure with these labels and server base.
+    pub fn new(overload: Overload, server_base: Option<ServerBaseBackoff>) -> Self {
+        Self {
+            overload,
+            server_base,
+        }
+    }
+}
+
+/// The retry accounting of one operation: how many failures it has had, how many retries it
+/// may make, and the backoff before the next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryState {
+    /// Failures recorded so far, which is also the number of the retry the last one calls for.
+    /// Wider than the cap so that "more failures than the cap" stays representable at any cap.
+    failures: u64,
+    /// Retries allowed now: [`MAX_ORDINARY_RETRIES`] until an overload error is seen.
+    max_retries: u32,
+    /// `maxAdaptiveRetries`, which becomes the cap at the first overload error.
+    max_adaptive_retries: u32,
+    /// Whether any failure so far was an overload error.
+    overload_seen: bool,
+    /// The most recent failure.
+    last: Failure,
+    backoff: Backoff,
+}
+
+impl RetryState {
+    /// The state of an operation that has not failed yet; `max_adaptive_retries` is the
+    /// client's `maxAdaptiveRetries` option (unset means the default 2).
+    pub fn new(max_adaptive_retries: Option<u32>) -> Self {
+        Self {
+            failures: 0,
+            max_retries: MAX_ORDINARY_RETRIES,
+            max_adaptive_retries: max_adaptive_retries.unwrap_or(DEFAULT_MAX_ADAPTIVE_RETRIES),
+            overload_seen: false,
+            last: Failure::default(),
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// The same state with another backoff policy.
+    pub fn with_backoff(self, backoff: Backoff) -> Self {
+        Self { backoff, ..self }
+    }
+
+    /// Counts a failure the caller has decided is retryable. After it, [`Self::exhausted`]
+    /// says whether the retry it calls for is still within the cap.
+    pub fn record_failure(&mut self, failure: Failure) {
+        self.failures = self.failures.saturating_add(1);
+        if failure.overload.is_overload() {
+            // From the first overload error on, the adaptive cap governs every retry of the
+            // operation, including retries after later ordinary errors.
+            self.overload_seen = true;
+            self.max_retries = self.max_adaptive_retries;
+        }
+        self.last = failure;
+    }
+
+    /// The number of the retry the last failure calls for: 1 after the first failure, 0
+    /// before any. Saturates at `u32::MAX`.
+    pub fn retry_number(&self) -> u32 {
+        u32::try_from(self.failures).unwrap_or(u32::MAX)
+    }
+
+    /// The most retries the operation may make, as things stand: [`MAX_ORDINARY_RETRIES`],
+    /// or `maxAdaptiveRetries` once an overload error has been seen.
+    pub fn max_retries(&self) -> u32 {
+        self.max_retries
+    }
+
+    /// Whether the retry the last failure calls for would exceed the cap, so the operation
+    /// must return its error instead.
+    pub fn exhausted(&self) -> bool {
+        self.failures > u64::from(self.max_retries)
+    }
+
+    /// For a command that must stay on one pinned connection, so that only the overload rules
+    /// can retry it (an ordinary retryable error there means the connection is gone): counts
+    /// `failure` and says whether to send the command again. Only a retryable overload error
+    /// that the command allows (`command_allows`, e.g. `retryReads` not false for a getMore)
+    /// is retried, and only within the cap; anything else is returned to the caller uncounted.
+    pub fn retry_on_pinned_connection(&mut self, failure: Failure, command_allows: bool) -> bool {
+        if !failure.overload.is_retryable() || !command_allows {
+            return false;
+        }
+        self.record_failure(failure);
+        !self.exhausted()
+    }
+
+    /// Whether any failure so far was an overload error.
+    pub fn overload_seen(&self) -> bool {
+        self.overload_seen
+    }
+
+    /// The most recent failure ([`Failure::default`] before any).
+    pub fn last_failure(&self) -> Failure {
+        self.last
+    }
+
+    /// The delay before the pending retry: the specification's backoff for its retry number,
+    /// with the last failure's server base when it sent one. Callers wait it only after
+    /// overload errors (`last_failure().overload.is_overload()`); ordinary retries go at once.
+    pub fn backoff(&self, jitter: &mut impl Jitter) -> Duration {
+        self.backoff
+            .delay(self.retry_number(), self.last.server_base, jitter)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::backoff::MAX_BACKOFF;
+
+    fn overloaded() -> Failure {
+        Failure::new(Overload::Retryable, None)
+    }
+
+    fn ordinary() -> Failure {
+        Failure::new(Overload::None, None)
+    }
+
+    /// Records failures until the state is exhausted or the failures run out, and returns how
+    /// many retries were allowed.
+    fn retries_allowed(state: &mut RetryState, failures: impl Iterator<Item = Failure>) -> u32 {
+        let mut retries = 0;
+        for failure in failures {
+            state.record_failure(failure);
+            if state.exhausted() {
+                break;
+            }
+            retries += 1;
+        }
+        retries
+    }
+
+    #[test]
+    fn ordinary_errors_are_retried_once() {
+        let mut state = RetryState::new(None);
+        assert_eq!(
+            retries_allowed(&mut state, std::iter::repeat_n(ordinary(), 10)),
+            1
+        );
+        assert!(!state.overload_seen());
+    }
+
+    #[test]
+    fn overload_errors_are_retried_up_to_the_adaptive_cap() {
+        for cap in [0, 1, 2, 5] {
+            let mut state = RetryState::new(Some(cap));
+            let allowed = retries_allowed(&mut state, std::iter::repeat_n(overloaded(), 10));
+            assert_eq!(allowed, cap, "maxAdaptiveRetries {cap}");
+        }
+        assert_eq!(
+            RetryState::new(None).max_adaptive_retries,
+            DEFAULT_MAX_ADAPTIVE_RETRIES
+        );
+    }
+
+    #[test]
+    fn the_cap_sticks_after_an_overload_error() {
+        // First retry after an overload error, later errors ordinary: still the adaptive cap.
+        let mut state = RetryState::new(Some(3));
+        let failures = [overloaded()]
+            .into_iter()
+            .chain(std::iter::repeat(ordinary()));
+        assert_eq!(retries_allowed(&mut state, failures.take(10)), 3);
+        assert!(state.overload_seen());
+        assert_eq!(state.last_failure(), ordinary());
+    }
+
+    #[test]
+    fn an_overload_error_after_an_ordinary_one_raises_the_cap() {
+        let mut state = RetryState::new(Some(4));
+        state.record_failure(ordinary());
+        assert_eq!(state.max_retries(), MAX_ORDINARY_RETRIES);
+        state.record_failure(Failure::new(Overload::NotRetryable, None));
+        assert_eq!(state.max_retries(), 4);
+        assert!(!state.exhausted());
+    }
+
+    #[test]
+    fn a_zero_cap_after_an_ordinary_error_ends_the_operation() {
+        let mut state = RetryState::new(Some(0));
+        state.record_failure(ordinary());
+        assert!(!state.exhausted());
+        state.record_failure(overloaded());
+        assert!(state.exhausted());
+    }
+
+    #[test]
+    fn backoff_uses_the_retry_number_and_the_last_server_base() {
+        let mut state = RetryState::new(Some(5));
+        let base = ServerBaseBackoff::from_millis_i64(30).unwrap();
+        state.record_failure(Failure::new(Overload::Retryable, Some(base)));
+        assert_eq!(state.backoff(&mut || 1.0), Duration::from_millis(60));
+        state.record_failure(overloaded());
+        // Second retry, default base again: 100 ms * 2^2.
+        assert_eq!(state.backoff(&mut || 0.5), Duration::from_millis(200));
+        let custom = state.with_backoff(Backoff::new(
+            Duration::from_millis(1),
+            Duration::from_millis(3),
+        ));
+        assert_eq!(custom.backoff(&mut || 1.0), Duration::from_millis(3));
+    }
+
+    #[test]
+    fn pinned_connections_retry_only_allowed_retryable_overload_errors() {
+        let mut state = RetryState::new(Some(2));
+        assert!(!state.retry_on_pinned_connection(ordinary(), true));
+        assert!(!state.retry_on_pinned_connection(Failure::new(Overload::NotRetryable, None), true));
+        assert!(!state.retry_on_pinned_connection(overloaded(), false));
+        assert_eq!(state.retry_number(), 0, "refused failures are not counted");
+        assert!(state.retry_on_pinned_connection(overloaded(), true));
+        assert!(state.retry_on_pinned_connection(overloaded(), true));
+        assert_eq!(state.retry_number(), 2);
+        assert!(
+            !state.retry_on_pinned_connection(overloaded(), true),
+            "cap of 2 reached"
+        );
+    }
+
+    #[test]
+    fn retry_numbers_saturate_instead_of_wrapping() {
+        let mut state = RetryState::new(Some(u32::MAX));
+        state.failures = u64::from(u32::MAX) + 7;
+        assert_eq!(state.retry_number(), u32::MAX);
+        assert!(state.exhausted());
+        assert_eq!(state.backoff(&mut || 1.0), MAX_BACKOFF);
+    }
+
+    fn failure() -> impl Strategy<Value = Failure> {
+        let overload = prop_oneof![
+            Just(Overload::None),
+            Just(Overload::NotRetryable),
+            Just(Overload::Retryable),
+        ];
+        let base = proptest::option::of(
+            (1..=86_400_000i64).prop_map(|ms| ServerBaseBackoff::from_millis_i64(ms).unwrap()),
+        );
+        (overload, base).prop_map(|(overload, base)| Failure::new(overload, base))
+    }
+
+    proptest! {
+        #[test]
+        fn retries_never_exceed_the_cap(
+            cap in proptest::option::of(0u32..20),
+            failures in proptest::collection::vec(failure(), 0..40),
+        ) {
+            let mut state = RetryState::new(cap);
+            let allowed = retries_allowed(&mut state, failures.iter().copied());
+            let overload_cap = cap.unwrap_or(DEFAULT_MAX_ADAPTIVE_RETRIES);
+            prop_assert!(allowed <= overload_cap.max(MAX_ORDINARY_RETRIES));
+            // Without any overload error, the ordinary cap is all there is.
+            if !failures.iter().any(|f| f.overload.is_overload()) {
+                prop_assert!(allowed <= MAX_ORDINARY_RETRIES);
+            }
+        }
+
+        #[test]
+        fn pinned_retries_never_exceed_max_adaptive_retries(
+            cap in 0u32..10,
+            failures in proptest::collection::vec((failure(), any::<bool>()), 0..40),
+        ) {
+            let mut state = RetryState::new(Some(cap));
+            let mut retried = 0u32;
+            for (failure, allowed) in failures {
+                if state.retry_on_pinned_connection(failure, allowed) {
+                    prop_assert!(failure.overload.is_retryable() && allowed);
+                    retried += 1;
+                } else if failure.overload.is_retryable() && allowed {
+                    // The cap was hit: the operation ends here.
+                    break;
+                }
+            }
+            prop_assert!(retried <= cap);
+        }
+
+        #[test]
+        fn the_cap_is_sticky(
+            cap in 0u32..20,
+            failures in proptest::collection::vec(failure(), 1..40),
+        ) {
+            let mut state = RetryState::new(Some(cap));
+            let mut seen = false;
+            for failure in failures {
+                state.record_failure(failure);
+                seen |= failure.overload.is_overload();
+                prop_assert_eq!(state.overload_seen(), seen);
+                let expected = if seen { cap } else { MAX_ORDINARY_RETRIES };
+                prop_assert_eq!(state.max_retries(), expected);
+                prop_assert_eq!(
+                    state.exhausted(),
+                    u64::from(state.retry_number()) > u64::from(expected)
+                );
+            }
+        }
+
+        #[test]
+        fn backoff_stays_within_the_ceiling(
+            failures in proptest::collection::vec(failure(), 1..40),
+            jitter in any::<f64>(),
+        ) {
+            let mut state = RetryState::new(Some(u32::MAX));
+            for failure in failures {
+                state.record_failure(failure);
+                let ceiling = Backoff::default().ceiling(state.retry_number(), failure.server_base);
+                let delay = state.backoff(&mut || jitter);
+                prop_assert!(delay <= ceiling && ceiling <= MAX_BACKOFF);
+            }
+        }
+    }
+}
