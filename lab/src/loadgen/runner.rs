@@ -16,7 +16,7 @@ use super::metrics::{new_hist, rec, AttemptReport, ErrorClass, Recorder, Second}
 use super::schedule::{self, Arrival, ScheduleSpec};
 use super::summary::{summarize, RunSummary};
 use super::sys::CpuMeter;
-use crate::server::{Emulator, EmulatorConfig, Topology};
+use emulator::{Emulator, EmulatorConfig, Topology};
 
 /// Database and collection the lab uses.
 pub const DB: &str = "lab";

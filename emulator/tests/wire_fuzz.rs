@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use lab::wire::{self, Header, FLAG_CHECKSUM_PRESENT, FLAG_EXHAUST_ALLOWED, HEADER_LEN, OP_MSG};
+use emulator::wire::{self, Header, FLAG_CHECKSUM_PRESENT, FLAG_EXHAUST_ALLOWED, HEADER_LEN, OP_MSG};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -293,7 +293,7 @@ async fn streaming_reader_never_panics() {
 #[tokio::test]
 async fn live_server_survives_mutated_frames() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let emu = lab::Emulator::start(lab::EmulatorConfig::default())
+    let emu = emulator::Emulator::start(emulator::EmulatorConfig::default())
         .await
         .unwrap();
     let addr = emu.addresses()[0];

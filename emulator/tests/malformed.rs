@@ -2,9 +2,9 @@
 
 mod common;
 
-use lab::wire::{Header, OP_MSG, OP_QUERY};
-use lab::Topology;
-use mongodb::bson::doc;
+use emulator::wire::{Header, OP_MSG, OP_QUERY};
+use emulator::Topology;
+use bson::doc;
 
 fn frame(op_code: i32, payload: &[u8], declared: Option<i32>) -> Vec<u8> {
     let mut out = Vec::new();
@@ -58,7 +58,7 @@ async fn malformed_frames_close_only_that_connection() {
     }
     // A frame cut short: the client sends half a message and closes its side.
     let mut c = common::RawClient::connect(addr).await;
-    let full = lab::wire::encode_op_msg(1, 0, 0, &doc! { "ping": 1, "$db": "admin" }).unwrap();
+    let full = emulator::wire::encode_op_msg(1, 0, 0, &doc! { "ping": 1, "$db": "admin" }).unwrap();
     c.send_raw(&full[..full.len() / 2]).await;
     c.stream.shutdown_for_test().await;
     assert!(c.closed_by_server().await);

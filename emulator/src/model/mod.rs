@@ -47,6 +47,7 @@
 
 mod config;
 mod cores;
+mod histogram;
 mod limiter;
 mod probing;
 mod rejection;

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use mongodb::bson::doc;
+use bson::doc;
 
 #[tokio::test]
 async fn labd_serves_and_stops_on_sigint() {

@@ -3,8 +3,8 @@
 
 mod common;
 
-use lab::{Emulator, EmulatorConfig};
-use mongodb::bson::doc;
+use emulator::{Emulator, EmulatorConfig};
+use bson::doc;
 
 #[tokio::test]
 async fn ingress_limiter_rejects_with_overload_labels() {
@@ -76,7 +76,7 @@ async fn ingress_limiter_rejects_with_overload_labels() {
 
 #[tokio::test]
 async fn invalid_overload_config_fails_start() {
-    let overload = lab::model::ModelConfig {
+    let overload = emulator::model::ModelConfig {
         cores: 0,
         enabled: true,
         ..Default::default()

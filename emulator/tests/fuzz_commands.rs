@@ -3,7 +3,7 @@
 
 mod common;
 
-use mongodb::bson::{doc, Bson, Document};
+use bson::{doc, Bson, Document};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -93,7 +93,7 @@ fn value(rng: &mut StdRng, depth: u32) -> Bson {
         ),
         10 => Bson::Document(doc! { "$set": { "a": 1 } }),
         _ => Bson::Document(
-            doc! { "id": Bson::Binary(mongodb::bson::Binary { subtype: mongodb::bson::spec::BinarySubtype::Uuid, bytes: vec![rng.random_range(0..3); 16] }) },
+            doc! { "id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![rng.random_range(0..3); 16] }) },
         ),
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use bson::{doc, Bson};
-use lab::model::{
+use emulator::model::{
     CommandInfo, CommandKind, LimiterConfig, Model, ModelConfig, RejectionKind, TicketConfig,
     TicketMode, Wakeup,
 };
@@ -40,7 +40,7 @@ fn read(cost_ms: f64) -> CommandInfo {
     CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(cost_ms)
 }
 
-async fn run(m: &Arc<Model>, info: CommandInfo) -> Result<lab::model::ExecOutcome, i32> {
+async fn run(m: &Arc<Model>, info: CommandInfo) -> Result<emulator::model::ExecOutcome, i32> {
     let a = m.admit(&info).await.map_err(|r| r.code)?;
     a.execute(std::future::pending()).await.map_err(|r| r.code)
 }

@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use clap::{Parser, ValueEnum};
-use lab::{Emulator, EmulatorConfig, Topology};
+use emulator::{Emulator, EmulatorConfig, Topology};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum TopologyArg {
@@ -83,7 +83,7 @@ async fn main() -> std::process::ExitCode {
             routers: args.members.max(1),
         },
     };
-    let mut overload = lab::model::ModelConfig {
+    let mut overload = emulator::model::ModelConfig {
         enabled: args.overload,
         ..Default::default()
     };
