@@ -2,9 +2,9 @@
 
 mod common;
 
+use bson::doc;
 use emulator::wire::{Header, OP_MSG, OP_QUERY};
 use emulator::Topology;
-use bson::doc;
 
 fn frame(op_code: i32, payload: &[u8], declared: Option<i32>) -> Vec<u8> {
     let mut out = Vec::new();

@@ -3,8 +3,8 @@
 
 mod common;
 
-use emulator::{Emulator, EmulatorConfig};
 use bson::doc;
+use emulator::{Emulator, EmulatorConfig};
 
 #[tokio::test]
 async fn ingress_limiter_rejects_with_overload_labels() {

@@ -7,7 +7,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use emulator::wire::{self, Header, FLAG_CHECKSUM_PRESENT, FLAG_EXHAUST_ALLOWED, HEADER_LEN, OP_MSG};
+use emulator::wire::{
+    self, Header, FLAG_CHECKSUM_PRESENT, FLAG_EXHAUST_ALLOWED, HEADER_LEN, OP_MSG,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -5,7 +5,7 @@ use std::ops::Bound;
 
 use bson::{oid::ObjectId, Bson, Document};
 
-use super::compare::{bson_eq, OrdBson};
+use super::compare::{bson_eq, id_key, IdKey};
 use super::limits::{bson_size, check_depth, check_size};
 use super::path::get_exact;
 use super::query::matches;
@@ -32,7 +32,7 @@ pub(crate) struct Collection {
     pub(crate) docs: Vec<Document>,
     /// The `_id_` index: each `_id` of `docs` → its position in `docs`. It enforces `_id`
     /// uniqueness and answers `{_id: v}` lookups without a scan.
-    ids: BTreeMap<OrdBson, usize>,
+    ids: BTreeMap<IdKey, usize>,
     pub(crate) options: Document,
     pub(crate) uuid: bson::Uuid,
     pub(crate) indexes: Vec<Document>,
@@ -166,7 +166,7 @@ impl Collection {
     /// Inserts a prepared document after the `_id` and unique-index checks; returns its `_id`.
     pub(crate) fn insert_prepared(&mut self, ns: &str, doc: Document) -> EngineResult<Bson> {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-        if self.ids.contains_key(&OrdBson(id.clone())) {
+        if self.ids.contains_key(&id_key(&id)) {
             let mut pattern = Document::new();
             pattern.insert("_id", 1);
             return Err(duplicate_key_error(
@@ -177,7 +177,7 @@ impl Collection {
             ));
         }
         self.check_unique(ns, &doc, None)?;
-        self.ids.insert(OrdBson(id.clone()), self.docs.len());
+        self.ids.insert(id_key(&id), self.docs.len());
         self.docs.push(doc);
         Ok(id)
     }
@@ -200,7 +200,7 @@ impl Collection {
     /// The position in `docs` of the document whose `_id` equals `id` (numbers compare by
     /// value across types, as in mongod's index).
     pub(crate) fn position_of_id(&self, id: &Bson) -> Option<usize> {
-        self.ids.get(&OrdBson(id.clone())).copied()
+        self.ids.get(&id_key(id)).copied()
     }
 
     /// Positions, ascending, of the documents whose `_id` lies between `lower` and `upper` in
@@ -211,8 +211,8 @@ impl Collection {
         upper: Bound<&Bson>,
     ) -> Vec<usize> {
         let key = |b: Bound<&Bson>| match b {
-            Bound::Included(v) => Bound::Included(OrdBson(v.clone())),
-            Bound::Excluded(v) => Bound::Excluded(OrdBson(v.clone())),
+            Bound::Included(v) => Bound::Included(id_key(v)),
+            Bound::Excluded(v) => Bound::Excluded(id_key(v)),
             Bound::Unbounded => Bound::Unbounded,
         };
         let (lower, upper) = (key(lower), key(upper));
@@ -233,7 +233,7 @@ impl Collection {
 
     /// Removes the documents at the given indexes.
     pub(crate) fn remove_indexes(&mut self, indexes: &[usize]) {
-        let key = |d: &Document| OrdBson(d.get("_id").cloned().unwrap_or(Bson::Null));
+        let key = |d: &Document| id_key(d.get("_id").unwrap_or(&Bson::Null));
         let doomed: BTreeSet<usize> = indexes.iter().copied().collect();
         let Some(&first) = doomed.first() else {
             return;

@@ -242,10 +242,53 @@ impl Ord for OrdBson {
     }
 }
 
+/// An `_id` as the `_id_` index tells documents apart: ordered by [`compare_bson`], so numbers
+/// compare by exact value across int32, int64 and double (`1 == 1i64 == 1.0`) while distinct
+/// int64s stay distinct above 2^53, as in mongod. The catalog's index, change events and
+/// transaction write conflicts all key documents by it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IdKey(OrdBson);
+
+/// The [`IdKey`] of an `_id` value.
+pub fn id_key(id: &Bson) -> IdKey {
+    IdKey(OrdBson(id.clone()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use bson::{doc, oid::ObjectId};
+
+    #[test]
+    fn id_keys_compare_numbers_by_exact_value() {
+        // One value in three types is one _id.
+        assert_eq!(id_key(&Bson::Int32(1)), id_key(&Bson::Int64(1)));
+        assert_eq!(id_key(&Bson::Int64(1)), id_key(&Bson::Double(1.0)));
+        assert_eq!(id_key(&Bson::Double(-0.0)), id_key(&Bson::Int32(0)));
+        // Above 2^53 a double cannot tell neighbouring integers apart; the key must.
+        let two_53 = 9_007_199_254_740_992i64;
+        assert_ne!(
+            id_key(&Bson::Int64(two_53 + 1)),
+            id_key(&Bson::Int64(two_53))
+        );
+        assert!(id_key(&Bson::Int64(two_53 + 1)) > id_key(&Bson::Int64(two_53)));
+        assert_ne!(
+            id_key(&Bson::Int64(i64::MAX)),
+            id_key(&Bson::Int64(i64::MAX - 1))
+        );
+        // 2^53 is exactly representable, so the double and the int64 are the same _id...
+        assert_eq!(
+            id_key(&Bson::Int64(two_53)),
+            id_key(&Bson::Double(two_53 as f64))
+        );
+        // ...but 2^53 + 1 as int64 is not the double nearest to it.
+        assert_ne!(
+            id_key(&Bson::Int64(two_53 + 1)),
+            id_key(&Bson::Double((two_53 + 1) as f64))
+        );
+        // Different types of equal rendering stay apart.
+        assert_ne!(id_key(&Bson::String("1".into())), id_key(&Bson::Int32(1)));
+    }
 
     #[test]
     fn numbers_compare_by_value_across_types() {

@@ -171,8 +171,10 @@ pub(crate) fn parse_find_and_modify(cmd: &Document) -> EngineResult<FindAndModif
     })
 }
 
-/// A value the `_id_` index can look up or bound a range with (the values whose matching
-/// rules are plain comparison).
+/// The filter's `_id` value when the `_id_` index can look it up or bound a range with it: the
+/// values whose matching rule is plain comparison. `None` for the others (a document holds
+/// operators, an array also matches elements, a regex matches strings, null matches a missing
+/// `_id`). The index keys what this returns by [`super::id_key`], like every other `_id`.
 fn id_index_key(v: &Bson) -> Option<&Bson> {
     match v {
         Bson::Document(_)

@@ -7,6 +7,7 @@ use bson::{Bson, Document};
 
 use super::compare::{compare_bson, Num};
 use super::limits::{check_depth, check_value_depth};
+use super::pattern::compile_regex;
 use super::{EngineError, EngineResult};
 
 /// Evaluates the aggregation expression `expr` with `root` as `$$ROOT` and `$$CURRENT`.
@@ -1283,9 +1284,9 @@ impl Ctx<'_> {
                     }
                 }
                 match input {
-                    Some(Bson::String(text)) => Bson::Boolean(
-                        super::query::compile_regex(&pattern, &options)?.is_match(&text),
-                    ),
+                    Some(Bson::String(text)) => {
+                        Bson::Boolean(compile_regex(&pattern, &options)?.is_match(&text))
+                    }
                     None | Some(Bson::Null) | Some(Bson::Undefined) => Bson::Boolean(false),
                     Some(_) => {
                         return Err(EngineError::location(

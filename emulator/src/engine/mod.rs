@@ -66,6 +66,7 @@ mod error;
 mod expression;
 mod limits;
 mod path;
+mod pattern;
 mod projection;
 mod query;
 mod sort;
@@ -77,7 +78,7 @@ mod fuzz_tests;
 use bson::{Bson, Document};
 
 pub use catalog::Store;
-pub use compare::{compare_bson, strict_equal};
+pub use compare::{compare_bson, id_key, strict_equal, IdKey};
 pub use error::{EngineError, EngineResult};
 pub use expression::{evaluate, with_variables};
 pub use limits::{MAX_BSON_SIZE, MAX_DEPTH};

@@ -123,7 +123,15 @@ mod tests {
 
     #[test]
     fn bucket_width_stays_within_a_thousandth() {
-        for v in [2047u64, 2048, 4095, 51_000, 1_000_000, 3_600_000_000, MAX_US] {
+        for v in [
+            2047u64,
+            2048,
+            4095,
+            51_000,
+            1_000_000,
+            3_600_000_000,
+            MAX_US,
+        ] {
             let top = bucket_top(bucket_of(v));
             assert!(top >= v);
             assert!((top - v) as f64 <= v as f64 / 1024.0, "{v} -> {top}");

@@ -1,13 +1,12 @@
 //! Change events for change streams: a bounded log of the writes made after the first change
 //! stream was opened, read by change-stream cursors from their own position.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use bson::{doc, Bson, DateTime, Document, Timestamp};
 
-use super::data::id_key;
 use super::error::CommandError;
-use crate::engine::Store;
+use crate::engine::{id_key, IdKey, Store};
 
 /// Most events kept; older resume tokens fail with 286 ChangeStreamHistoryLost.
 const MAX_EVENTS: usize = 10_000;
@@ -158,11 +157,11 @@ impl ChangeLog {
         replacement: bool,
         cluster_time: Timestamp,
     ) {
-        let old: HashMap<String, &Document> = before
+        let old: BTreeMap<IdKey, &Document> = before
             .iter()
             .filter_map(|d| Some((id_key(d.get("_id")?), d)))
             .collect();
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = BTreeSet::new();
         let ns = doc! { "db": db, "coll": coll };
         for d in after {
             let Some(id) = d.get("_id") else { continue };

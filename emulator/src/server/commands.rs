@@ -711,11 +711,11 @@ fn run_data_command(
             .collect();
         let result = data::run(name, db, body, snapshot, &mut ctx);
         let succeeded = matches!(&result, Ok(reply) if !has_write_errors(reply));
-        let mut touched = std::collections::HashSet::new();
+        let mut touched = std::collections::BTreeSet::new();
         if succeeded {
             for ((d, c), old) in targets.iter().zip(&before) {
                 for id in data::changed_ids(old, snapshot.documents(d, c)) {
-                    touched.insert(format!("{d}.{c}/{id}"));
+                    touched.insert((format!("{d}.{c}"), id));
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! Data commands (CRUD, catalog, cursors, client bulkWrite) on one [`Store`]: either the shared
 //! store or a transaction's private copy.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use bson::{doc, Bson, Document};
 
@@ -10,7 +10,7 @@ use super::cursor::{self, BatchLimit, CursorKind, Cursors, StreamState};
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 use crate::engine::{
-    DeleteStatement, FindAndModifySpec, FindSpec, Store, UpdateStatement, WriteError,
+    id_key, DeleteStatement, FindAndModifySpec, FindSpec, IdKey, Store, UpdateStatement, WriteError,
 };
 
 /// Fields the driver adds to every command; never passed on as command options.
@@ -111,26 +111,16 @@ pub(crate) fn write_targets(name: &str, db: &str, body: &Document) -> Vec<(Strin
     }
 }
 
-/// A comparable rendering of an `_id` (numbers of any type compare by value, as in an index).
-pub(crate) fn id_key(v: &Bson) -> String {
-    match v {
-        Bson::Int32(i) => format!("n:{}", f64::from(*i)),
-        Bson::Int64(i) => format!("n:{}", *i as f64),
-        Bson::Double(d) => format!("n:{d}"),
-        other => format!("{other:?}"),
-    }
-}
-
 /// `_id`s of documents that differ between `before` and `after` (inserted, deleted or changed).
-pub(crate) fn changed_ids(before: &[Document], after: &[Document]) -> Vec<String> {
-    let index = |docs: &[Document]| -> HashMap<String, Document> {
+pub(crate) fn changed_ids(before: &[Document], after: &[Document]) -> Vec<IdKey> {
+    let index = |docs: &[Document]| -> BTreeMap<IdKey, Document> {
         docs.iter()
             .filter_map(|d| Some((id_key(d.get("_id")?), d.clone())))
             .collect()
     };
     let old = index(before);
     let new = index(after);
-    let mut out: Vec<String> = old
+    let mut out: Vec<IdKey> = old
         .iter()
         .filter(|(k, d)| new.get(*k) != Some(*d))
         .map(|(k, _)| k.clone())

@@ -1,11 +1,11 @@
 //! Logical sessions: retryable-write results and multi-statement transactions.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use bson::{Bson, Document};
 
-use crate::engine::Store;
+use crate::engine::{IdKey, Store};
 
 /// A session's identity: the bytes of `lsid.id` (or the whole lsid rendered, if unusual).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -29,6 +29,9 @@ pub(crate) enum TxnState {
     Aborted,
 }
 
+/// A document a transaction changed: its namespace (`db.coll`) and its `_id`.
+pub(crate) type WrittenDoc = (String, IdKey);
+
 /// One multi-statement transaction: it runs on a private copy of the store taken at its start
 /// and keeps the write commands it ran, which commit replays on the shared store.
 pub(crate) struct Transaction {
@@ -41,8 +44,8 @@ pub(crate) struct Transaction {
     /// When the transaction started (transactions are aborted after
     /// `transactionLifetimeLimitSeconds`).
     pub(crate) started: Instant,
-    /// `db.coll/_id` of every document the transaction changed.
-    pub(crate) written: HashSet<String>,
+    /// Every document the transaction changed.
+    pub(crate) written: BTreeSet<WrittenDoc>,
 }
 
 /// Per-session server state.
@@ -131,7 +134,7 @@ impl Sessions {
     }
 
     /// Whether another session's open transaction already changed one of `keys`.
-    pub(crate) fn conflicts(&self, me: &SessionKey, keys: &HashSet<String>) -> bool {
+    pub(crate) fn conflicts(&self, me: &SessionKey, keys: &BTreeSet<WrittenDoc>) -> bool {
         !keys.is_empty()
             && self.map.iter().any(|(k, s)| {
                 k != me
