@@ -77,13 +77,15 @@ impl Env {
             .expect("connects to the target member");
         let bytes = emulator::wire::encode_op_msg(1, 0, 0, &body).expect("encodes");
         stream.write_all(&bytes).await.expect("sends");
-        let reply =
-            tokio::time::timeout(Duration::from_secs(5), emulator::wire::read_message(&mut stream))
-                .await
-                .expect("reply within 5 s")
-                .expect("well-formed reply")
-                .expect("a reply, not EOF")
-                .body;
+        let reply = tokio::time::timeout(
+            Duration::from_secs(5),
+            emulator::wire::read_message(&mut stream),
+        )
+        .await
+        .expect("reply within 5 s")
+        .expect("well-formed reply")
+        .expect("a reply, not EOF")
+        .body;
         assert_eq!(reply.get_f64("ok"), Ok(1.0), "{body} -> {reply}");
         reply
     }

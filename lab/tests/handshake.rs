@@ -143,7 +143,8 @@ async fn awaitable_hello_waits_and_streams_in_exhaust_mode() {
 
     // With exhaustAllowed: replies keep coming with moreToCome, each answering the previous one.
     let body = doc! { "hello": 1, "topologyVersion": tv, "maxAwaitTimeMS": 50i64, "$db": "admin" };
-    let bytes = emulator::wire::encode_op_msg(77, 0, emulator::wire::FLAG_EXHAUST_ALLOWED, &body).unwrap();
+    let bytes =
+        emulator::wire::encode_op_msg(77, 0, emulator::wire::FLAG_EXHAUST_ALLOWED, &body).unwrap();
     raw.stream.write_all(&bytes).await.unwrap();
     let mut expected_response_to = 77;
     for _ in 0..3 {

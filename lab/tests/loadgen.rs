@@ -8,8 +8,8 @@ use lab::loadgen::client::BoxFut;
 use lab::loadgen::config::{
     Arrivals, Driver, LabConfig, OpMix, Phase, Scenario, ServerMode, Variant,
 };
+use lab::loadgen::drive::{drive_all, DriveStats, RequestOpts};
 use lab::loadgen::metrics::{goodput, new_hist, pct_ms, recovery_time, Recorder, Second};
-use lab::loadgen::runner::{drive_all, DriveStats, RequestOpts};
 use lab::loadgen::schedule::{self, ScheduleSpec};
 use lab::loadgen::summary::summarize;
 use lab::loadgen::{report, runner, AttemptReport, LabClient, OpSpec};
