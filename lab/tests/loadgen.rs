@@ -305,7 +305,10 @@ async fn tiny_model_run_reads_the_server_snapshot() {
     let max = server.get("queueWaitMs.max").copied();
     match (queue.p50, queue.p95, queue.p99, max) {
         (Some(p50), Some(p95), Some(p99), Some(max)) => {
-            assert!(p50 <= p95 && p95 <= p99 && p99 <= max, "{queue:?}, max {max}");
+            assert!(
+                p50 <= p95 && p95 <= p99 && p99 <= max,
+                "{queue:?}, max {max}"
+            );
             // Well over 1 % of the requests found the one ticket taken.
             assert!(p99 > 0.0, "{queue:?}");
         }

@@ -137,6 +137,20 @@ fn by_filter(filter: Option<&Document>) -> CommandKind {
     }
 }
 
+/// The instant on the model's clock (tokio's, which paused-time tests drive) that corresponds to
+/// the wall-clock time `at`. A command's comment can only carry wall-clock time, so it is mapped
+/// once, when the command is read, and the abandonment check compares instants of one clock.
+/// Deadlines more than a century away count as a century away; deadlines before the monotonic
+/// clock's origin (before boot) count as now, which is already past when the request completes.
+fn on_model_clock(at: SystemTime) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    let (wall, now) = (SystemTime::now(), Instant::now());
+    match at.duration_since(wall) {
+        Ok(ahead) => now + ahead.min(CENTURY),
+        Err(behind) => now.checked_sub(behind.duration()).unwrap_or(now),
+    }
+}
+
 /// What the model needs to know about one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommandInfo {
@@ -152,8 +166,9 @@ pub struct CommandInfo {
     pub in_transaction: bool,
     /// When the request was read off the socket; `maxTimeMS` counts from here.
     pub arrival: Instant,
-    /// When the application stops waiting (`comment.labDeadlineMs`), if it said so.
-    pub client_deadline: Option<SystemTime>,
+    /// When the application stops waiting (`comment.labDeadlineMs`), if it said so, on the
+    /// model's clock (tokio's, like every other instant here).
+    pub client_deadline: Option<Instant>,
 }
 
 impl CommandInfo {
@@ -191,10 +206,12 @@ impl CommandInfo {
         };
         let cost_override_ms = comment_ms("labCostMs");
         // Microseconds stay exact in an f64 for any epoch millisecond before the year 2255.
-        let client_deadline = comment_ms("labDeadlineMs").and_then(|ms| {
-            SystemTime::UNIX_EPOCH
-                .checked_add(Duration::from_micros((ms.min(9e12) * 1000.0) as u64))
-        });
+        let client_deadline = comment_ms("labDeadlineMs")
+            .and_then(|ms| {
+                SystemTime::UNIX_EPOCH
+                    .checked_add(Duration::from_micros((ms.min(9e12) * 1000.0) as u64))
+            })
+            .map(on_model_clock);
         let in_transaction = matches!(body.get("autocommit"), Some(Bson::Boolean(false)));
         CommandInfo {
             name,
@@ -220,7 +237,7 @@ impl CommandInfo {
     }
 
     /// Sets the instant the application stops waiting.
-    pub fn with_client_deadline(mut self, at: SystemTime) -> CommandInfo {
+    pub fn with_client_deadline(mut self, at: Instant) -> CommandInfo {
         self.client_deadline = Some(at);
         self
     }
@@ -617,7 +634,7 @@ pub struct Admission {
     cost_ms: f64,
     in_transaction: bool,
     arrival: Instant,
-    client_deadline: Option<SystemTime>,
+    client_deadline: Option<Instant>,
     deadline: Instant,
     ingress_wait: Duration,
 }
@@ -781,10 +798,7 @@ impl Admission {
         drop(ticket);
         let now = Instant::now();
         let gone = watch.check().await || watch.fired();
-        let abandoned = !gone
-            && self
-                .client_deadline
-                .is_some_and(|at| SystemTime::now() > at);
+        let abandoned = !gone && self.client_deadline.is_some_and(|at| now > at);
         out.client_disconnected = gone;
         out.abandoned = abandoned;
         out.work = run.work;

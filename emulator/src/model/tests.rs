@@ -162,16 +162,18 @@ async fn queue_waits_are_published_and_start_afresh_when_switched_on() {
 
 #[tokio::test(start_paused = true)]
 async fn work_finished_after_the_applications_deadline_is_wasted() {
+    // The clock is paused: only the model's own sleeps move it, so the outcome depends on the
+    // model reading the same (tokio) clock for the deadline as for the work.
     let m = one_ticket_model();
-    let now = std::time::SystemTime::now();
-    let find = |at| {
-        CommandInfo::new("find", CommandKind::Scan, Instant::now())
+    let find = |deadline_in: Duration| {
+        let now = Instant::now();
+        CommandInfo::new("find", CommandKind::Scan, now)
             .with_cost_ms(10.0)
-            .with_client_deadline(at)
+            .with_client_deadline(now + deadline_in)
     };
-    let gone = find(now - std::time::Duration::from_secs(1));
+    // 10 ms of work against a 5 ms deadline.
     let out = m
-        .admit(&gone)
+        .admit(&find(Duration::from_millis(5)))
         .await
         .unwrap()
         .execute(std::future::pending())
@@ -184,9 +186,9 @@ async fn work_finished_after_the_applications_deadline_is_wasted() {
     assert_eq!((c.abandoned, c.completed), (1, 1));
     assert!((c.wasted_work_ms - 10.0).abs() < 1.0, "{c:?}");
     assert!(c.useful_work_ms < 0.001, "{c:?}");
-    let waiting = find(now + std::time::Duration::from_secs(3600));
+    // 10 ms of work against a 15 ms deadline.
     let out = m
-        .admit(&waiting)
+        .admit(&find(Duration::from_millis(15)))
         .await
         .unwrap()
         .execute(std::future::pending())
@@ -198,13 +200,72 @@ async fn work_finished_after_the_applications_deadline_is_wasted() {
     assert!((c.useful_work_ms - 10.0).abs() < 1.0, "{c:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn waiting_for_the_ticket_can_push_a_request_past_its_deadline() {
+    // Two 10 ms reads arrive together with a 15 ms deadline and one read ticket: the first
+    // finishes at 10 ms, in time; the second waits for the ticket and finishes at 20 ms, after
+    // its application gave up.
+    let m = one_ticket_model();
+    let arrival = Instant::now();
+    let info = CommandInfo::new("find", CommandKind::Scan, arrival)
+        .with_cost_ms(10.0)
+        .with_client_deadline(arrival + Duration::from_millis(15));
+    let run = |info: CommandInfo| {
+        let m = m.clone();
+        tokio::spawn(async move {
+            let out = m
+                .admit(&info)
+                .await
+                .map_err(|r| r.code)?
+                .execute(std::future::pending())
+                .await
+                .map_err(|r| r.code)?;
+            Ok::<_, i32>((out.abandoned, Instant::now() - arrival))
+        })
+    };
+    let first = run(info.clone());
+    tokio::task::yield_now().await;
+    let second = run(info);
+    let first = first.await.unwrap().unwrap();
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(first, (false, Duration::from_millis(10)));
+    assert!(second.0, "{second:?}");
+    assert!(second.1 >= Duration::from_millis(20), "{second:?}");
+    let c = m.snapshot().counters;
+    assert_eq!((c.completed, c.abandoned), (2, 1), "{c:?}");
+}
+
 #[test]
 fn the_applications_deadline_is_read_from_the_comment() {
-    let body = bson::doc! {"find": "c", "comment": {"labReq": 7_i64, "labDeadlineMs": 1_700_000_000_123_i64}};
-    let info = CommandInfo::from_command(&body, Instant::now());
-    let expected =
-        std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
-    assert_eq!(info.client_deadline, Some(expected));
+    // The comment carries Unix epoch milliseconds; the model keeps the matching instant of its
+    // own clock. Both clocks are read a few microseconds apart, well inside the tolerance.
+    let epoch_ms = |t: std::time::SystemTime| {
+        t.duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let wall = std::time::SystemTime::now();
+    let now = Instant::now();
+    for offset_ms in [5_000i64, -1_000] {
+        let at = epoch_ms(wall) + offset_ms;
+        let body = bson::doc! {"find": "c", "comment": {"labReq": 7_i64, "labDeadlineMs": at}};
+        let info = CommandInfo::from_command(&body, now);
+        let expected = if offset_ms >= 0 {
+            now + Duration::from_millis(offset_ms as u64)
+        } else {
+            now - Duration::from_millis(offset_ms.unsigned_abs())
+        };
+        let got = info.client_deadline.expect("a deadline");
+        let error = if got > expected {
+            got - expected
+        } else {
+            expected - got
+        };
+        assert!(
+            error < Duration::from_millis(50),
+            "{offset_ms}: off by {error:?}"
+        );
+    }
     for bad in [
         bson::Bson::String("soon".into()),
         bson::Bson::Int64(-5),
