@@ -2,7 +2,7 @@
 //! [`Emulator`] handle.
 //!
 //! Every member of the emulated deployment listens on its own loopback port; all members share
-//! one document [`Store`](crate::engine::Store), one session table and one cursor table, so
+//! one document [`Store`], one session table and one cursor table, so
 //! "replication" is instantaneous. Fail points are per member, like mongod's.
 //!
 //! # Request path

@@ -1,11 +1,8 @@
-//! Runs the variants one after another against one in-process emulator: starts it, applies the
-//! server mode, and for each variant connects the clients, drives the schedules ([`drive`]) with
-//! the sampler ([`sampler`]) and, in fail-point mode, the rate limiter ([`failpoint_limiter`])
-//! running beside, then summarizes.
-//!
-//! [`drive`]: super::drive
-//! [`sampler`]: super::sampler
-//! [`failpoint_limiter`]: super::failpoint_limiter
+//! Runs the variants one after another against one in-process emulator: starts it
+//! (`emulator_thread`), seeds it and applies the server mode (`control`, `calibrate`), and for
+//! each variant connects the clients and drives the schedules (`drive`) with the sampler
+//! (`sampler`) and, in fail-point mode, the rate limiter (`failpoint_limiter`) running beside,
+//! then summarizes.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
