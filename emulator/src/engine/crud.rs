@@ -175,7 +175,7 @@ pub(crate) fn parse_find_and_modify(cmd: &Document) -> EngineResult<FindAndModif
 /// values whose matching rule is plain comparison. `None` for the others (a document holds
 /// operators, an array also matches elements, a regex matches strings, null matches a missing
 /// `_id`). The index keys what this returns by [`super::id_key`], like every other `_id`.
-fn id_index_key(v: &Bson) -> Option<&Bson> {
+fn indexable_id_value(v: &Bson) -> Option<&Bson> {
     match v {
         Bson::Document(_)
         | Bson::Array(_)
@@ -200,7 +200,7 @@ fn id_index_candidates(collection: &Collection, filter: &Document) -> Option<Vec
         v => {
             return Some(
                 collection
-                    .position_of_id(id_index_key(v)?)
+                    .position_of_id(indexable_id_value(v)?)
                     .into_iter()
                     .collect(),
             )
@@ -215,20 +215,20 @@ fn id_index_candidates(collection: &Collection, filter: &Document) -> Option<Vec
                 let Bson::Array(values) = v else { return None };
                 let mut positions = Vec::with_capacity(values.len());
                 for value in values {
-                    positions.extend(collection.position_of_id(id_index_key(value)?));
+                    positions.extend(collection.position_of_id(indexable_id_value(value)?));
                 }
                 positions.sort_unstable();
                 positions.dedup();
                 listed = Some(positions);
             }
             "$eq" => {
-                let key = id_index_key(v)?;
+                let key = indexable_id_value(v)?;
                 (lower, upper) = (Bound::Included(key), Bound::Included(key));
             }
-            "$gt" => lower = Bound::Excluded(id_index_key(v)?),
-            "$gte" => lower = Bound::Included(id_index_key(v)?),
-            "$lt" => upper = Bound::Excluded(id_index_key(v)?),
-            "$lte" => upper = Bound::Included(id_index_key(v)?),
+            "$gt" => lower = Bound::Excluded(indexable_id_value(v)?),
+            "$gte" => lower = Bound::Included(indexable_id_value(v)?),
+            "$lt" => upper = Bound::Excluded(indexable_id_value(v)?),
+            "$lte" => upper = Bound::Included(indexable_id_value(v)?),
             _ => return None,
         }
     }
