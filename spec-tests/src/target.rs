@@ -142,9 +142,11 @@ impl EmulatorHandle {
                 name: "rs0".to_string(),
                 members: EMULATOR_RS_MEMBERS,
             },
-            TopologyKind::Sharded | TopologyKind::ShardedReplicaSet => emulator::Topology::Sharded {
-                routers: EMULATOR_ROUTERS,
-            },
+            TopologyKind::Sharded | TopologyKind::ShardedReplicaSet => {
+                emulator::Topology::Sharded {
+                    routers: EMULATOR_ROUTERS,
+                }
+            }
             TopologyKind::LoadBalanced => {
                 return Err("the emulator has no load-balanced persona".to_string())
             }

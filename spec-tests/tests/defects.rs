@@ -808,7 +808,9 @@ async fn b6_tls_validation_failures_are_not_overload_errors() {
         .next()
         .and_then(|host| host.parse().ok())
         .expect("a standalone uri names one address");
-    let front = emulator::tls::TlsFront::start(backend).await.expect("TLS front");
+    let front = emulator::tls::TlsFront::start(backend)
+        .await
+        .expect("TLS front");
     let ca_file = std::env::temp_dir().join(format!(
         "mongodb-overload-b6-{}-{}.pem",
         std::process::id(),
