@@ -1,14 +1,7 @@
-//! The project's MongoDB wire-protocol emulator (`labd`) and overload lab.
+//! The overload lab: an open-loop load generator that runs the fork and unmodified upstream
+//! side by side against the wire-protocol emulator (the `emulator` crate), and its report.
 //!
-//! No mongod can run on the project's machines, so every test talks to this emulator instead.
-//! [`Emulator::start`] serves a standalone, replica-set or sharded persona on loopback ports;
-//! the official driver talks to it exactly as to mongod.
+//! The emulator itself needs no driver and lives in its own crate; this crate adds what needs
+//! both drivers and the plotting and histogram stack (`lab`, `emubench`).
 
-pub mod engine;
 pub mod loadgen;
-pub mod model;
-pub mod server;
-pub mod tls;
-pub mod wire;
-
-pub use server::{Emulator, EmulatorConfig, Topology};

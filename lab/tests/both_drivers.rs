@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document};
-use lab::{Emulator, EmulatorConfig, Topology};
+use emulator::{Emulator, EmulatorConfig, Topology};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Persona {
@@ -75,15 +75,17 @@ impl Env {
         let mut stream = tokio::net::TcpStream::connect(self.target())
             .await
             .expect("connects to the target member");
-        let bytes = lab::wire::encode_op_msg(1, 0, 0, &body).expect("encodes");
+        let bytes = emulator::wire::encode_op_msg(1, 0, 0, &body).expect("encodes");
         stream.write_all(&bytes).await.expect("sends");
-        let reply =
-            tokio::time::timeout(Duration::from_secs(5), lab::wire::read_message(&mut stream))
-                .await
-                .expect("reply within 5 s")
-                .expect("well-formed reply")
-                .expect("a reply, not EOF")
-                .body;
+        let reply = tokio::time::timeout(
+            Duration::from_secs(5),
+            emulator::wire::read_message(&mut stream),
+        )
+        .await
+        .expect("reply within 5 s")
+        .expect("well-formed reply")
+        .expect("a reply, not EOF")
+        .body;
         assert_eq!(reply.get_f64("ok"), Ok(1.0), "{body} -> {reply}");
         reply
     }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use lab::Topology;
+use emulator::Topology;
 use mongodb::bson::{doc, Document};
 use mongodb::options::FindOptions;
 

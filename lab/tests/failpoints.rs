@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use lab::Topology;
+use emulator::Topology;
 use mongodb::bson::{doc, Document};
 
 fn overload_fp(mode: mongodb::bson::Bson, command: &str) -> Document {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use lab::Topology;
+use emulator::Topology;
 use mongodb::bson::{doc, Bson};
 
 #[tokio::test]
@@ -143,11 +143,12 @@ async fn awaitable_hello_waits_and_streams_in_exhaust_mode() {
 
     // With exhaustAllowed: replies keep coming with moreToCome, each answering the previous one.
     let body = doc! { "hello": 1, "topologyVersion": tv, "maxAwaitTimeMS": 50i64, "$db": "admin" };
-    let bytes = lab::wire::encode_op_msg(77, 0, lab::wire::FLAG_EXHAUST_ALLOWED, &body).unwrap();
+    let bytes =
+        emulator::wire::encode_op_msg(77, 0, emulator::wire::FLAG_EXHAUST_ALLOWED, &body).unwrap();
     raw.stream.write_all(&bytes).await.unwrap();
     let mut expected_response_to = 77;
     for _ in 0..3 {
-        let msg = lab::wire::read_message(&mut raw.stream)
+        let msg = emulator::wire::read_message(&mut raw.stream)
             .await
             .unwrap()
             .unwrap();

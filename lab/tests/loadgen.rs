@@ -8,8 +8,8 @@ use lab::loadgen::client::BoxFut;
 use lab::loadgen::config::{
     Arrivals, Driver, LabConfig, OpMix, Phase, Scenario, ServerMode, Variant,
 };
+use lab::loadgen::drive::{drive_all, DriveStats, RequestOpts};
 use lab::loadgen::metrics::{goodput, new_hist, pct_ms, recovery_time, Recorder, Second};
-use lab::loadgen::runner::{drive_all, DriveStats, RequestOpts};
 use lab::loadgen::schedule::{self, ScheduleSpec};
 use lab::loadgen::summary::summarize;
 use lab::loadgen::{report, runner, AttemptReport, LabClient, OpSpec};
@@ -275,6 +275,9 @@ async fn tiny_model_run_reads_the_server_snapshot() {
         server_mode: ServerMode::Model,
         docs: 50,
         drain: Duration::from_millis(500),
+        // One ticket per kind: admitted requests queue behind each other often enough that the
+        // queue-wait percentiles have waits to show.
+        model_overrides: Some(serde_json::json!({ "tickets": { "read": 1, "write": 1 } })),
         ..LabConfig::default()
     };
     let bar = indicatif::ProgressBar::hidden();
@@ -299,7 +302,18 @@ async fn tiny_model_run_reads_the_server_snapshot() {
     assert_eq!(s.attempts_per_request, Some(1.0));
     assert!(s.errors["overload"] > 0, "{s:?}");
     let queue = s.server_queue.expect("the model publishes queue waits");
-    assert!(queue.p99.is_some_and(|p| p >= 0.0), "{queue:?}");
+    let max = server.get("queueWaitMs.max").copied();
+    match (queue.p50, queue.p95, queue.p99, max) {
+        (Some(p50), Some(p95), Some(p99), Some(max)) => {
+            assert!(
+                p50 <= p95 && p95 <= p99 && p99 <= max,
+                "{queue:?}, max {max}"
+            );
+            // Well over 1 % of the requests found the one ticket taken.
+            assert!(p99 > 0.0, "{queue:?}");
+        }
+        other => panic!("queue-wait figures missing: {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

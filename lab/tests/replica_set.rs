@@ -5,7 +5,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lab::Topology;
+use emulator::Topology;
 use mongodb::bson::doc;
 use mongodb::event::command::CommandEvent;
 use mongodb::event::sdam::SdamEvent;

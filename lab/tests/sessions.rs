@@ -54,7 +54,7 @@ async fn retryable_writes_are_deduplicated() {
     assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
 
     // Standalone servers reject transaction numbers.
-    let standalone = common::start(lab::Topology::Standalone).await;
+    let standalone = common::start(emulator::Topology::Standalone).await;
     let mut raw = common::RawClient::connect(standalone.addresses()[0]).await;
     let r = raw.command(&insert).await.unwrap();
     assert_eq!(r.get_i32("code"), Ok(20));

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use lab::{Emulator, EmulatorConfig, Topology};
+use emulator::{Emulator, EmulatorConfig, Topology};
 use mongodb::bson::{doc, spec::BinarySubtype, Binary, Document};
 use mongodb::change_stream::{event::ChangeStreamEvent, ChangeStream};
 

@@ -125,10 +125,10 @@ pub const EMULATOR_RS_MEMBERS: usize = 1;
 /// Routers in the sharded persona: two, so `useMultipleMongoses` means something.
 pub const EMULATOR_ROUTERS: usize = 2;
 
-/// A running `lab::Emulator`.
+/// A running `emulator::Emulator`.
 #[cfg(feature = "emulator")]
 struct EmulatorHandle {
-    emulator: lab::Emulator,
+    emulator: emulator::Emulator,
 }
 
 #[cfg(feature = "emulator")]
@@ -137,27 +137,29 @@ impl EmulatorHandle {
 
     async fn start(topology: TopologyKind) -> Result<Self, String> {
         let topology = match topology {
-            TopologyKind::Single => lab::Topology::Standalone,
-            TopologyKind::ReplicaSet => lab::Topology::ReplicaSet {
+            TopologyKind::Single => emulator::Topology::Standalone,
+            TopologyKind::ReplicaSet => emulator::Topology::ReplicaSet {
                 name: "rs0".to_string(),
                 members: EMULATOR_RS_MEMBERS,
             },
-            TopologyKind::Sharded | TopologyKind::ShardedReplicaSet => lab::Topology::Sharded {
-                routers: EMULATOR_ROUTERS,
-            },
+            TopologyKind::Sharded | TopologyKind::ShardedReplicaSet => {
+                emulator::Topology::Sharded {
+                    routers: EMULATOR_ROUTERS,
+                }
+            }
             TopologyKind::LoadBalanced => {
                 return Err("the emulator has no load-balanced persona".to_string())
             }
         };
-        let config = lab::EmulatorConfig {
+        let config = emulator::EmulatorConfig {
             topology,
             server_version: format!(
                 "{}.{}.{}",
                 EMULATOR_SERVER_VERSION.0, EMULATOR_SERVER_VERSION.1, EMULATOR_SERVER_VERSION.2
             ),
-            ..lab::EmulatorConfig::default()
+            ..emulator::EmulatorConfig::default()
         };
-        let emulator = lab::Emulator::start(config)
+        let emulator = emulator::Emulator::start(config)
             .await
             .map_err(|e| format!("cannot start the emulator: {e}"))?;
         Ok(EmulatorHandle { emulator })

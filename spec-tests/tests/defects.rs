@@ -385,7 +385,7 @@ macro_rules! scenarios {
             /// operation's error carried the overload labels and how many times the pool was
             /// cleared.
             pub async fn untrusted_certificate_on_pool_connection(
-                front: &lab::tls::TlsFront,
+                front: &emulator::tls::TlsFront,
                 ca_file: &str,
             ) -> (bool, usize) {
                 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -912,7 +912,7 @@ async fn b2_acknowledged_bulk_write_is_never_sent_again() {
 
 #[tokio::test]
 async fn b1_load_balanced_bulk_write_results_get_more_is_retried() {
-    let server = Server::start(lab::Topology::Sharded { routers: 1 });
+    let server = Server::start(emulator::Topology::Sharded { routers: 1 });
     let router = server
         .uri
         .trim_start_matches("mongodb://")
@@ -951,7 +951,9 @@ async fn b6_tls_validation_failures_are_not_overload_errors() {
         .next()
         .and_then(|host| host.parse().ok())
         .expect("a standalone uri names one address");
-    let front = lab::tls::TlsFront::start(backend).await.expect("TLS front");
+    let front = emulator::tls::TlsFront::start(backend)
+        .await
+        .expect("TLS front");
     let ca_file = std::env::temp_dir().join(format!(
         "mongodb-overload-b6-{}-{}.pem",
         std::process::id(),

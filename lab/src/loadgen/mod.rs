@@ -8,16 +8,23 @@
 //! spawned task. [`metrics`] books per-second figures, [`summary`] reduces them, and
 //! [`report`] writes `report.md`, `series.csv`, `summary.json` and SVG charts.
 
+mod calibrate;
 pub mod client;
 pub mod config;
+pub mod control;
+pub mod drive;
+mod emulator_thread;
+mod failpoint_limiter;
 pub mod metrics;
 pub mod report;
 pub mod runner;
+mod sampler;
 pub mod schedule;
 pub mod summary;
 pub mod sys;
 
 pub use client::{LabClient, OpSpec};
 pub use config::{LabConfig, Scenario, Variant};
+pub use drive::{drive_all, DriveStats, RequestOpts};
 pub use metrics::{AttemptReport, ErrorClass, Recorder};
-pub use runner::{drive_all, run, LabRun, RequestOpts};
+pub use runner::{run, LabRun};

@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::config::{Scenario, Variant};
+use super::drive::DriveStats;
 use super::metrics::{goodput, merged, pct_ms, recovery_time, ErrorClass, Second};
-use super::runner::DriveStats;
 
 /// Goodput share of offered load that counts as recovered.
 pub const RECOVERED_SHARE: f64 = 0.95;

@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use lab::{Emulator, EmulatorConfig, Topology};
+use emulator::{Emulator, EmulatorConfig, Topology};
 
 /// An emulator on its own runtime thread, so tests may pause their own clock without pausing
 /// the server's.

@@ -1,0 +1,146 @@
+//! `labd`: the MongoDB wire-protocol emulator as a standalone server.
+
+use std::net::IpAddr;
+
+use clap::{Parser, ValueEnum};
+use emulator::{Emulator, EmulatorConfig, Topology};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum TopologyArg {
+    Standalone,
+    Replicaset,
+    Sharded,
+}
+
+/// MongoDB wire-protocol emulator.
+#[derive(Debug, Parser)]
+#[command(name = "labd", version, about)]
+struct Args {
+    /// Deployment shape.
+    #[arg(long, value_enum, default_value = "standalone")]
+    topology: TopologyArg,
+    /// Replica-set members or mongos routers.
+    #[arg(long, default_value_t = 3)]
+    members: usize,
+    /// Replica set name.
+    #[arg(long, default_value = "rs0")]
+    set_name: String,
+    /// Port of the first member (the others follow); 0 picks ephemeral ports.
+    #[arg(long, default_value_t = 27017)]
+    port: u16,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: IpAddr,
+    /// Version reported by buildInfo.
+    #[arg(long, default_value = "8.2.0")]
+    server_version: String,
+    /// maxWireVersion reported by hello.
+    #[arg(long, default_value_t = 25)]
+    max_wire_version: i32,
+    /// Omit topologyVersion from hello (the driver then polls instead of streaming).
+    #[arg(long)]
+    no_topology_version: bool,
+    /// Idle cursors are closed after this many milliseconds.
+    #[arg(long, default_value_t = 600_000)]
+    cursor_timeout_ms: u64,
+    /// Initial `externalClientBaseBackoffMS` (adds `baseBackoffMS` to overload errors).
+    #[arg(long, default_value_t = 0)]
+    base_backoff_ms: i32,
+    /// Turn the overload model on (also settable at run time: `setParameter: {labOverload: {...}}`).
+    #[arg(long)]
+    overload: bool,
+    /// Overload model: ingress rate limit in requests per second (enables the limiter).
+    #[arg(long)]
+    ingress_rate: Option<f64>,
+    /// Overload model: ingress burst capacity in seconds of rate.
+    #[arg(long)]
+    ingress_burst_secs: Option<f64>,
+    /// Overload model: requests that may queue for an ingress token (0 rejects at once).
+    #[arg(long)]
+    ingress_queue: Option<u64>,
+    /// Overload model: number of virtual cores.
+    #[arg(long)]
+    cores: Option<u32>,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let topology = match args.topology {
+        TopologyArg::Standalone => Topology::Standalone,
+        TopologyArg::Replicaset => Topology::ReplicaSet {
+            name: args.set_name.clone(),
+            members: args.members.max(1),
+        },
+        TopologyArg::Sharded => Topology::Sharded {
+            routers: args.members.max(1),
+        },
+    };
+    let mut overload = emulator::model::ModelConfig {
+        enabled: args.overload,
+        ..Default::default()
+    };
+    if let Some(rate) = args.ingress_rate {
+        overload.limiter.enabled = true;
+        overload.limiter.rate_per_sec = rate;
+    }
+    if let Some(b) = args.ingress_burst_secs {
+        overload.limiter.burst_capacity_secs = b;
+    }
+    if let Some(q) = args.ingress_queue {
+        overload.limiter.max_queue_depth = q;
+    }
+    if let Some(c) = args.cores {
+        overload.cores = c;
+    }
+    let config = EmulatorConfig {
+        topology,
+        server_version: args.server_version,
+        max_wire_version: args.max_wire_version,
+        port: if args.port == 0 {
+            None
+        } else {
+            Some(args.port)
+        },
+        bind: args.bind,
+        topology_version: !args.no_topology_version,
+        cursor_timeout: std::time::Duration::from_millis(args.cursor_timeout_ms.max(1)),
+        base_backoff_ms: args.base_backoff_ms.max(0),
+        overload,
+        ..Default::default()
+    };
+    let emulator = match Emulator::start(config).await {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("labd: cannot start: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    // Install the handler before announcing the URI, so an early Ctrl-C is never fatal.
+    #[cfg(unix)]
+    let mut interrupt =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("labd: cannot handle Ctrl-C: {e}");
+                return std::process::ExitCode::from(1);
+            }
+        };
+    println!("{}", emulator.uri());
+    #[cfg(unix)]
+    interrupt.recv().await;
+    #[cfg(not(unix))]
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        eprintln!("labd: cannot wait for Ctrl-C: {e}");
+    }
+    tracing::info!("Ctrl-C received, shutting down");
+    emulator.shutdown().await;
+    std::process::ExitCode::SUCCESS
+}

@@ -1,0 +1,323 @@
+//! Change events for change streams: a bounded log of the writes made after the first change
+//! stream was opened, read by change-stream cursors from their own position.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use bson::{doc, Bson, DateTime, Document, Timestamp};
+
+use super::error::CommandError;
+use crate::engine::{id_key, IdKey, Store};
+
+/// Most events kept; older resume tokens fail with 286 ChangeStreamHistoryLost.
+const MAX_EVENTS: usize = 10_000;
+
+/// Which changes a stream sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// Every database except admin, config and local (`allChangesForCluster`).
+    Cluster,
+    /// One database.
+    Database(String),
+    /// One collection.
+    Collection(String, String),
+}
+
+impl Scope {
+    fn matches(&self, db: &str, coll: &str) -> bool {
+        match self {
+            Scope::Cluster => !matches!(db, "admin" | "config" | "local"),
+            Scope::Database(d) => d == db,
+            Scope::Collection(d, c) => d == db && c == coll,
+        }
+    }
+}
+
+struct Event {
+    seq: u64,
+    db: String,
+    coll: String,
+    cluster_time: Timestamp,
+    doc: Document,
+}
+
+/// The change log.
+pub(crate) struct ChangeLog {
+    /// Set when the first change stream opens; until then writes record nothing.
+    pub(crate) enabled: bool,
+    events: VecDeque<Event>,
+    next_seq: u64,
+}
+
+impl Default for ChangeLog {
+    fn default() -> Self {
+        ChangeLog {
+            enabled: false,
+            events: VecDeque::new(),
+            next_seq: 1,
+        }
+    }
+}
+
+/// A resume token for the position after event `seq`.
+pub(crate) fn token(seq: u64) -> Document {
+    doc! { "_data": format!("82{seq:016X}") }
+}
+
+pub(crate) fn parse_token(v: &Bson) -> Option<u64> {
+    let data = v.as_document()?.get_str("_data").ok()?;
+    u64::from_str_radix(data.strip_prefix("82")?, 16).ok()
+}
+
+impl ChangeLog {
+    /// The sequence number the next event gets.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Where a new stream starts: after `resumeAfter`/`startAfter`, at `startAtOperationTime`, or
+    /// at the end of the log.
+    pub(crate) fn start_position(&self, spec: &Document) -> Result<u64, CommandError> {
+        let token = spec.get("resumeAfter").or_else(|| spec.get("startAfter"));
+        if let Some(t) = token {
+            let seq =
+                parse_token(t).ok_or_else(|| CommandError::bad_value("invalid resume token"))?;
+            let oldest = self.events.front().map(|e| e.seq).unwrap_or(self.next_seq);
+            if seq.saturating_add(1) < oldest {
+                return Err(CommandError::new(
+                    286,
+                    "Resume of change stream was not possible, as the resume point may no longer be in the oplog.",
+                ));
+            }
+            return Ok(seq.saturating_add(1));
+        }
+        if let Ok(ts) = spec.get_timestamp("startAtOperationTime") {
+            let at = self
+                .events
+                .iter()
+                .find(|e| {
+                    (e.cluster_time.time, e.cluster_time.increment) >= (ts.time, ts.increment)
+                })
+                .map(|e| e.seq)
+                .unwrap_or(self.next_seq);
+            return Ok(at);
+        }
+        Ok(self.next_seq)
+    }
+
+    /// Up to `max` events at or after `from` within `scope`, in order, and the position after
+    /// the last event examined.
+    pub(crate) fn read(&self, from: u64, scope: &Scope, max: usize) -> (Vec<(u64, Document)>, u64) {
+        let mut out = Vec::new();
+        let mut next = from;
+        for e in self.events.iter().filter(|e| e.seq >= from) {
+            if out.len() >= max {
+                return (out, next);
+            }
+            next = e.seq + 1;
+            if scope.matches(&e.db, &e.coll) {
+                out.push((e.seq, e.doc.clone()));
+            }
+        }
+        (out, self.next_seq.max(from))
+    }
+
+    fn push(&mut self, db: &str, coll: &str, cluster_time: Timestamp, mut body: Document) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut doc = doc! {
+            "_id": token(seq),
+        };
+        let op = body.remove("operationType").unwrap_or(Bson::Null);
+        doc.insert("operationType", op);
+        doc.insert("clusterTime", cluster_time);
+        doc.insert("wallTime", DateTime::now());
+        for (k, v) in body {
+            doc.insert(k, v);
+        }
+        self.events.push_back(Event {
+            seq,
+            db: db.to_string(),
+            coll: coll.to_string(),
+            cluster_time,
+            doc,
+        });
+        while self.events.len() > MAX_EVENTS {
+            self.events.pop_front();
+        }
+    }
+
+    /// Records the differences of `db.coll` between `before` and `after` as insert, update,
+    /// replace and delete events.
+    pub(crate) fn record_diff(
+        &mut self,
+        db: &str,
+        coll: &str,
+        before: &[Document],
+        after: &[Document],
+        replacement: bool,
+        cluster_time: Timestamp,
+    ) {
+        let old: BTreeMap<IdKey, &Document> = before
+            .iter()
+            .filter_map(|d| Some((id_key(d.get("_id")?), d)))
+            .collect();
+        let mut seen = BTreeSet::new();
+        let ns = doc! { "db": db, "coll": coll };
+        for d in after {
+            let Some(id) = d.get("_id") else { continue };
+            let key = id_key(id);
+            seen.insert(key.clone());
+            match old.get(&key) {
+                None => self.push(
+                    db,
+                    coll,
+                    cluster_time,
+                    doc! { "operationType": "insert", "fullDocument": d.clone(), "ns": ns.clone(), "documentKey": { "_id": id.clone() } },
+                ),
+                Some(prev) if *prev != d => {
+                    if replacement {
+                        self.push(
+                            db,
+                            coll,
+                            cluster_time,
+                            doc! { "operationType": "replace", "fullDocument": d.clone(), "ns": ns.clone(), "documentKey": { "_id": id.clone() } },
+                        );
+                    } else {
+                        let mut updated = Document::new();
+                        for (k, v) in d {
+                            if prev.get(k) != Some(v) {
+                                updated.insert(k.clone(), v.clone());
+                            }
+                        }
+                        let removed: Vec<Bson> = prev
+                            .keys()
+                            .filter(|k| !d.contains_key(k.as_str()))
+                            .map(|k| Bson::String(k.clone()))
+                            .collect();
+                        self.push(
+                            db,
+                            coll,
+                            cluster_time,
+                            doc! {
+                                "operationType": "update",
+                                "ns": ns.clone(),
+                                "documentKey": { "_id": id.clone() },
+                                "updateDescription": { "updatedFields": updated, "removedFields": removed, "truncatedArrays": [] },
+                            },
+                        );
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        for d in before {
+            let Some(id) = d.get("_id") else { continue };
+            if !seen.contains(&id_key(id)) {
+                self.push(
+                    db,
+                    coll,
+                    cluster_time,
+                    doc! { "operationType": "delete", "ns": ns.clone(), "documentKey": { "_id": id.clone() } },
+                );
+            }
+        }
+    }
+}
+
+/// Copies of the collections a write may change, taken before it runs (only while change
+/// streams are in use).
+pub(crate) struct Capture {
+    colls: Vec<(String, String, Vec<Document>)>,
+    replacement: bool,
+}
+
+impl Capture {
+    /// Captures `targets` of `store` if the log is enabled.
+    pub(crate) fn take(
+        log: &ChangeLog,
+        store: &Store,
+        targets: Vec<(String, String)>,
+        replacement: bool,
+    ) -> Option<Capture> {
+        if !log.enabled || targets.is_empty() {
+            return None;
+        }
+        let colls = targets
+            .into_iter()
+            .map(|(d, c)| {
+                let docs = store.documents(&d, &c).to_vec();
+                (d, c, docs)
+            })
+            .collect();
+        Some(Capture { colls, replacement })
+    }
+
+    /// Records what changed since the capture.
+    pub(crate) fn finish(self, log: &mut ChangeLog, store: &Store, cluster_time: Timestamp) {
+        for (d, c, before) in &self.colls {
+            log.record_diff(
+                d,
+                c,
+                before,
+                store.documents(d, c),
+                self.replacement,
+                cluster_time,
+            );
+        }
+    }
+}
+
+/// Whether a write command replaces whole documents (for `replace` events).
+pub(crate) fn is_replacement(name: &str, body: &Document) -> bool {
+    let replaces = |u: Option<&Bson>| matches!(u, Some(Bson::Document(d)) if d.keys().next().is_some_and(|k| !k.starts_with('$')));
+    match name {
+        "update" => body
+            .get_array("updates")
+            .map(|us| {
+                us.iter()
+                    .any(|u| replaces(u.as_document().and_then(|d| d.get("u"))))
+            })
+            .unwrap_or(false),
+        "findAndModify" | "findandmodify" => replaces(body.get("update")),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_events_and_positions() {
+        let mut log = ChangeLog {
+            enabled: true,
+            ..Default::default()
+        };
+        let ts = Timestamp {
+            time: 1,
+            increment: 1,
+        };
+        let before = vec![doc! { "_id": 1, "a": 1 }, doc! { "_id": 2 }];
+        let after = vec![doc! { "_id": 1, "a": 2 }, doc! { "_id": 3 }];
+        let start = log.start_position(&doc! {}).unwrap();
+        log.record_diff("d", "c", &before, &after, false, ts);
+        let (events, next) = log.read(start, &Scope::Collection("d".into(), "c".into()), 10);
+        let ops: Vec<&str> = events
+            .iter()
+            .map(|(_, e)| e.get_str("operationType").unwrap())
+            .collect();
+        assert_eq!(ops, ["update", "insert", "delete"]);
+        assert_eq!(next, log.next_seq());
+        let (none, _) = log.read(start, &Scope::Database("other".into()), 10);
+        assert!(none.is_empty());
+        // Resume after the first event.
+        let tok = Bson::Document(token(events[0].0));
+        let from = log.start_position(&doc! { "resumeAfter": tok }).unwrap();
+        let (rest, _) = log.read(from, &Scope::Cluster, 10);
+        assert_eq!(rest.len(), 2);
+        // Batches stop at max.
+        let (one, next) = log.read(start, &Scope::Cluster, 1);
+        assert_eq!(one.len(), 1);
+        assert_eq!(next, one[0].0 + 1);
+    }
+}

@@ -1,0 +1,194 @@
+//! Control: the lab's own connection to the emulator, which seeds the collection, switches the
+//! server model, sets fail points and reads `serverStatus.labOverload`; and the model settings
+//! it applies.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use tokio::time::Instant;
+
+use super::config::{with_options, LabConfig, MODEL_CORES};
+
+/// Database and collection the lab uses.
+pub const DB: &str = "lab";
+/// Collection of the lab's documents.
+pub const COLL: &str = "items";
+
+/// The `labOverload` settings of model mode at `capacity`: the ingress limiter admits
+/// `cfg.limiter_share × capacity` per second (off when the share is 0).
+pub fn model_document(cfg: &LabConfig, capacity: f64) -> Result<Document, String> {
+    let mut d = doc! {
+        "enabled": true,
+        "seed": cfg.seed as i64,
+        "cores": MODEL_CORES as i64,
+        "costs": {
+            "pointReadMs": 2.0, "rangeReadMs": 5.0, "writeMs": 3.0, "scanMs": 30.0,
+        },
+        "tickets": { "mode": "fixed", "read": 8i64, "write": 8i64 },
+        "limiter": {
+            "enabled": cfg.limiter_share > 0.0,
+            "ratePerSec": (capacity * cfg.limiter_share).max(1.0),
+            "burstCapacitySecs": 0.25,
+            "maxQueueDepth": 0i64,
+        },
+    };
+    if let Some(v) = &cfg.model_overrides {
+        let over = bson::to_bson(v).map_err(|e| format!("--model-json: {e}"))?;
+        match over {
+            Bson::Document(o) => merge(&mut d, &o),
+            _ => return Err("--model-json must be a JSON object".into()),
+        }
+    }
+    Ok(d)
+}
+
+fn merge(base: &mut Document, over: &Document) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(Bson::Document(b)), Bson::Document(o)) => merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// Numeric fields of a document, flattened to dotted keys.
+pub fn flatten_numbers(d: &Document) -> BTreeMap<String, f64> {
+    fn walk(prefix: &str, d: &Document, out: &mut BTreeMap<String, f64>) {
+        for (k, v) in d {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                Bson::Double(x) => {
+                    out.insert(key, *x);
+                }
+                Bson::Int32(x) => {
+                    out.insert(key, f64::from(*x));
+                }
+                Bson::Int64(x) => {
+                    out.insert(key, *x as f64);
+                }
+                Bson::Document(sub) => walk(&key, sub, out),
+                _ => {}
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", d, &mut out);
+    out
+}
+
+/// Deltas of the `counters.*` figures between two flattened snapshots.
+pub fn counter_deltas(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter(|(k, _)| k.starts_with("counters."))
+        .map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0.0);
+            (k.trim_start_matches("counters.").to_string(), d.max(0.0))
+        })
+        .collect()
+}
+
+/// The control connection to the emulator (the fork, without lab event handlers).
+pub(crate) struct Control {
+    pub(crate) client: mongodb::Client,
+}
+
+impl Control {
+    pub(crate) async fn connect(uri: &str) -> Result<Control, String> {
+        let client = mongodb::Client::with_uri_str(with_options(uri, "appName=lab-control"))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Control { client })
+    }
+
+    pub(crate) async fn admin(&self, cmd: Document) -> Result<Document, String> {
+        self.client
+            .database("admin")
+            .run_command(cmd)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    pub(crate) async fn seed(&self, docs: i64) -> Result<(), String> {
+        let coll = self.client.database(DB).collection::<Document>(COLL);
+        coll.drop().await.map_err(|e| e.to_string())?;
+        let pad = "x".repeat(200);
+        let mut batch = Vec::new();
+        for i in 0..docs {
+            batch.push(doc! { "_id": i, "n": 0i32, "pad": pad.clone() });
+            if batch.len() == 1000 || i == docs - 1 {
+                coll.insert_many(std::mem::take(&mut batch))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `serverStatus.labOverload`, flattened; `None` when the server has no model section.
+    pub(crate) async fn overload_status(&self) -> Option<BTreeMap<String, f64>> {
+        let st = self.admin(doc! { "serverStatus": 1 }).await.ok()?;
+        st.get_document("labOverload").ok().map(flatten_numbers)
+    }
+
+    /// Waits (at most `limit`) until the server model has no request in flight, so that one
+    /// variant's leftovers do not load the next. True when idle (or without a model).
+    pub(crate) async fn wait_idle(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            let busy = self
+                .overload_status()
+                .await
+                .and_then(|m| m.get("gauges.inFlight").copied())
+                .unwrap_or(0.0);
+            if busy <= 0.0 {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub(crate) async fn set_model(&self, model: &Document) -> Result<(), String> {
+        self.admin(doc! { "setParameter": 1, "labOverload": { "enabled": false } })
+            .await
+            .and(
+                self.admin(doc! { "setParameter": 1, "labOverload": model.clone() })
+                    .await,
+            )
+            .map(|_| ())
+            .map_err(|e| {
+                let short = e.split(", labels:").next().unwrap_or(&e).to_string();
+                format!("server model not available (setParameter labOverload failed: {short}); use --server failpoint")
+            })
+    }
+
+    pub(crate) async fn fail_point(&self, probability: f64) -> Result<(), String> {
+        let cmd = if probability <= 0.0 {
+            doc! { "configureFailPoint": "failCommand", "mode": "off" }
+        } else {
+            doc! {
+                "configureFailPoint": "failCommand",
+                "mode": { "activationProbability": probability },
+                "data": {
+                    "failCommands": ["find", "insert", "update"],
+                    "errorCode": 462i32,
+                    "errorLabels": ["SystemOverloadedError", "RetryableError"],
+                },
+            }
+        };
+        self.admin(cmd).await.map(|_| ())
+    }
+}
