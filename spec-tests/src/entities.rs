@@ -331,7 +331,8 @@ pub enum Entity {
 }
 
 impl Entity {
-    fn kind(&self) -> &'static str {
+    /// What kind of entity this is, for messages.
+    pub fn kind(&self) -> &'static str {
         match self {
             Entity::Client(_) => "client",
             Entity::Database(_) => "database",
@@ -401,6 +402,17 @@ impl EntityMap {
             .values()
             .filter_map(|e| match e {
                 Entity::Client(c) => Some(c.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every thread entity, with its name.
+    pub fn threads(&self) -> Vec<(String, ThreadEntity)> {
+        self.entities
+            .iter()
+            .filter_map(|(id, e)| match e {
+                Entity::Thread(t) => Some((id.clone(), t.clone())),
                 _ => None,
             })
             .collect()

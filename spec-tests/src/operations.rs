@@ -437,6 +437,18 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
             ));
         }
     }
+    if let Some(honoured) = honoured_arguments(&op.name) {
+        if let Some(key) = args.keys().find(|k| !honoured.contains(&k.as_str())) {
+            return Ok(Some(format!(
+                "{}.{key}: the format allows it, but the driver's options for {} have no such \
+                 field, so the runner cannot honour it",
+                op.name, op.name
+            )));
+        }
+    }
+    if let Err(reason) = check_argument_values(&op.name, &args, path) {
+        return Ok(Some(format!("the runner cannot honour {reason}")));
+    }
     match op.name.as_str() {
         "withTransaction" => {
             let callback = args
@@ -474,6 +486,21 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
     if op.expect_error.is_some() && op.expect_result.is_some() {
         return Err(format!(
             "{path}: expectError and expectResult are exclusive"
+        ));
+    }
+    if op.expect_error.is_some() && op.save_result_as_entity.is_some() {
+        return Err(format!(
+            "{path}: expectError and saveResultAsEntity are exclusive"
+        ));
+    }
+    if op.ignore_result_and_error == Some(true)
+        && (op.expect_error.is_some()
+            || op.expect_result.is_some()
+            || op.save_result_as_entity.is_some())
+    {
+        return Err(format!(
+            "{path}: ignoreResultAndError excludes expectError, expectResult and \
+             saveResultAsEntity"
         ));
     }
     Ok(None)
@@ -540,6 +567,196 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
         }
     }
     None
+}
+
+/// The argument names a driver options struct reads, found by asking its `Deserialize` impl:
+/// a derived impl hands its field list (after renames) to `deserialize_struct`, and this
+/// deserializer records it there and stops. Fields marked `#[serde(skip)]` (e.g. `FindOptions`'
+/// `cursor_type`) are not in the list, which is the point: a struct silently drops any key it
+/// does not list. `None` when `T` is not a derived struct (nothing can be said about it).
+pub fn struct_fields<T: DeserializeOwned>() -> Option<&'static [&'static str]> {
+    let mut found = None;
+    let _ = T::deserialize(FieldsProbe(&mut found));
+    found
+}
+
+struct FieldsProbe<'a>(&'a mut Option<&'static [&'static str]>);
+
+/// The probe's only error: it never deserializes anything.
+#[derive(Debug)]
+struct ProbeStopped;
+
+impl std::fmt::Display for ProbeStopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("field probe stopped")
+    }
+}
+
+impl std::error::Error for ProbeStopped {}
+
+impl serde::de::Error for ProbeStopped {
+    fn custom<T: std::fmt::Display>(_: T) -> Self {
+        ProbeStopped
+    }
+}
+
+impl<'de> serde::Deserializer<'de> for FieldsProbe<'_> {
+    type Error = ProbeStopped;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, ProbeStopped> {
+        Err(ProbeStopped)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, ProbeStopped> {
+        *self.0 = Some(fields);
+        Err(ProbeStopped)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
+}
+
+/// The arguments the runner can honour for an operation whose remaining arguments go to a
+/// driver options struct: those it takes itself, plus the struct's fields. `None` for
+/// operations that pass nothing through an options struct (their arguments are all taken by
+/// name). The format requires an error for an argument the runner cannot honour; `validate`
+/// turns every allowed argument missing from this list into a skip with that reason.
+fn honoured_arguments(op: &str) -> Option<Vec<&'static str>> {
+    use crate::mongodb::options::{
+        AggregateOptions, ChangeStreamOptions, CountOptions, CreateCollectionOptions,
+        DeleteOptions, DistinctOptions, DropIndexOptions, EstimatedDocumentCountOptions,
+        FindOneAndDeleteOptions, FindOneAndReplaceOptions, FindOneAndUpdateOptions,
+        FindOneOptions, FindOptions, InsertManyOptions, InsertOneOptions, ListCollectionsOptions,
+        ListDatabasesOptions, ListIndexesOptions, ReplaceOptions, RunCursorCommandOptions,
+        UpdateOptions,
+    };
+    fn with<T: DeserializeOwned>(taken: &[&'static str]) -> Vec<&'static str> {
+        let mut all = taken.to_vec();
+        all.extend(struct_fields::<T>().unwrap_or_default());
+        all
+    }
+    Some(match op {
+        "insertOne" => with::<InsertOneOptions>(&["document", "session"]),
+        "insertMany" => with::<InsertManyOptions>(&["documents", "session"]),
+        "updateOne" | "updateMany" => with::<UpdateOptions>(&["filter", "update", "session"]),
+        "replaceOne" => with::<ReplaceOptions>(&["filter", "replacement", "session"]),
+        "deleteOne" | "deleteMany" => with::<DeleteOptions>(&["filter", "session"]),
+        // `FindOptions` skips `cursorType` and `maxAwaitTime` in serde and cannot read
+        // `maxTimeMS` as milliseconds: the runner sets those three fields itself.
+        "find" | "createFindCursor" => with::<FindOptions>(&[
+            "filter",
+            "session",
+            "cursorType",
+            "maxAwaitTimeMS",
+            "maxTimeMS",
+        ]),
+        "findOne" => with::<FindOneOptions>(&["filter", "session"]),
+        "findOneAndDelete" => with::<FindOneAndDeleteOptions>(&["filter", "session"]),
+        "findOneAndReplace" => {
+            with::<FindOneAndReplaceOptions>(&["filter", "replacement", "session"])
+        }
+        "findOneAndUpdate" => with::<FindOneAndUpdateOptions>(&["filter", "update", "session"]),
+        // `AggregateOptions` reads `maxAwaitTime`, not the format's `maxAwaitTimeMS`.
+        "aggregate" => with::<AggregateOptions>(&["pipeline", "session", "maxAwaitTimeMS"]),
+        "countDocuments" => with::<CountOptions>(&["filter", "session"]),
+        "estimatedDocumentCount" => with::<EstimatedDocumentCountOptions>(&[]),
+        "distinct" => with::<DistinctOptions>(&["fieldName", "filter", "session"]),
+        // Index options go to `IndexOptions`; `maxTimeMS` belongs to the command, which the
+        // runner passes as `CreateIndexOptions`.
+        "createIndex" => with::<crate::mongodb::options::IndexOptions>(&[
+            "keys",
+            "session",
+            "maxTimeMS",
+        ]),
+        "dropIndex" => with::<DropIndexOptions>(&["name", "session"]),
+        "dropIndexes" => with::<DropIndexOptions>(&["session"]),
+        "listIndexes" | "listIndexNames" => with::<ListIndexesOptions>(&["session"]),
+        "createChangeStream" => with::<ChangeStreamOptions>(&["pipeline", "maxAwaitTimeMS"]),
+        "runCursorCommand" | "createCommandCursor" => {
+            with::<RunCursorCommandOptions>(&["command", "commandName", "session"])
+        }
+        "createCollection" => with::<CreateCollectionOptions>(&["collection", "session"]),
+        "listCollections" | "listCollectionNames" | "listCollectionObjects" => {
+            with::<ListCollectionsOptions>(&["filter", "session"])
+        }
+        "listDatabases" | "listDatabaseNames" | "listDatabaseObjects" => {
+            with::<ListDatabasesOptions>(&["filter", "session"])
+        }
+        "startTransaction" => with::<TransactionOptions>(&[]),
+        "withTransaction" => with::<TransactionOptions>(&["callback"]),
+        // Taken one by one in `client_op`; the rest of the format's options are not wired up.
+        "clientBulkWrite" => vec!["models", "session", "ordered", "verboseResults"],
+        _ => return None,
+    })
+}
+
+/// Checks argument values the runner must read itself, where a wrong type would otherwise be
+/// dropped or misread (a `"true"` string as `upsert`), or that it must convert (a read
+/// preference, a cursor type). `Err` says which value cannot be honoured and why.
+fn check_argument_values(op: &str, args: &Document, path: &str) -> Result<(), String> {
+    if op == "clientBulkWrite" {
+        for key in ["ordered", "verboseResults"] {
+            if let Some(v) = args.get(key).filter(|v| !matches!(v, Bson::Boolean(_))) {
+                return Err(format!("{path}.arguments.{key}: must be a boolean, got {v}"));
+            }
+        }
+        for (i, model) in args.get_array("models").into_iter().flatten().enumerate() {
+            let body = model.as_document().and_then(|m| m.values().next());
+            if let Some(v) = body
+                .and_then(Bson::as_document)
+                .and_then(|b| b.get("upsert"))
+                .filter(|v| !matches!(v, Bson::Boolean(_)))
+            {
+                return Err(format!(
+                    "{path}.arguments.models[{i}].upsert: must be a boolean, got {v}"
+                ));
+            }
+        }
+    }
+    if let Some(rp) = args.get("readPreference") {
+        read_preference_from(rp.clone())
+            .map_err(|e| format!("{path}.arguments.readPreference: {e}"))?;
+    }
+    if op == "find" || op == "createFindCursor" {
+        if let Some(t) = args.get("cursorType") {
+            cursor_type(t).map_err(|e| format!("{path}.arguments.cursorType: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The format's `cursorType` as the driver's.
+fn cursor_type(value: &Bson) -> Result<crate::mongodb::options::CursorType, String> {
+    use crate::mongodb::options::CursorType;
+    match value.as_str() {
+        Some("nonTailable") => Ok(CursorType::NonTailable),
+        Some("tailable") => Ok(CursorType::Tailable),
+        Some("tailableAwait") => Ok(CursorType::TailableAwait),
+        _ => Err(format!(
+            "expected nonTailable, tailable or tailableAwait, got {value}"
+        )),
+    }
+}
+
+/// A non-negative millisecond count as a duration.
+fn millis(value: Bson, what: &str) -> Result<Duration, String> {
+    let ms = match value {
+        Bson::Int32(i) => i64::from(i),
+        Bson::Int64(i) => i,
+        Bson::Double(d) if d.fract() == 0.0 => d as i64,
+        other => return Err(format!("{what} must be an integer, got {other}")),
+    };
+    u64::try_from(ms)
+        .map(Duration::from_millis)
+        .map_err(|_| format!("{what} must not be negative, got {ms}"))
 }
 
 fn from_bson<T: DeserializeOwned>(value: Bson, path: &str) -> Result<T, String> {
@@ -611,13 +828,13 @@ macro_rules! drain_or_keep {
             (Some(_), true) => return Err(format!("{} with a session is not implemented", $op)),
             (Some(s), false) => drain_session_cursor($action.session(&mut *s).await, s)
                 .await
-                .map(|d| value(docs_value(d))),
+                .map(Produced::Documents),
             (None, true) => $action
                 .await
                 .map(|cursor| Produced::Entity(Entity::Cursor(Arc::new(AsyncMutex::new(cursor))))),
             (None, false) => drain_cursor($action.await)
                 .await
-                .map(|d| value(docs_value(d))),
+                .map(Produced::Documents),
         }
     };
 }
@@ -707,12 +924,22 @@ impl Args {
             )),
         }
     }
-    /// The remaining arguments as a driver options struct (`None` when there are none).
+    /// The remaining arguments as a driver options struct (`None` when there are none). A key
+    /// the struct does not read is an error, not dropped: `validate` already turned such an
+    /// argument into a skip, so this only fires if the two disagree.
     fn options<T: DeserializeOwned>(&mut self) -> Result<Option<T>, String> {
         if self.doc.is_empty() {
             return Ok(None);
         }
         let rest = std::mem::take(&mut self.doc);
+        let fields = struct_fields::<T>().unwrap_or_default();
+        if let Some(key) = rest.keys().find(|k| !fields.contains(&k.as_str())) {
+            return Err(format!(
+                "{}: argument {key} would be dropped: the driver's {} does not read it",
+                self.op,
+                std::any::type_name::<T>()
+            ));
+        }
         bson::from_document(rest.clone())
             .map(Some)
             .map_err(|e| format!("{}: options {rest}: {e}", self.op))
@@ -762,10 +989,6 @@ where
     T: DeserializeOwned + Unpin + Send + Sync,
 {
     cursor?.stream(s).try_collect().await
-}
-
-fn docs_value(docs: Vec<Document>) -> Option<Bson> {
-    Some(Bson::Array(docs.into_iter().map(Bson::Document).collect()))
 }
 
 fn value(v: Option<Bson>) -> Produced {
@@ -885,8 +1108,22 @@ async fn collection_op(
             r.map(|r| value(Some(delete_result(r))))
         }
         "find" | "createFindCursor" => {
-            let filter = args.opt_doc("filter")?;
-            let options = args.options()?;
+            // Required by the format (valid-fail/entity-findCursor-malformed checks it).
+            let filter = args.doc("filter")?;
+            let cursor_type = args.take("cursorType").map(|t| cursor_type(&t)).transpose()?;
+            let max_await = args
+                .take("maxAwaitTimeMS")
+                .map(|v| millis(v, "maxAwaitTimeMS"))
+                .transpose()?;
+            let max_time = args
+                .take("maxTimeMS")
+                .map(|v| millis(v, "maxTimeMS"))
+                .transpose()?;
+            let mut options: crate::mongodb::options::FindOptions =
+                args.options()?.unwrap_or_default();
+            options.cursor_type = cursor_type;
+            options.max_await_time = max_await;
+            options.max_time = max_time;
             let action = coll.find(filter).with_options(options);
             drain_or_keep!(sess, action, name == "createFindCursor", name)
         }
@@ -926,9 +1163,9 @@ async fn collection_op(
         }
         "aggregate" => {
             let pipeline = args.docs("pipeline")?;
-            let options = args.options()?;
+            let options = aggregate_options(args)?;
             let action = coll.aggregate(pipeline).with_options(options);
-            drain!(sess, action).map(|d| value(docs_value(d)))
+            drain!(sess, action).map(Produced::Documents)
         }
         "countDocuments" => {
             let filter = args.opt_doc("filter")?;
@@ -952,9 +1189,21 @@ async fn collection_op(
         }
         "createIndex" => {
             let keys = args.doc("keys")?;
+            // `maxTimeMS` is an option of the createIndexes command, not of the index.
+            let max_time = args
+                .take("maxTimeMS")
+                .map(|v| millis(v, "maxTimeMS"))
+                .transpose()?;
             let options: Option<IndexOptions> = args.options()?;
             let model = IndexModel::builder().keys(keys).options(options).build();
-            run!(sess, coll.create_index(model)).map(|r| value(Some(Bson::String(r.index_name))))
+            let command_options = crate::mongodb::options::CreateIndexOptions::builder()
+                .max_time(max_time)
+                .build();
+            run!(
+                sess,
+                coll.create_index(model).with_options(command_options)
+            )
+            .map(|r| value(Some(Bson::String(r.index_name))))
         }
         "dropIndex" => {
             let index = args.string("name")?;
@@ -980,13 +1229,13 @@ async fn collection_op(
                         .iter()
                         .filter_map(|m| bson::to_document(m).ok())
                         .collect();
-                    value(docs_value(docs))
+                    Produced::Documents(docs)
                 })
             }
         }
         "createChangeStream" => {
             let pipeline = args.docs("pipeline").unwrap_or_default();
-            let options = args.options()?;
+            let options = change_stream_options(args)?;
             coll.watch()
                 .pipeline(pipeline)
                 .with_options(options)
@@ -1049,7 +1298,7 @@ async fn database_op(
                     .iter()
                     .filter_map(|s| bson::to_document(s).ok())
                     .collect();
-                value(docs_value(docs))
+                Produced::Documents(docs)
             })
         }
         "listCollectionNames" => {
@@ -1069,13 +1318,13 @@ async fn database_op(
         }
         "aggregate" => {
             let pipeline = args.docs("pipeline")?;
-            let options = args.options()?;
+            let options = aggregate_options(args)?;
             let action = db.aggregate(pipeline).with_options(options);
-            drain!(sess, action).map(|d| value(docs_value(d)))
+            drain!(sess, action).map(Produced::Documents)
         }
         "createChangeStream" => {
             let pipeline = args.docs("pipeline").unwrap_or_default();
-            let options = args.options()?;
+            let options = change_stream_options(args)?;
             db.watch()
                 .pipeline(pipeline)
                 .with_options(options)
@@ -1087,19 +1336,44 @@ async fn database_op(
     Ok(result)
 }
 
+/// A read preference as the format writes it (`mode`, `tagSets`, `maxStalenessSeconds`,
+/// `hedge`), read by the driver's own deserializer, which takes every one of those fields and
+/// rejects any other, so nothing beyond `mode` is dropped.
 fn read_preference_from(value: Bson) -> Result<ReadPreference, String> {
-    let mode = match &value {
-        Bson::Document(d) => d.get_str("mode").unwrap_or("primary").to_string(),
-        other => return Err(format!("readPreference must be a document, got {other}")),
-    };
-    Ok(match mode.as_str() {
-        "primary" => ReadPreference::Primary,
-        "primaryPreferred" => ReadPreference::PrimaryPreferred { options: None },
-        "secondary" => ReadPreference::Secondary { options: None },
-        "secondaryPreferred" => ReadPreference::SecondaryPreferred { options: None },
-        "nearest" => ReadPreference::Nearest { options: None },
-        other => return Err(format!("unknown read preference mode {other}")),
-    })
+    if !matches!(value, Bson::Document(_)) {
+        return Err(format!("readPreference must be a document, got {value}"));
+    }
+    bson::from_bson(value.clone()).map_err(|e| format!("readPreference {value}: {e}"))
+}
+
+/// `aggregate`'s options, with the format's `maxAwaitTimeMS` (the struct reads `maxAwaitTime`).
+fn aggregate_options(
+    args: &mut Args,
+) -> Result<Option<crate::mongodb::options::AggregateOptions>, String> {
+    let max_await = args
+        .take("maxAwaitTimeMS")
+        .map(|v| millis(v, "maxAwaitTimeMS"))
+        .transpose()?;
+    let mut options: Option<crate::mongodb::options::AggregateOptions> = args.options()?;
+    if max_await.is_some() {
+        options.get_or_insert_with(Default::default).max_await_time = max_await;
+    }
+    Ok(options)
+}
+
+/// `createChangeStream`'s options, with the format's `maxAwaitTimeMS`.
+fn change_stream_options(
+    args: &mut Args,
+) -> Result<Option<crate::mongodb::options::ChangeStreamOptions>, String> {
+    let max_await = args
+        .take("maxAwaitTimeMS")
+        .map(|v| millis(v, "maxAwaitTimeMS"))
+        .transpose()?;
+    let mut options: Option<crate::mongodb::options::ChangeStreamOptions> = args.options()?;
+    if max_await.is_some() {
+        options.get_or_insert_with(Default::default).max_await_time = max_await;
+    }
+    Ok(options)
 }
 
 fn namespace(model: &Document) -> Result<Namespace, String> {
@@ -1128,7 +1402,12 @@ fn write_model(model: &Document) -> Result<WriteModel, String> {
             .cloned()
             .map_err(|_| format!("bulk write model {kind}: missing document `{key}`"))
     };
-    let upsert = body.get_bool("upsert").ok();
+    // `validate` made a non-boolean `upsert` a skip; here it is an error, never dropped.
+    let upsert = match body.get("upsert") {
+        None => None,
+        Some(Bson::Boolean(b)) => Some(*b),
+        Some(other) => return Err(format!("bulk write model {kind}: upsert {other}")),
+    };
     let model = match kind.as_str() {
         "insertOne" => {
             allowed.push("document");
@@ -1227,7 +1506,7 @@ async fn client_op(
                     .iter()
                     .filter_map(|s| bson::to_document(s).ok())
                     .collect();
-                value(docs_value(docs))
+                Produced::Documents(docs)
             })
         }
         "listDatabaseNames" => {
@@ -1249,10 +1528,15 @@ async fn client_op(
                 .iter()
                 .map(write_model)
                 .collect::<Result<Vec<_>, _>>()?;
-            let verbose = matches!(args.take("verboseResults"), Some(Bson::Boolean(true)));
+            let verbose = match args.take("verboseResults") {
+                None => false,
+                Some(Bson::Boolean(b)) => b,
+                Some(other) => return Err(format!("clientBulkWrite: verboseResults {other}")),
+            };
             let ordered = match args.take("ordered") {
+                None => None,
                 Some(Bson::Boolean(b)) => Some(b),
-                _ => None,
+                Some(other) => return Err(format!("clientBulkWrite: ordered {other}")),
             };
             if let Some(extra) = args.doc.keys().next() {
                 return Err(format!(
@@ -1277,7 +1561,7 @@ async fn client_op(
         }
         "createChangeStream" => {
             let pipeline = args.docs("pipeline").unwrap_or_default();
-            let options = args.options()?;
+            let options = change_stream_options(args)?;
             c.watch()
                 .pipeline(pipeline)
                 .with_options(options)
@@ -1492,11 +1776,20 @@ async fn test_runner(
             let event: ExpectedEvent =
                 from_bson(args.take("event").unwrap_or(Bson::Null), "event")?;
             let wanted = args.int("count")? as usize;
+            // Only events the client observes count, with the format's exclusions (ignored
+            // and sensitive commands, configureFailPoint): the same filter `expectEvents` uses.
+            // An event kind the client does not observe could never be counted.
+            if !client.observe.iter().any(|o| o == event.name()) {
+                return Err(format!(
+                    "{name}: client does not observe {} (its observeEvents: {:?})",
+                    event.name(),
+                    client.observe
+                ));
+            }
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
                 let seen = client
-                    .log
-                    .snapshot()
+                    .observed()
                     .iter()
                     .filter(|e| expect::event_matches(&event, e, &ctx.entities).is_ok())
                     .count();
@@ -1534,7 +1827,14 @@ async fn test_runner(
             };
             let lsid =
                 |e: &entities::Observed| e.command.as_ref().and_then(|c| c.get("lsid").cloned());
-            let same = lsid(a).is_some() && lsid(a) == lsid(b);
+            // Both assertions are about two sessions' ids: a command without one proves neither.
+            let (Some(first), Some(second)) = (lsid(a), lsid(b)) else {
+                return Err(format!(
+                    "{name}: a command has no lsid: {:?} then {:?}",
+                    a.command_name, b.command_name
+                ));
+            };
+            let same = first == second;
             if same == (name == "assertSameLsidOnLastTwoCommands") {
                 ok()
             } else {
@@ -1564,13 +1864,18 @@ async fn test_runner(
             let db = args.string("databaseName")?;
             let coll = args.string("collectionName")?;
             let index = args.string("indexName")?;
-            let names = ctx
+            let listed = ctx
                 .internal
                 .database(&db)
                 .collection::<Document>(&coll)
                 .list_index_names()
-                .await
-                .unwrap_or_default();
+                .await;
+            let names = match listed {
+                Ok(names) => names,
+                // The collection does not exist, so neither does the index.
+                Err(e) if command_error_code(&e) == Some(NAMESPACE_NOT_FOUND) => Vec::new(),
+                Err(e) => return Err(format!("{name}: listIndexes failed: {e}")),
+            };
             if names.contains(&index) == (name == "assertIndexExists") {
                 ok()
             } else {
@@ -1627,18 +1932,7 @@ async fn test_runner(
         "waitForThread" => {
             let id = args.string("thread")?;
             let thread = ctx.entities.thread(&id)?;
-            let handle = thread
-                .lock()
-                .map_err(|_| "a thread entity's lock is poisoned")?
-                .take();
-            if let Some(handle) = handle {
-                match tokio::time::timeout(Duration::from_secs(10), handle).await {
-                    Ok(Ok(Ok(()))) => {}
-                    Ok(Ok(Err(e))) => return Err(format!("thread {id}: {e}")),
-                    Ok(Err(e)) => return Err(format!("thread {id}: task failed: {e}")),
-                    Err(_) => return Err(format!("thread {id} did not finish in 10 s")),
-                }
-            }
+            join_thread(&id, &thread).await?;
             ok()
         }
         "wait" => {
@@ -1651,6 +1945,47 @@ async fn test_runner(
             Err(format!("test runner operation {other} is not supported"))
         }
     }
+}
+
+/// The server's NamespaceNotFound code: listIndexes on a collection that does not exist.
+const NAMESPACE_NOT_FOUND: i32 = 26;
+
+fn command_error_code(error: &DriverError) -> Option<i32> {
+    match error.kind.as_ref() {
+        crate::mongodb::error::ErrorKind::Command(c) => Some(c.code),
+        _ => None,
+    }
+}
+
+/// Waits (10 s at most, as the format says for `waitForThread`) for the operations scheduled on
+/// a thread, and reports the first that failed.
+async fn join_thread(id: &str, thread: &entities::ThreadEntity) -> Result<(), String> {
+    let handle = thread
+        .lock()
+        .map_err(|_| "a thread entity's lock is poisoned")?
+        .take();
+    let Some(handle) = handle else {
+        return Ok(());
+    };
+    match tokio::time::timeout(Duration::from_secs(10), handle).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(format!("thread {id}: {e}")),
+        Ok(Err(e)) => Err(format!("thread {id}: task failed: {e}")),
+        Err(_) => Err(format!("thread {id} did not finish in 10 s")),
+    }
+}
+
+/// Joins every thread entity that still has work no `waitForThread` collected, so that a
+/// failure on a thread fails the test even when the test never waits for that thread.
+pub async fn join_threads(entities: &EntityMap, when: &str) -> Result<(), String> {
+    let mut threads = entities.threads();
+    threads.sort_by(|a, b| a.0.cmp(&b.0));
+    for (id, thread) in threads {
+        join_thread(&id, &thread)
+            .await
+            .map_err(|e| format!("{when}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Creates entities in order, each able to refer to the ones before it.
