@@ -242,7 +242,7 @@ impl EventLog {
     /// started event, which precedes it in the log: the driver emits command events in order from
     /// the task running the command. It also takes the started event's sensitivity, since a
     /// failed event has no body to judge by and a redacted command's reply is redacted too.
-    fn push(&self, mut event: Observed) {
+    pub(crate) fn push(&self, mut event: Observed) {
         let Ok(mut events) = self.events.lock() else {
             return;
         };

@@ -1,6 +1,8 @@
 //! Checking what happened against what a test expects: an operation's result or error, the
 //! events each client saw, and (in the runner) the collections' final contents.
 
+use std::collections::BTreeMap;
+
 use bson::{doc, Bson, Document};
 
 use crate::entities::{Entity, EntityMap, Observed};
@@ -100,6 +102,38 @@ pub fn error_message(error: &DriverError) -> String {
         }
         other => other.to_string(),
     }
+}
+
+/// Checks `expectError.writeErrors` (index → expected write error) against the write errors a
+/// client bulk write reported, by index: each expected one must be there and match as a
+/// root-level document, and there must be no others.
+pub fn check_write_errors(
+    expected: &Document,
+    actual: &BTreeMap<usize, Document>,
+    entities: &dyn EntityLookup,
+) -> Result<(), String> {
+    // The format: "MUST assert that the error does not contain any additional writeErrors".
+    let extra: Vec<usize> = actual
+        .keys()
+        .copied()
+        .filter(|i| !expected.contains_key(i.to_string()))
+        .collect();
+    if !extra.is_empty() {
+        return Err(format!(
+            "unexpected write errors at indexes {extra:?} (expected only {:?})",
+            expected.keys().collect::<Vec<_>>()
+        ));
+    }
+    for (index, want) in expected {
+        let have = index
+            .parse::<usize>()
+            .ok()
+            .and_then(|i| actual.get(&i))
+            .ok_or_else(|| format!("no write error at index {index}"))?;
+        match_root(want, &Bson::Document(have.clone()), entities)
+            .map_err(|m| format!("writeErrors.{index} {m}"))?;
+    }
+    Ok(())
 }
 
 /// Checks an error against `expectError`.
@@ -210,31 +244,12 @@ pub fn check_error(
         let b = bulk
             .as_ref()
             .ok_or_else(|| format!("expected write errors {}", shown()))?;
-        // The format: "MUST assert that the error does not contain any additional writeErrors".
-        let mut extra: Vec<usize> = b
+        let actual: BTreeMap<usize, Document> = b
             .write_errors
-            .keys()
-            .copied()
-            .filter(|i| !write_errors.contains_key(i.to_string()))
+            .iter()
+            .map(|(i, w)| (*i, doc! {"code": w.code, "message": w.message.clone()}))
             .collect();
-        extra.sort_unstable();
-        if !extra.is_empty() {
-            return Err(format!(
-                "unexpected write errors at indexes {extra:?} (expected only {:?}) {}",
-                write_errors.keys().collect::<Vec<_>>(),
-                shown()
-            ));
-        }
-        for (index, want) in write_errors {
-            let have = index
-                .parse::<usize>()
-                .ok()
-                .and_then(|i| b.write_errors.get(&i))
-                .map(|w| doc! {"code": w.code, "message": w.message.clone()})
-                .ok_or_else(|| format!("no write error at index {index}"))?;
-            match_root(want, &Bson::Document(have), entities)
-                .map_err(|m| format!("writeErrors.{index} {m}"))?;
-        }
+        check_write_errors(write_errors, &actual, entities).map_err(|e| format!("{e} {}", shown()))?;
     }
     if let Some(wces) = &expected.write_concern_errors {
         let b = bulk

@@ -30,6 +30,27 @@ const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[
     ("timeoutMode", "timeoutMS not implemented"),
 ];
 
+/// Arguments the format allows (so they are in [`ARGUMENTS`]) that no driver options struct
+/// reads and the runner does not set itself: an operation using one is skipped with that reason.
+#[cfg(test)]
+const UNHONOURED: &[&str] = &[
+    // These option structs read `maxTimeMS` under another name or not at all.
+    "countDocuments.maxTimeMS",
+    "findOne.maxTimeMS",
+    "findOneAndDelete.maxTimeMS",
+    "findOneAndReplace.maxTimeMS",
+    "findOneAndUpdate.maxTimeMS",
+    // Queryable encryption: not built.
+    "createCollection.encryptedFields",
+    // The driver has `list_database_names` instead; `listDatabases` cannot ask for names only.
+    "listDatabases.nameOnly",
+    // Client bulk write options the runner does not pass yet.
+    "clientBulkWrite.bypassDocumentValidation",
+    "clientBulkWrite.comment",
+    "clientBulkWrite.let",
+    "clientBulkWrite.writeConcern",
+];
+
 /// The arguments each supported operation accepts. Anything else is a load error.
 const ARGUMENTS: &[(&str, &[&str])] = &[
     // Collection and database operations.
@@ -1776,23 +1797,10 @@ async fn test_runner(
             let event: ExpectedEvent =
                 from_bson(args.take("event").unwrap_or(Bson::Null), "event")?;
             let wanted = args.int("count")? as usize;
-            // Only events the client observes count, with the format's exclusions (ignored
-            // and sensitive commands, configureFailPoint): the same filter `expectEvents` uses.
-            // An event kind the client does not observe could never be counted.
-            if !client.observe.iter().any(|o| o == event.name()) {
-                return Err(format!(
-                    "{name}: client does not observe {} (its observeEvents: {:?})",
-                    event.name(),
-                    client.observe
-                ));
-            }
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
-                let seen = client
-                    .observed()
-                    .iter()
-                    .filter(|e| expect::event_matches(&event, e, &ctx.entities).is_ok())
-                    .count();
+                let seen = count_observed(&client, &event, &ctx.entities)
+                    .map_err(|e| format!("{name}: {e}"))?;
                 if name == "assertEventCount" {
                     return if seen == wanted {
                         ok()
@@ -1825,25 +1833,9 @@ async fn test_runner(
             let [.., a, b] = started.as_slice() else {
                 return Err(format!("{name}: fewer than two commandStartedEvents"));
             };
-            let lsid =
-                |e: &entities::Observed| e.command.as_ref().and_then(|c| c.get("lsid").cloned());
-            // Both assertions are about two sessions' ids: a command without one proves neither.
-            let (Some(first), Some(second)) = (lsid(a), lsid(b)) else {
-                return Err(format!(
-                    "{name}: a command has no lsid: {:?} then {:?}",
-                    a.command_name, b.command_name
-                ));
-            };
-            let same = first == second;
-            if same == (name == "assertSameLsidOnLastTwoCommands") {
-                ok()
-            } else {
-                Err(format!(
-                    "{name}: lsids were {:?} and {:?}",
-                    lsid(a),
-                    lsid(b)
-                ))
-            }
+            compare_lsids(name == "assertSameLsidOnLastTwoCommands", a, b)
+                .map_err(|e| format!("{name}: {e}"))?;
+            ok()
         }
         "assertCollectionExists" | "assertCollectionNotExists" => {
             let db = args.string("databaseName")?;
@@ -1870,12 +1862,7 @@ async fn test_runner(
                 .collection::<Document>(&coll)
                 .list_index_names()
                 .await;
-            let names = match listed {
-                Ok(names) => names,
-                // The collection does not exist, so neither does the index.
-                Err(e) if command_error_code(&e) == Some(NAMESPACE_NOT_FOUND) => Vec::new(),
-                Err(e) => return Err(format!("{name}: listIndexes failed: {e}")),
-            };
+            let names = index_names_or_none(listed).map_err(|e| format!("{name}: {e}"))?;
             if names.contains(&index) == (name == "assertIndexExists") {
                 ok()
             } else {
@@ -1954,6 +1941,63 @@ fn command_error_code(error: &DriverError) -> Option<i32> {
     match error.kind.as_ref() {
         crate::mongodb::error::ErrorKind::Command(c) => Some(c.code),
         _ => None,
+    }
+}
+
+/// The index names listIndexes returned, or none when the collection does not exist
+/// (NamespaceNotFound). Any other failure is an error: it proves nothing about the index.
+fn index_names_or_none(listed: Result<Vec<String>, DriverError>) -> Result<Vec<String>, String> {
+    match listed {
+        Ok(names) => Ok(names),
+        Err(e) if command_error_code(&e) == Some(NAMESPACE_NOT_FOUND) => Ok(Vec::new()),
+        Err(e) => Err(format!("listIndexes failed: {e}")),
+    }
+}
+
+/// How many events the client observed that match `event`, for `waitForEvent` and
+/// `assertEventCount`. Only observed events count, with the format's exclusions (ignored and
+/// sensitive commands, configureFailPoint): the filter `expectEvents` uses too. An event kind
+/// the client does not observe is an error, since it could never be counted.
+fn count_observed(
+    client: &ClientEntity,
+    event: &ExpectedEvent,
+    entities: &EntityMap,
+) -> Result<usize, String> {
+    if !client.observe.iter().any(|o| o == event.name()) {
+        return Err(format!(
+            "the client does not observe {} (its observeEvents: {:?})",
+            event.name(),
+            client.observe
+        ));
+    }
+    Ok(client
+        .observed()
+        .iter()
+        .filter(|e| expect::event_matches(event, e, entities).is_ok())
+        .count())
+}
+
+/// `assertSameLsidOnLastTwoCommands` (`same`) or `assertDifferentLsidOnLastTwoCommands`. Both
+/// are about two sessions' ids: a command without an lsid proves neither, so it fails both.
+fn compare_lsids(
+    same: bool,
+    a: &entities::Observed,
+    b: &entities::Observed,
+) -> Result<(), String> {
+    let lsid = |e: &entities::Observed| e.command.as_ref().and_then(|c| c.get("lsid").cloned());
+    let (Some(first), Some(second)) = (lsid(a), lsid(b)) else {
+        return Err(format!(
+            "a command has no lsid: {:?} {:?}, then {:?} {:?}",
+            a.command_name,
+            lsid(a),
+            b.command_name,
+            lsid(b)
+        ));
+    };
+    if (first == second) == same {
+        Ok(())
+    } else {
+        Err(format!("lsids were {first} and {second}"))
     }
 }
 
@@ -2075,4 +2119,229 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
         ctx.entities.insert(def.id(), entity)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::doc;
+
+    use super::*;
+    use crate::entities::Observed;
+    use crate::mongodb::error::{CommandError, ErrorKind};
+    use crate::mongodb::options::FindOptions;
+    use crate::schema::EventType;
+
+    fn operation(d: Document) -> schema::Operation {
+        bson::from_document(d).expect("a well-formed operation")
+    }
+
+    /// The skip reason `validate` gives a valid operation.
+    fn skip_reason(d: Document) -> Option<String> {
+        validate(&operation(d), "t").expect("a valid operation")
+    }
+
+    #[test]
+    fn the_field_probe_sees_what_serde_drops() {
+        let fields = struct_fields::<FindOptions>().expect("FindOptions is a derived struct");
+        assert!(fields.contains(&"batchSize"), "{fields:?}");
+        // `#[serde(skip)]` in the driver: a plain deserialization would drop these silently.
+        assert!(!fields.contains(&"cursorType"), "{fields:?}");
+        assert!(!fields.contains(&"maxAwaitTime"), "{fields:?}");
+        assert_eq!(struct_fields::<Document>(), None);
+    }
+
+    #[test]
+    fn arguments_the_runner_sets_itself_run_and_the_rest_are_skips() {
+        let honoured = [
+            doc! {"name": "find", "object": "c", "arguments": {"filter": {},
+                "cursorType": "tailableAwait", "maxAwaitTimeMS": 10, "maxTimeMS": 5}},
+            doc! {"name": "createFindCursor", "object": "c", "arguments": {"filter": {},
+                "cursorType": "tailable"}},
+            doc! {"name": "aggregate", "object": "c", "arguments": {"pipeline": [],
+                "maxAwaitTimeMS": 10}},
+            doc! {"name": "createChangeStream", "object": "c", "arguments": {"pipeline": [],
+                "maxAwaitTimeMS": 10}},
+            doc! {"name": "createIndex", "object": "c", "arguments": {"keys": {"x": 1},
+                "maxTimeMS": 100}},
+            doc! {"name": "runCommand", "object": "d", "arguments": {"command": {"ping": 1},
+                "readPreference": {"mode": "secondary", "tagSets": [{"dc": "ny"}],
+                "maxStalenessSeconds": 120}}},
+        ];
+        for op in honoured {
+            assert_eq!(skip_reason(op.clone()), None, "{op}");
+        }
+        let reason = skip_reason(
+            doc! {"name": "listDatabases", "object": "c", "arguments": {"nameOnly": true}},
+        )
+        .expect("nameOnly cannot be honoured");
+        assert!(reason.contains("listDatabases.nameOnly"), "{reason}");
+        let reason = skip_reason(doc! {"name": "find", "object": "c", "arguments": {"filter": {},
+            "cursorType": "sideways"}})
+        .expect("an unknown cursor type cannot be honoured");
+        assert!(reason.contains("cursorType"), "{reason}");
+    }
+
+    /// Every argument the format allows that the runner cannot honour, in one list: a new one
+    /// (a driver update removing a field, a new allowed argument) fails here until it is
+    /// honoured or knowingly added.
+    #[test]
+    fn the_unhonoured_arguments_are_exactly_these() {
+        let mut unhonoured = Vec::new();
+        for (op, allowed) in ARGUMENTS {
+            if let Some(honoured) = honoured_arguments(op) {
+                for arg in allowed.iter().filter(|a| !honoured.contains(a)) {
+                    unhonoured.push(format!("{op}.{arg}"));
+                }
+            }
+        }
+        assert_eq!(unhonoured, UNHONOURED);
+    }
+
+    #[test]
+    fn wrongly_typed_bulk_write_flags_are_skips() {
+        let model = |upsert: Bson| {
+            doc! {"updateOne": {"namespace": "d.c", "filter": {}, "update": {"$set": {"x": 1}},
+            "upsert": upsert}}
+        };
+        let ok = doc! {"name": "clientBulkWrite", "object": "c",
+            "arguments": {"models": [model(Bson::Boolean(true))], "ordered": false}};
+        assert_eq!(skip_reason(ok), None);
+        let reason = skip_reason(doc! {"name": "clientBulkWrite", "object": "c",
+            "arguments": {"models": [model(Bson::String("yes".into()))]}})
+        .expect("a string upsert cannot be honoured");
+        assert!(reason.contains("models[0].upsert"), "{reason}");
+        let reason = skip_reason(doc! {"name": "clientBulkWrite", "object": "c",
+            "arguments": {"models": [], "ordered": "true"}})
+        .expect("a string ordered cannot be honoured");
+        assert!(reason.contains("ordered"), "{reason}");
+        assert!(write_model(&model(Bson::Int32(1))).is_err());
+    }
+
+    #[test]
+    fn read_preferences_keep_every_field() {
+        let rp = read_preference_from(Bson::Document(doc! {"mode": "secondary",
+            "tagSets": [{"dc": "ny"}], "maxStalenessSeconds": 120}))
+        .expect("a full read preference");
+        let ReadPreference::Secondary {
+            options: Some(options),
+        } = rp
+        else {
+            panic!("expected a secondary read preference with options, got {rp:?}");
+        };
+        assert_eq!(options.tag_sets.map(|t| t.len()), Some(1));
+        assert_eq!(options.max_staleness, Some(Duration::from_secs(120)));
+        assert!(read_preference_from(Bson::Document(doc! {"mode": "nearest", "x": 1})).is_err());
+        let reason = skip_reason(doc! {"name": "runCommand", "object": "d", "arguments": {
+            "command": {"ping": 1}, "readPreference": {"mode": "primary", "bogus": 1}}})
+        .expect("an unreadable read preference cannot be honoured");
+        assert!(reason.contains("readPreference"), "{reason}");
+    }
+
+    #[test]
+    fn options_never_drop_an_argument() {
+        let mut args = Args {
+            doc: doc! {"batchSize": 2, "cursorType": "tailable"},
+            op: "find".into(),
+        };
+        let err = args.options::<FindOptions>().unwrap_err();
+        assert!(err.contains("cursorType"), "{err}");
+        let mut args = Args {
+            doc: doc! {"batchSize": 2},
+            op: "find".into(),
+        };
+        let options = args.options::<FindOptions>().unwrap().unwrap();
+        assert_eq!(options.batch_size, Some(2));
+    }
+
+    fn started(lsid: Option<Document>) -> Observed {
+        let mut event = Observed::new("commandStartedEvent", EventType::Command);
+        event.command_name = Some("ping".into());
+        let mut command = doc! {"ping": 1};
+        if let Some(lsid) = lsid {
+            command.insert("lsid", lsid);
+        }
+        event.command = Some(command);
+        event
+    }
+
+    #[test]
+    fn a_command_without_an_lsid_fails_both_lsid_assertions() {
+        let (a, b) = (doc! {"id": 1}, doc! {"id": 2});
+        assert!(compare_lsids(false, &started(Some(a.clone())), &started(Some(b))).is_ok());
+        assert!(compare_lsids(true, &started(Some(a.clone())), &started(Some(a.clone()))).is_ok());
+        // The old check called "no lsid" different from any lsid.
+        let err = compare_lsids(false, &started(Some(a)), &started(None)).unwrap_err();
+        assert!(err.contains("no lsid"), "{err}");
+        assert!(compare_lsids(true, &started(None), &started(None)).is_err());
+    }
+
+    fn command_error(code: i32) -> DriverError {
+        let error: CommandError =
+            bson::from_document(doc! {"code": code, "codeName": "X", "errmsg": "failed"})
+                .expect("a command error");
+        ErrorKind::Command(error).into()
+    }
+
+    #[test]
+    fn only_namespace_not_found_means_no_index() {
+        assert_eq!(index_names_or_none(Err(command_error(26))), Ok(Vec::new()));
+        assert_eq!(
+            index_names_or_none(Ok(vec!["_id_".to_string()])),
+            Ok(vec!["_id_".to_string()])
+        );
+        // Unauthorized: the index may well exist; the old check called it absent.
+        let err = index_names_or_none(Err(command_error(13))).unwrap_err();
+        assert!(err.contains("listIndexes failed"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn event_counts_see_only_what_the_client_observes() {
+        let client = Client::with_uri_str("mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=50")
+            .await
+            .expect("a client (it never connects)");
+        let entity = ClientEntity {
+            client: client.clone(),
+            log: entities::EventLog::default(),
+            observe: vec!["commandStartedEvent".into()],
+            ignore_commands: vec!["hello".into()],
+            observe_sensitive: false,
+        };
+        for name in ["ping", "configureFailPoint", "hello"] {
+            let mut event = started(None);
+            event.command_name = Some(name.into());
+            entity.log.push(event);
+        }
+        entity
+            .log
+            .push(Observed::new("poolClearedEvent", EventType::Cmap));
+        let any_started: ExpectedEvent =
+            bson::from_document(doc! {"commandStartedEvent": {}}).expect("an expected event");
+        // The old count took every recorded event: 3 here.
+        assert_eq!(
+            count_observed(&entity, &any_started, &EntityMap::default()),
+            Ok(1)
+        );
+        let cleared: ExpectedEvent =
+            bson::from_document(doc! {"poolClearedEvent": {}}).expect("an expected event");
+        let err = count_observed(&entity, &cleared, &EntityMap::default()).unwrap_err();
+        assert!(err.contains("does not observe poolClearedEvent"), "{err}");
+        client.shutdown().immediate(true).await;
+    }
+
+    #[tokio::test]
+    async fn a_failed_thread_fails_the_test_without_wait_for_thread() {
+        let mut entities = EntityMap::default();
+        let thread: entities::ThreadEntity = Arc::default();
+        *thread.lock().expect("a fresh lock") =
+            Some(tokio::spawn(async { Err("insertOne: unexpected error".to_string()) }));
+        entities
+            .insert("thread0", Entity::Thread(thread))
+            .expect("a new entity");
+        let err = join_threads(&entities, "at the end of the test")
+            .await
+            .unwrap_err();
+        assert!(err.contains("thread thread0: insertOne"), "{err}");
+        // Joined once: nothing is left to report.
+        assert_eq!(join_threads(&entities, "again").await, Ok(()));
+    }
 }
