@@ -249,7 +249,8 @@ pub fn check_error(
             .iter()
             .map(|(i, w)| (*i, doc! {"code": w.code, "message": w.message.clone()}))
             .collect();
-        check_write_errors(write_errors, &actual, entities).map_err(|e| format!("{e} {}", shown()))?;
+        check_write_errors(write_errors, &actual, entities)
+            .map_err(|e| format!("{e} {}", shown()))?;
     }
     if let Some(wces) = &expected.write_concern_errors {
         let b = bulk
@@ -555,5 +556,111 @@ mod tests {
                 Ok(())
             );
         }
+    }
+
+    fn operation(d: Document) -> schema::Operation {
+        bson::from_document(d).expect("a well-formed operation")
+    }
+
+    #[test]
+    fn write_errors_reject_extra_errors() {
+        let entities = EntityMap::default();
+        let actual: BTreeMap<usize, Document> = [
+            (0, doc! {"code": 11000, "message": "dup"}),
+            (2, doc! {"code": 121, "message": "invalid"}),
+        ]
+        .into_iter()
+        .collect();
+        let both = doc! {"0": {"code": 11000}, "2": {"code": 121}};
+        assert_eq!(check_write_errors(&both, &actual, &entities), Ok(()));
+        // The old check looked only at the expected indexes.
+        let err = check_write_errors(&doc! {"0": {"code": 11000}}, &actual, &entities).unwrap_err();
+        assert!(err.contains("[2]"), "{err}");
+        let err = check_write_errors(&doc! {"1": {"code": 1}}, &actual, &entities).unwrap_err();
+        assert!(err.contains("indexes [0, 2]"), "{err}");
+    }
+
+    fn command_error(code_name: &str, message: &str) -> DriverError {
+        let error: crate::mongodb::error::CommandError =
+            bson::from_document(doc! {"code": 59, "codeName": code_name, "errmsg": message})
+                .expect("a command error");
+        ErrorKind::Command(error).into()
+    }
+
+    #[test]
+    fn error_contains_reads_the_message_only() {
+        let entities = EntityMap::default();
+        let contains = |text: &str| ExpectedError {
+            error_contains: Some(text.into()),
+            ..ExpectedError::default()
+        };
+        let error = command_error("CommandNotFound", "no such command: 'x'");
+        assert_eq!(
+            check_error(&contains("NO SUCH command"), &error, &entities),
+            Ok(())
+        );
+        // In the displayed error (code name, labels, response), not in the message.
+        for text in ["CommandNotFound", "labels", "server response"] {
+            assert!(
+                check_error(&contains(text), &error, &entities).is_err(),
+                "{text}"
+            );
+        }
+        let custom = DriverError::custom("boom".to_string());
+        assert!(check_error(&contains("source"), &custom, &entities).is_err());
+    }
+
+    #[test]
+    fn save_result_as_entity_needs_a_result() {
+        let mut entities = EntityMap::default();
+        let op = operation(doc! {"name": "commitTransaction", "object": "s",
+        "saveResultAsEntity": "saved"});
+        // The old runner stored Null.
+        let err = check_operation(&op, Ok(Produced::Value(None)), &mut entities).unwrap_err();
+        assert!(err.contains("no result"), "{err}");
+        assert!(entities.get("saved").is_none());
+        check_operation(
+            &op,
+            Ok(Produced::Value(Some(Bson::Int32(3)))),
+            &mut entities,
+        )
+        .expect("a value is saved");
+        assert!(matches!(
+            entities.get("saved"),
+            Some(Entity::Bson(Bson::Int32(3)))
+        ));
+    }
+
+    #[test]
+    fn expect_result_is_never_ignored() {
+        let mut entities = EntityMap::default();
+        let op = operation(doc! {"name": "createFindCursor", "object": "c",
+        "arguments": {"filter": {}}, "expectResult": {"x": 1}});
+        let cursor_like = Entity::Thread(std::sync::Arc::default());
+        // The old runner skipped expectResult when the operation produced an entity.
+        let err =
+            check_operation(&op, Ok(Produced::Entity(cursor_like)), &mut entities).unwrap_err();
+        assert!(err.contains("expectResult cannot be checked"), "{err}");
+        // No value matches only what accepts an absent value.
+        let unset = Bson::Document(doc! {"$$unsetOrMatches": {"x": 1}});
+        assert_eq!(
+            check_result(&unset, &Produced::Value(None), &entities),
+            Ok(())
+        );
+        assert!(check_result(&Bson::Null, &Produced::Value(None), &entities).is_err());
+    }
+
+    #[test]
+    fn iterable_documents_are_root_level_and_values_are_not() {
+        let entities = EntityMap::default();
+        let expected = Bson::Array(vec![Bson::Document(doc! {"_id": 1})]);
+        let found = Produced::Documents(vec![doc! {"_id": 1, "x": 2}]);
+        assert_eq!(check_result(&expected, &found, &entities), Ok(()));
+        // The same documents as a plain array value (`distinct`): nested, no extra fields.
+        let distinct = Produced::Value(Some(Bson::Array(vec![Bson::Document(
+            doc! {"_id": 1, "x": 2},
+        )])));
+        let err = check_result(&expected, &distinct, &entities).unwrap_err();
+        assert!(err.contains("$[0].x"), "{err}");
     }
 }

@@ -603,7 +603,11 @@ mod tests {
     #[test]
     fn outcome_matching_is_exact() {
         let exact = |e: Document, a: Document| match_exact(&Bson::Document(e), &Bson::Document(a));
-        assert!(exact(doc! {"_id": 1, "x": {"y": [1, "a"]}}, doc! {"x": {"y": [1, "a"]}, "_id": 1}).is_ok());
+        assert!(exact(
+            doc! {"_id": 1, "x": {"y": [1, "a"]}},
+            doc! {"x": {"y": [1, "a"]}, "_id": 1}
+        )
+        .is_ok());
         // Numeric types must agree: the evaluating matcher would accept each of these.
         let err = exact(doc! {"_id": 1, "n": 1}, doc! {"_id": 1, "n": 1_i64}).unwrap_err();
         assert_eq!(err.path, "$.n");

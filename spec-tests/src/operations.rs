@@ -654,8 +654,8 @@ fn honoured_arguments(op: &str) -> Option<Vec<&'static str>> {
     use crate::mongodb::options::{
         AggregateOptions, ChangeStreamOptions, CountOptions, CreateCollectionOptions,
         DeleteOptions, DistinctOptions, DropIndexOptions, EstimatedDocumentCountOptions,
-        FindOneAndDeleteOptions, FindOneAndReplaceOptions, FindOneAndUpdateOptions,
-        FindOneOptions, FindOptions, InsertManyOptions, InsertOneOptions, ListCollectionsOptions,
+        FindOneAndDeleteOptions, FindOneAndReplaceOptions, FindOneAndUpdateOptions, FindOneOptions,
+        FindOptions, InsertManyOptions, InsertOneOptions, ListCollectionsOptions,
         ListDatabasesOptions, ListIndexesOptions, ReplaceOptions, RunCursorCommandOptions,
         UpdateOptions,
     };
@@ -692,11 +692,9 @@ fn honoured_arguments(op: &str) -> Option<Vec<&'static str>> {
         "distinct" => with::<DistinctOptions>(&["fieldName", "filter", "session"]),
         // Index options go to `IndexOptions`; `maxTimeMS` belongs to the command, which the
         // runner passes as `CreateIndexOptions`.
-        "createIndex" => with::<crate::mongodb::options::IndexOptions>(&[
-            "keys",
-            "session",
-            "maxTimeMS",
-        ]),
+        "createIndex" => {
+            with::<crate::mongodb::options::IndexOptions>(&["keys", "session", "maxTimeMS"])
+        }
         "dropIndex" => with::<DropIndexOptions>(&["name", "session"]),
         "dropIndexes" => with::<DropIndexOptions>(&["session"]),
         "listIndexes" | "listIndexNames" => with::<ListIndexesOptions>(&["session"]),
@@ -726,7 +724,9 @@ fn check_argument_values(op: &str, args: &Document, path: &str) -> Result<(), St
     if op == "clientBulkWrite" {
         for key in ["ordered", "verboseResults"] {
             if let Some(v) = args.get(key).filter(|v| !matches!(v, Bson::Boolean(_))) {
-                return Err(format!("{path}.arguments.{key}: must be a boolean, got {v}"));
+                return Err(format!(
+                    "{path}.arguments.{key}: must be a boolean, got {v}"
+                ));
             }
         }
         for (i, model) in args.get_array("models").into_iter().flatten().enumerate() {
@@ -853,9 +853,7 @@ macro_rules! drain_or_keep {
             (None, true) => $action
                 .await
                 .map(|cursor| Produced::Entity(Entity::Cursor(Arc::new(AsyncMutex::new(cursor))))),
-            (None, false) => drain_cursor($action.await)
-                .await
-                .map(Produced::Documents),
+            (None, false) => drain_cursor($action.await).await.map(Produced::Documents),
         }
     };
 }
@@ -1131,7 +1129,10 @@ async fn collection_op(
         "find" | "createFindCursor" => {
             // Required by the format (valid-fail/entity-findCursor-malformed checks it).
             let filter = args.doc("filter")?;
-            let cursor_type = args.take("cursorType").map(|t| cursor_type(&t)).transpose()?;
+            let cursor_type = args
+                .take("cursorType")
+                .map(|t| cursor_type(&t))
+                .transpose()?;
             let max_await = args
                 .take("maxAwaitTimeMS")
                 .map(|v| millis(v, "maxAwaitTimeMS"))
@@ -1220,11 +1221,8 @@ async fn collection_op(
             let command_options = crate::mongodb::options::CreateIndexOptions::builder()
                 .max_time(max_time)
                 .build();
-            run!(
-                sess,
-                coll.create_index(model).with_options(command_options)
-            )
-            .map(|r| value(Some(Bson::String(r.index_name))))
+            run!(sess, coll.create_index(model).with_options(command_options))
+                .map(|r| value(Some(Bson::String(r.index_name))))
         }
         "dropIndex" => {
             let index = args.string("name")?;
@@ -1979,11 +1977,7 @@ fn count_observed(
 
 /// `assertSameLsidOnLastTwoCommands` (`same`) or `assertDifferentLsidOnLastTwoCommands`. Both
 /// are about two sessions' ids: a command without an lsid proves neither, so it fails both.
-fn compare_lsids(
-    same: bool,
-    a: &entities::Observed,
-    b: &entities::Observed,
-) -> Result<(), String> {
+fn compare_lsids(same: bool, a: &entities::Observed, b: &entities::Observed) -> Result<(), String> {
     let lsid = |e: &entities::Observed| e.command.as_ref().and_then(|c| c.get("lsid").cloned());
     let (Some(first), Some(second)) = (lsid(a), lsid(b)) else {
         return Err(format!(
@@ -2154,18 +2148,18 @@ mod tests {
     fn arguments_the_runner_sets_itself_run_and_the_rest_are_skips() {
         let honoured = [
             doc! {"name": "find", "object": "c", "arguments": {"filter": {},
-                "cursorType": "tailableAwait", "maxAwaitTimeMS": 10, "maxTimeMS": 5}},
+            "cursorType": "tailableAwait", "maxAwaitTimeMS": 10, "maxTimeMS": 5}},
             doc! {"name": "createFindCursor", "object": "c", "arguments": {"filter": {},
-                "cursorType": "tailable"}},
+            "cursorType": "tailable"}},
             doc! {"name": "aggregate", "object": "c", "arguments": {"pipeline": [],
-                "maxAwaitTimeMS": 10}},
+            "maxAwaitTimeMS": 10}},
             doc! {"name": "createChangeStream", "object": "c", "arguments": {"pipeline": [],
-                "maxAwaitTimeMS": 10}},
+            "maxAwaitTimeMS": 10}},
             doc! {"name": "createIndex", "object": "c", "arguments": {"keys": {"x": 1},
-                "maxTimeMS": 100}},
+            "maxTimeMS": 100}},
             doc! {"name": "runCommand", "object": "d", "arguments": {"command": {"ping": 1},
-                "readPreference": {"mode": "secondary", "tagSets": [{"dc": "ny"}],
-                "maxStalenessSeconds": 120}}},
+            "readPreference": {"mode": "secondary", "tagSets": [{"dc": "ny"}],
+            "maxStalenessSeconds": 120}}},
         ];
         for op in honoured {
             assert_eq!(skip_reason(op.clone()), None, "{op}");
@@ -2175,8 +2169,10 @@ mod tests {
         )
         .expect("nameOnly cannot be honoured");
         assert!(reason.contains("listDatabases.nameOnly"), "{reason}");
-        let reason = skip_reason(doc! {"name": "find", "object": "c", "arguments": {"filter": {},
-            "cursorType": "sideways"}})
+        let reason = skip_reason(
+            doc! {"name": "find", "object": "c", "arguments": {"filter": {},
+            "cursorType": "sideways"}},
+        )
         .expect("an unknown cursor type cannot be honoured");
         assert!(reason.contains("cursorType"), "{reason}");
     }
@@ -2204,14 +2200,14 @@ mod tests {
             "upsert": upsert}}
         };
         let ok = doc! {"name": "clientBulkWrite", "object": "c",
-            "arguments": {"models": [model(Bson::Boolean(true))], "ordered": false}};
+        "arguments": {"models": [model(Bson::Boolean(true))], "ordered": false}};
         assert_eq!(skip_reason(ok), None);
         let reason = skip_reason(doc! {"name": "clientBulkWrite", "object": "c",
-            "arguments": {"models": [model(Bson::String("yes".into()))]}})
+        "arguments": {"models": [model(Bson::String("yes".into()))]}})
         .expect("a string upsert cannot be honoured");
         assert!(reason.contains("models[0].upsert"), "{reason}");
         let reason = skip_reason(doc! {"name": "clientBulkWrite", "object": "c",
-            "arguments": {"models": [], "ordered": "true"}})
+        "arguments": {"models": [], "ordered": "true"}})
         .expect("a string ordered cannot be honoured");
         assert!(reason.contains("ordered"), "{reason}");
         assert!(write_model(&model(Bson::Int32(1))).is_err());
@@ -2220,7 +2216,7 @@ mod tests {
     #[test]
     fn read_preferences_keep_every_field() {
         let rp = read_preference_from(Bson::Document(doc! {"mode": "secondary",
-            "tagSets": [{"dc": "ny"}], "maxStalenessSeconds": 120}))
+        "tagSets": [{"dc": "ny"}], "maxStalenessSeconds": 120}))
         .expect("a full read preference");
         let ReadPreference::Secondary {
             options: Some(options),
@@ -2232,7 +2228,7 @@ mod tests {
         assert_eq!(options.max_staleness, Some(Duration::from_secs(120)));
         assert!(read_preference_from(Bson::Document(doc! {"mode": "nearest", "x": 1})).is_err());
         let reason = skip_reason(doc! {"name": "runCommand", "object": "d", "arguments": {
-            "command": {"ping": 1}, "readPreference": {"mode": "primary", "bogus": 1}}})
+        "command": {"ping": 1}, "readPreference": {"mode": "primary", "bogus": 1}}})
         .expect("an unreadable read preference cannot be honoured");
         assert!(reason.contains("readPreference"), "{reason}");
     }
@@ -2332,8 +2328,9 @@ mod tests {
     async fn a_failed_thread_fails_the_test_without_wait_for_thread() {
         let mut entities = EntityMap::default();
         let thread: entities::ThreadEntity = Arc::default();
-        *thread.lock().expect("a fresh lock") =
-            Some(tokio::spawn(async { Err("insertOne: unexpected error".to_string()) }));
+        *thread.lock().expect("a fresh lock") = Some(tokio::spawn(async {
+            Err("insertOne: unexpected error".to_string())
+        }));
         entities
             .insert("thread0", Entity::Thread(thread))
             .expect("a new entity");

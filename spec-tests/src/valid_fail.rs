@@ -67,9 +67,21 @@ const EXPECTED: &[(&str, Option<&str>, &str)] = &[
     ),
     ("ignoreResultAndError", None, "E11000 duplicate key"),
     // Client-side encryption cases: skipped (no csfle), listed so a future run checks them.
-    ("kmsProviders-missing_aws_kms_credentials", None, "kmsProviders"),
-    ("kmsProviders-missing_azure_kms_credentials", None, "kmsProviders"),
-    ("kmsProviders-missing_gcp_kms_credentials", None, "kmsProviders"),
+    (
+        "kmsProviders-missing_aws_kms_credentials",
+        None,
+        "kmsProviders",
+    ),
+    (
+        "kmsProviders-missing_azure_kms_credentials",
+        None,
+        "kmsProviders",
+    ),
+    (
+        "kmsProviders-missing_gcp_kms_credentials",
+        None,
+        "kmsProviders",
+    ),
     ("kmsProviders-no_kms", None, "kmsProviders"),
     (
         "operation-failure",
