@@ -14,9 +14,10 @@ use crate::entities::{self, ClientEntity, Entity, EntityMap, SessionEntity};
 use crate::expect;
 use crate::mongodb::error::Error as DriverError;
 use crate::mongodb::options::{
-    DeleteManyModel, DeleteOneModel, IndexOptions, InsertOneModel, ReadPreference, ReplaceOneModel,
-    SelectionCriteria, TransactionOptions, UpdateManyModel, UpdateModifications, UpdateOneModel,
-    WriteModel,
+    CountOptions, DeleteManyModel, DeleteOneModel, FindOneAndDeleteOptions,
+    FindOneAndReplaceOptions, FindOneAndUpdateOptions, FindOneOptions, IndexOptions,
+    InsertOneModel, ReadPreference, ReplaceOneModel, SelectionCriteria, TransactionOptions,
+    UpdateManyModel, UpdateModifications, UpdateOneModel, WriteModel,
 };
 use crate::mongodb::results::{DeleteResult, UpdateResult};
 use crate::mongodb::{Client, ClientSession, Collection, Database, IndexModel, Namespace};
@@ -34,21 +35,9 @@ const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[
 /// reads and the runner does not set itself: an operation using one is skipped with that reason.
 #[cfg(test)]
 const UNHONOURED: &[&str] = &[
-    // These option structs read `maxTimeMS` under another name or not at all.
-    "countDocuments.maxTimeMS",
-    "findOne.maxTimeMS",
-    "findOneAndDelete.maxTimeMS",
-    "findOneAndReplace.maxTimeMS",
-    "findOneAndUpdate.maxTimeMS",
-    // Queryable encryption: not built.
+    // Queryable encryption: `CreateCollectionOptions` has the field only with the
+    // in-use-encryption feature, which this build does not enable.
     "createCollection.encryptedFields",
-    // The driver has `list_database_names` instead; `listDatabases` cannot ask for names only.
-    "listDatabases.nameOnly",
-    // Client bulk write options the runner does not pass yet.
-    "clientBulkWrite.bypassDocumentValidation",
-    "clientBulkWrite.comment",
-    "clientBulkWrite.let",
-    "clientBulkWrite.writeConcern",
 ];
 
 /// The arguments each supported operation accepts. Anything else is a load error.
@@ -679,15 +668,18 @@ fn honoured_arguments(op: &str) -> Option<Vec<&'static str>> {
             "maxAwaitTimeMS",
             "maxTimeMS",
         ]),
-        "findOne" => with::<FindOneOptions>(&["filter", "session"]),
-        "findOneAndDelete" => with::<FindOneAndDeleteOptions>(&["filter", "session"]),
+        // These structs read `maxTime`, not the format's `maxTimeMS`: the runner sets it.
+        "findOne" => with::<FindOneOptions>(&["filter", "session", "maxTimeMS"]),
+        "findOneAndDelete" => with::<FindOneAndDeleteOptions>(&["filter", "session", "maxTimeMS"]),
         "findOneAndReplace" => {
-            with::<FindOneAndReplaceOptions>(&["filter", "replacement", "session"])
+            with::<FindOneAndReplaceOptions>(&["filter", "replacement", "session", "maxTimeMS"])
         }
-        "findOneAndUpdate" => with::<FindOneAndUpdateOptions>(&["filter", "update", "session"]),
+        "findOneAndUpdate" => {
+            with::<FindOneAndUpdateOptions>(&["filter", "update", "session", "maxTimeMS"])
+        }
         // `AggregateOptions` reads `maxAwaitTime`, not the format's `maxAwaitTimeMS`.
         "aggregate" => with::<AggregateOptions>(&["pipeline", "session", "maxAwaitTimeMS"]),
-        "countDocuments" => with::<CountOptions>(&["filter", "session"]),
+        "countDocuments" => with::<CountOptions>(&["filter", "session", "maxTimeMS"]),
         "estimatedDocumentCount" => with::<EstimatedDocumentCountOptions>(&[]),
         "distinct" => with::<DistinctOptions>(&["fieldName", "filter", "session"]),
         // Index options go to `IndexOptions`; `maxTimeMS` belongs to the command, which the
@@ -706,13 +698,18 @@ fn honoured_arguments(op: &str) -> Option<Vec<&'static str>> {
         "listCollections" | "listCollectionNames" | "listCollectionObjects" => {
             with::<ListCollectionsOptions>(&["filter", "session"])
         }
-        "listDatabases" | "listDatabaseNames" | "listDatabaseObjects" => {
-            with::<ListDatabasesOptions>(&["filter", "session"])
+        // `nameOnly: true` runs the driver's names-only form (see `client_op`).
+        "listDatabases" | "listDatabaseObjects" => {
+            with::<ListDatabasesOptions>(&["filter", "session", "nameOnly"])
         }
+        "listDatabaseNames" => with::<ListDatabasesOptions>(&["filter", "session"]),
         "startTransaction" => with::<TransactionOptions>(&[]),
         "withTransaction" => with::<TransactionOptions>(&["callback"]),
-        // Taken one by one in `client_op`; the rest of the format's options are not wired up.
-        "clientBulkWrite" => vec!["models", "session", "ordered", "verboseResults"],
+        "clientBulkWrite" => with::<crate::mongodb::options::BulkWriteOptions>(&[
+            "models",
+            "session",
+            "verboseResults",
+        ]),
         _ => return None,
     })
 }
@@ -741,6 +738,14 @@ fn check_argument_values(op: &str, args: &Document, path: &str) -> Result<(), St
                 ));
             }
         }
+    }
+    if let Some(v) = args
+        .get("nameOnly")
+        .filter(|v| !matches!(v, Bson::Boolean(_)))
+    {
+        return Err(format!(
+            "{path}.arguments.nameOnly: must be a boolean, got {v}"
+        ));
     }
     if let Some(rp) = args.get("readPreference") {
         read_preference_from(rp.clone())
@@ -1151,20 +1156,25 @@ async fn collection_op(
         }
         "findOne" => {
             let filter = args.opt_doc("filter")?;
-            let options = args.options()?;
+            let options =
+                options_with_max_time(args, |o: &mut FindOneOptions, t| o.max_time = Some(t))?;
             run!(sess, coll.find_one(filter).with_options(options))
                 .map(|d| value(Some(d.map_or(Bson::Null, Bson::Document))))
         }
         "findOneAndDelete" => {
             let filter = args.doc("filter")?;
-            let options = args.options()?;
+            let options = options_with_max_time(args, |o: &mut FindOneAndDeleteOptions, t| {
+                o.max_time = Some(t)
+            })?;
             run!(sess, coll.find_one_and_delete(filter).with_options(options))
                 .map(|d| value(Some(d.map_or(Bson::Null, Bson::Document))))
         }
         "findOneAndReplace" => {
             let filter = args.doc("filter")?;
             let replacement = args.doc("replacement")?;
-            let options = args.options()?;
+            let options = options_with_max_time(args, |o: &mut FindOneAndReplaceOptions, t| {
+                o.max_time = Some(t)
+            })?;
             run!(
                 sess,
                 coll.find_one_and_replace(filter, replacement)
@@ -1175,7 +1185,9 @@ async fn collection_op(
         "findOneAndUpdate" => {
             let filter = args.doc("filter")?;
             let update = args.update()?;
-            let options = args.options()?;
+            let options = options_with_max_time(args, |o: &mut FindOneAndUpdateOptions, t| {
+                o.max_time = Some(t)
+            })?;
             run!(
                 sess,
                 coll.find_one_and_update(filter, update)
@@ -1191,7 +1203,8 @@ async fn collection_op(
         }
         "countDocuments" => {
             let filter = args.opt_doc("filter")?;
-            let options = args.options()?;
+            let options =
+                options_with_max_time(args, |o: &mut CountOptions, t| o.max_time = Some(t))?;
             run!(sess, coll.count_documents(filter).with_options(options))
                 .map(|n| value(Some(count(n))))
         }
@@ -1365,6 +1378,23 @@ fn read_preference_from(value: Bson) -> Result<ReadPreference, String> {
     bson::from_bson(value.clone()).map_err(|e| format!("readPreference {value}: {e}"))
 }
 
+/// An options struct from the remaining arguments, with the format's `maxTimeMS` (which `T`
+/// does not read under that name) set by `set_max_time`.
+fn options_with_max_time<T: DeserializeOwned + Default>(
+    args: &mut Args,
+    set_max_time: impl FnOnce(&mut T, Duration),
+) -> Result<Option<T>, String> {
+    let max_time = args
+        .take("maxTimeMS")
+        .map(|v| millis(v, "maxTimeMS"))
+        .transpose()?;
+    let mut options: Option<T> = args.options()?;
+    if let Some(t) = max_time {
+        set_max_time(options.get_or_insert_with(T::default), t);
+    }
+    Ok(options)
+}
+
 /// `aggregate`'s options, with the format's `maxAwaitTimeMS` (the struct reads `maxAwaitTime`).
 fn aggregate_options(
     args: &mut Args,
@@ -1515,7 +1545,23 @@ async fn client_op(
     let result: DriverResult = match name.as_str() {
         "listDatabases" | "listDatabaseObjects" => {
             let filter = args.opt_doc("filter")?;
+            let name_only = match args.take("nameOnly") {
+                None => false,
+                Some(Bson::Boolean(b)) => b,
+                Some(other) => return Err(format!("{name}: nameOnly {other}")),
+            };
             let options = args.options()?;
+            if name_only {
+                // The driver's names-only form sends `nameOnly: true`; the server then returns
+                // documents holding only `name`, which is what the runner yields.
+                return Ok(run!(
+                    sess,
+                    c.list_database_names().filter(filter).with_options(options)
+                )
+                .map(|names| {
+                    Produced::Documents(names.into_iter().map(|n| doc! {"name": n}).collect())
+                }));
+            }
             run!(
                 sess,
                 c.list_databases().filter(filter).with_options(options)
@@ -1552,29 +1598,16 @@ async fn client_op(
                 Some(Bson::Boolean(b)) => b,
                 Some(other) => return Err(format!("clientBulkWrite: verboseResults {other}")),
             };
-            let ordered = match args.take("ordered") {
-                None => None,
-                Some(Bson::Boolean(b)) => Some(b),
-                Some(other) => return Err(format!("clientBulkWrite: ordered {other}")),
-            };
-            if let Some(extra) = args.doc.keys().next() {
-                return Err(format!(
-                    "clientBulkWrite: argument {extra} is not implemented"
-                ));
+            if let Some(other) = args.doc.get("ordered").filter(|o| o.as_bool().is_none()) {
+                return Err(format!("clientBulkWrite: ordered {other}"));
             }
+            // ordered, bypassDocumentValidation, comment, let and writeConcern.
+            let options: Option<crate::mongodb::options::BulkWriteOptions> = args.options()?;
             if verbose {
-                let action = c.bulk_write(models).verbose_results();
-                let action = match ordered {
-                    Some(o) => action.ordered(o),
-                    None => action,
-                };
+                let action = c.bulk_write(models).verbose_results().with_options(options);
                 run!(sess, action).map(|r| value(Some(outcome::verbose_bulk_result(&r))))
             } else {
-                let action = c.bulk_write(models);
-                let action = match ordered {
-                    Some(o) => action.ordered(o),
-                    None => action,
-                };
+                let action = c.bulk_write(models).with_options(options);
                 run!(sess, action).map(|r| value(Some(outcome::summary_bulk_result(&r))))
             }
         }
@@ -2157,6 +2190,14 @@ mod tests {
             "maxAwaitTimeMS": 10}},
             doc! {"name": "createIndex", "object": "c", "arguments": {"keys": {"x": 1},
             "maxTimeMS": 100}},
+            doc! {"name": "listDatabases", "object": "c", "arguments": {"nameOnly": true}},
+            doc! {"name": "countDocuments", "object": "c", "arguments": {"filter": {},
+            "maxTimeMS": 100}},
+            doc! {"name": "findOneAndUpdate", "object": "c", "arguments": {"filter": {},
+            "update": {"$set": {"x": 1}}, "maxTimeMS": 100}},
+            doc! {"name": "clientBulkWrite", "object": "c", "arguments": {"models": [],
+            "ordered": false, "bypassDocumentValidation": true, "comment": "c",
+            "let": {"a": 1}, "writeConcern": {"w": 1}}},
             doc! {"name": "runCommand", "object": "d", "arguments": {"command": {"ping": 1},
             "readPreference": {"mode": "secondary", "tagSets": [{"dc": "ny"}],
             "maxStalenessSeconds": 120}}},
@@ -2165,10 +2206,19 @@ mod tests {
             assert_eq!(skip_reason(op.clone()), None, "{op}");
         }
         let reason = skip_reason(
-            doc! {"name": "listDatabases", "object": "c", "arguments": {"nameOnly": true}},
+            doc! {"name": "createCollection", "object": "d", "arguments": {"collection": "c",
+            "encryptedFields": {}}},
         )
-        .expect("nameOnly cannot be honoured");
-        assert!(reason.contains("listDatabases.nameOnly"), "{reason}");
+        .expect("encryptedFields cannot be honoured");
+        assert!(
+            reason.contains("createCollection.encryptedFields"),
+            "{reason}"
+        );
+        let reason = skip_reason(
+            doc! {"name": "listDatabases", "object": "c", "arguments": {"nameOnly": 1}},
+        )
+        .expect("a numeric nameOnly cannot be honoured");
+        assert!(reason.contains("nameOnly"), "{reason}");
         let reason = skip_reason(
             doc! {"name": "find", "object": "c", "arguments": {"filter": {},
             "cursorType": "sideways"}},
