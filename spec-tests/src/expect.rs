@@ -34,35 +34,40 @@ fn server_side(error: &DriverError) -> bool {
     })
 }
 
-fn code_and_name(error: &DriverError) -> Option<(i32, String)> {
-    chain(error).iter().find_map(|e| match e.kind.as_ref() {
-        ErrorKind::Command(c) => Some((c.code, c.code_name.clone())),
-        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => Some((w.code, w.code_name.clone())),
-        ErrorKind::Write(WriteFailure::WriteError(w)) => {
-            Some((w.code, w.code_name.clone().unwrap_or_default()))
+/// The server codes and code names an error carries, for `errorCode` and `errorCodeName`: those
+/// of the outermost error in the chain that has any. A collection-level write (insertMany)
+/// aggregates several server errors, and the format says a match on any of them satisfies the
+/// assertion. A client bulk write error contributes none of its write errors or write concern
+/// errors (the format: runners "MUST NOT inspect" them for these fields); only its top-level
+/// error counts, which the driver stores as the error's source, next in the chain.
+fn codes(error: &DriverError) -> Vec<(i32, String)> {
+    for e in chain(error) {
+        let found: Vec<(i32, String)> = match e.kind.as_ref() {
+            ErrorKind::Command(c) => vec![(c.code, c.code_name.clone())],
+            ErrorKind::Write(WriteFailure::WriteConcernError(w)) => {
+                vec![(w.code, w.code_name.clone())]
+            }
+            ErrorKind::Write(WriteFailure::WriteError(w)) => {
+                vec![(w.code, w.code_name.clone().unwrap_or_default())]
+            }
+            ErrorKind::InsertMany(i) => i
+                .write_errors
+                .iter()
+                .flatten()
+                .map(|w| (w.code, w.code_name.clone().unwrap_or_default()))
+                .chain(
+                    i.write_concern_error
+                        .iter()
+                        .map(|w| (w.code, w.code_name.clone())),
+                )
+                .collect(),
+            _ => Vec::new(),
+        };
+        if !found.is_empty() {
+            return found;
         }
-        ErrorKind::InsertMany(i) => i
-            .write_concern_error
-            .as_ref()
-            .map(|w| (w.code, w.code_name.clone()))
-            .or_else(|| {
-                i.write_errors
-                    .as_ref()
-                    .and_then(|w| w.first())
-                    .map(|w| (w.code, w.code_name.clone().unwrap_or_default()))
-            }),
-        ErrorKind::BulkWrite(b) => b
-            .write_concern_errors
-            .first()
-            .map(|w| (w.code, w.code_name.clone()))
-            .or_else(|| {
-                b.write_errors
-                    .values()
-                    .next()
-                    .map(|w| (w.code, w.code_name.clone().unwrap_or_default()))
-            }),
-        _ => None,
-    })
+    }
+    Vec::new()
 }
 
 /// Whether an error is a timeout, for `isTimeoutError`. The format means a timeout caused by
@@ -77,30 +82,30 @@ fn is_timeout(error: &DriverError) -> bool {
     })
 }
 
-/// The error's message, for `errorContains`: what the server or the driver said, without the
-/// labels, wrapped source and server response the driver's `Display` adds. A server error's
-/// message is its `errmsg`; a write's, its write errors' and write concern error's messages; any
-/// other kind's, the kind's own text.
-pub fn error_message(error: &DriverError) -> String {
+/// The error's messages, for `errorContains` (a match in any one satisfies it): what the server
+/// or the driver said, without the labels, wrapped source and server response the driver's
+/// `Display` adds. A server error's message is its `errmsg`; an insertMany error's, each of its
+/// write errors' and its write concern error's (the format: "examine the aggregated errors");
+/// a client bulk write error's, only its top-level error's, which the driver keeps as the
+/// source (its write errors are for `writeErrors` alone); any other kind's, the kind's text.
+pub fn error_messages(error: &DriverError) -> Vec<String> {
     match error.kind.as_ref() {
-        ErrorKind::Command(c) => c.message.clone(),
-        ErrorKind::Write(WriteFailure::WriteError(w)) => w.message.clone(),
-        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => w.message.clone(),
-        ErrorKind::InsertMany(i) => {
-            let writes = i.write_errors.iter().flatten().map(|w| w.message.clone());
-            let concern = i.write_concern_error.iter().map(|w| w.message.clone());
-            writes.chain(concern).collect::<Vec<_>>().join("; ")
+        ErrorKind::Command(c) => vec![c.message.clone()],
+        ErrorKind::Write(WriteFailure::WriteError(w)) => vec![w.message.clone()],
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => vec![w.message.clone()],
+        ErrorKind::InsertMany(i) => i
+            .write_errors
+            .iter()
+            .flatten()
+            .map(|w| w.message.clone())
+            .chain(i.write_concern_error.iter().map(|w| w.message.clone()))
+            .collect(),
+        ErrorKind::BulkWrite(_) => {
+            let source =
+                std::error::Error::source(error).and_then(|s| s.downcast_ref::<DriverError>());
+            source.map(error_messages).unwrap_or_default()
         }
-        ErrorKind::BulkWrite(b) => {
-            let mut indexes: Vec<_> = b.write_errors.keys().copied().collect();
-            indexes.sort_unstable();
-            let writes = indexes
-                .into_iter()
-                .filter_map(|i| b.write_errors.get(&i).map(|w| w.message.clone()));
-            let concern = b.write_concern_errors.iter().map(|w| w.message.clone());
-            writes.chain(concern).collect::<Vec<_>>().join("; ")
-        }
-        other => other.to_string(),
+        other => vec![other.to_string()],
     }
 }
 
@@ -162,28 +167,30 @@ pub fn check_error(
         }
     }
     if let Some(text) = &expected.error_contains {
-        let message = error_message(error);
-        if !message.to_lowercase().contains(&text.to_lowercase()) {
+        let messages = error_messages(error);
+        let wanted = text.to_lowercase();
+        if !messages.iter().any(|m| m.to_lowercase().contains(&wanted)) {
             return Err(format!(
-                "expected the error message to contain {text:?}, the message was {message:?} {}",
+                "expected the error message to contain {text:?}, the messages were {messages:?} \
+                 {}",
                 shown()
             ));
         }
     }
+    let codes = codes(error);
     if let Some(code) = expected.error_code {
-        let have = code_and_name(error).map(|(c, _)| c);
-        if have != Some(code) {
+        if !codes.iter().any(|(c, _)| *c == code) {
             return Err(format!(
-                "expected error code {code}, found {have:?} {}",
+                "expected error code {code}, the codes were {codes:?} {}",
                 shown()
             ));
         }
     }
     if let Some(name) = &expected.error_code_name {
-        let have = code_and_name(error).map(|(_, n)| n);
-        if have.as_deref() != Some(name.as_str()) {
+        // Case-insensitive, as the format says.
+        if !codes.iter().any(|(_, n)| n.eq_ignore_ascii_case(name)) {
             return Err(format!(
-                "expected code name {name}, found {have:?} {}",
+                "expected code name {name}, the codes were {codes:?} {}",
                 shown()
             ));
         }
@@ -608,6 +615,59 @@ mod tests {
         }
         let custom = DriverError::custom("boom".to_string());
         assert!(check_error(&contains("source"), &custom, &entities).is_err());
+    }
+
+    #[test]
+    fn aggregated_write_errors_match_any_and_client_bulk_write_errors_do_not_count() {
+        let entities = EntityMap::default();
+        let insert_many: crate::mongodb::error::InsertManyError = bson::from_document(doc! {
+            "writeErrors": [
+                {"index": 0, "code": 11000, "codeName": "DuplicateKey", "errmsg": "E11000 dup"},
+                {"index": 1, "code": 121, "codeName": "DocumentValidationFailure",
+                 "errmsg": "Document failed validation"},
+            ],
+        })
+        .expect("an insertMany error");
+        let error: DriverError = ErrorKind::InsertMany(insert_many).into();
+        let expect = |contains: &str, code: i32, name: &str| ExpectedError {
+            error_contains: Some(contains.into()),
+            error_code: Some(code),
+            error_code_name: Some(name.into()),
+            ..ExpectedError::default()
+        };
+        // The second write error, name compared case-insensitively.
+        assert_eq!(
+            check_error(
+                &expect("failed VALIDATION", 121, "documentvalidationfailure"),
+                &error,
+                &entities
+            ),
+            Ok(())
+        );
+        // A client bulk write's write errors are only for `writeErrors`; with no top-level
+        // error there is no message or code at all. The old check found both.
+        let write_error: crate::mongodb::error::WriteError =
+            bson::from_document(doc! {"code": 11000, "codeName": "DuplicateKey",
+            "errmsg": "E11000 dup"})
+            .expect("a write error");
+        let mut bulk = crate::mongodb::error::BulkWriteError::default();
+        bulk.write_errors.insert(0, write_error);
+        let error: DriverError = ErrorKind::BulkWrite(bulk).into();
+        let contains = ExpectedError {
+            error_contains: Some("E11000".into()),
+            ..ExpectedError::default()
+        };
+        assert!(check_error(&contains, &error, &entities).is_err());
+        let code = ExpectedError {
+            error_code: Some(11000),
+            ..ExpectedError::default()
+        };
+        assert!(check_error(&code, &error, &entities).is_err());
+        let listed = ExpectedError {
+            write_errors: Some(doc! {"0": {"code": 11000}}),
+            ..ExpectedError::default()
+        };
+        assert_eq!(check_error(&listed, &error, &entities), Ok(()));
     }
 
     #[test]
