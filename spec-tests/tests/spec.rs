@@ -158,11 +158,19 @@ fn valid_fail_trials(
             // A load error fails every case of the file, each judged on its own.
             Err(e) => {
                 let message = format!("cannot load the file: {e}");
+                let mut seen = BTreeMap::<String, usize>::new();
                 for description in valid_fail::loose_descriptions(&source.path) {
                     let expected = valid_fail::expected_reason(&source.stem, &description);
                     let outcome = Err(message.clone());
+                    // Unique trial names, as `plan_file` makes them for files that load.
+                    let n = seen.entry(description.clone()).or_insert(0);
+                    *n += 1;
+                    let name = match *n {
+                        1 => format!("{file_name}/{description}"),
+                        n => format!("{file_name}/{description} [{n}]"),
+                    };
                     trials.push(valid_fail_trial(
-                        format!("{file_name}/{description}"),
+                        name,
                         file_name.clone(),
                         expected,
                         tallies,
