@@ -43,6 +43,13 @@ pub const UNIFIED_SUITES: &[Suite] = &[
     },
 ];
 
+/// The unified format's `valid-fail` files: valid tests a conforming runner must fail. Run
+/// apart from the other suites, with the verdict inverted (see `valid_fail`).
+pub const VALID_FAIL_SUITE: Suite = Suite {
+    spec: "unified-test-format",
+    subdir: Some("valid-fail"),
+};
+
 /// The URI options suite (its own, non-unified format).
 pub const URI_OPTIONS_SUITE: Suite = Suite {
     spec: "uri-options",

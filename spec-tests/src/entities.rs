@@ -242,7 +242,7 @@ impl EventLog {
     /// started event, which precedes it in the log: the driver emits command events in order from
     /// the task running the command. It also takes the started event's sensitivity, since a
     /// failed event has no body to judge by and a redacted command's reply is redacted too.
-    fn push(&self, mut event: Observed) {
+    pub(crate) fn push(&self, mut event: Observed) {
         let Ok(mut events) = self.events.lock() else {
             return;
         };
@@ -331,7 +331,8 @@ pub enum Entity {
 }
 
 impl Entity {
-    fn kind(&self) -> &'static str {
+    /// What kind of entity this is, for messages.
+    pub fn kind(&self) -> &'static str {
         match self {
             Entity::Client(_) => "client",
             Entity::Database(_) => "database",
@@ -401,6 +402,17 @@ impl EntityMap {
             .values()
             .filter_map(|e| match e {
                 Entity::Client(c) => Some(c.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every thread entity, with its name.
+    pub fn threads(&self) -> Vec<(String, ThreadEntity)> {
+        self.entities
+            .iter()
+            .filter_map(|(id, e)| match e {
+                Entity::Thread(t) => Some((id.clone(), t.clone())),
                 _ => None,
             })
             .collect()

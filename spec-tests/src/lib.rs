@@ -5,8 +5,9 @@
 //! [`requirements`] decides whether a file or test can run on a target, [`matching`] holds the
 //! matching rules, [`entities`] builds the entity map, [`operations`] runs operations, [`outcome`]
 //! is what an operation came to, [`expect`] checks results, errors, events and outcomes,
-//! [`runner`] runs one test, [`skips`] is the table of every reason a case is skipped, and
-//! [`uri_options`] runs the URI options tests.
+//! [`runner`] runs one test, [`skips`] is the table of every reason a case is skipped,
+//! [`uri_options`] runs the URI options tests, and [`valid_fail`] judges the format's own
+//! self-test (cases a conforming runner must fail).
 
 // The driver under test. The fork by default; with the `upstream` feature, the unmodified
 // crates.io release. This is the only place that knows there are two.
@@ -29,3 +30,4 @@ pub mod schema;
 pub mod skips;
 pub mod target;
 pub mod uri_options;
+pub mod valid_fail;

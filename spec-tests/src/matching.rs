@@ -2,12 +2,19 @@
 //! an actual value (a result, an event, a document in a collection).
 //!
 //! * A root-level document may hold fields the expectation does not mention; a nested one may
-//!   not. Documents inside a root-level array are root-level too.
+//!   not. An array's elements are nested values ([`match_root`]), except in the one place the
+//!   format says otherwise: the documents an iterable result yields (`find`, `aggregate`, the
+//!   `list*` operations, `runCursorCommand`) are each root-level ([`match_root_documents`]). So
+//!   `[{x: 1}]` matches a `find` that returned `[{x: 1, y: 1}]`, but not a `distinct` that did.
 //! * Numbers compare by value across int32, int64 and double.
 //! * Special operators: `$$exists`, `$$type`, `$$unsetOrMatches`, `$$matchesEntity`,
 //!   `$$matchesHexBytes`, `$$sessionLsid`, `$$lte`, `$$matchAsDocument`, `$$matchAsRoot`.
 //!
 //! A mismatch reports the path where it was found (`$.cursor.firstBatch[0]._id`).
+//!
+//! The final contents of collections (`outcome`) are not matched by these rules: the format
+//! says they "MUST match exactly", so [`match_exact`] compares types exactly, allows no extra
+//! fields anywhere and knows no operators; only the order of a document's keys may differ.
 
 use std::fmt;
 
@@ -55,6 +62,27 @@ pub fn match_root(expected: &Bson, actual: &Bson, entities: &dyn EntityLookup) -
     Matcher { entities }.value(expected, Some(actual), true, "$")
 }
 
+/// Matches the documents an iterable result yielded: `expected` is an array whose document
+/// elements are each matched as a root-level document. Anything else in `expected` (an operator
+/// such as `$$unsetOrMatches`, a scalar) is matched as by [`match_root`].
+pub fn match_root_documents(
+    expected: &Bson,
+    actual: &Bson,
+    entities: &dyn EntityLookup,
+) -> MatchResult {
+    let matcher = Matcher { entities };
+    match (expected, actual) {
+        (Bson::Array(exp), Bson::Array(act)) => {
+            matcher.same_length(exp, act, actual, "$")?;
+            for (i, (e, a)) in exp.iter().zip(act).enumerate() {
+                matcher.value(e, Some(a), true, &format!("$[{i}]"))?;
+            }
+            Ok(())
+        }
+        _ => matcher.value(expected, Some(actual), true, "$"),
+    }
+}
+
 /// Matches a value that may be absent (`None`) as a root-level value: only `$$exists: false` and
 /// `$$unsetOrMatches` accept an absent value.
 pub fn match_root_optional(
@@ -77,6 +105,74 @@ pub fn match_root_document(
     entities: &dyn EntityLookup,
 ) -> MatchResult {
     Matcher { entities }.document(expected, actual, true, "$")
+}
+
+/// Compares a collection's final contents with `outcome` exactly: the same BSON type at every
+/// place (int32 is not int64 is not double), the same fields in every document, at any depth,
+/// and arrays element by element. A `$$` key is an ordinary key here. Only document key order
+/// may differ, as the format allows.
+pub fn match_exact(expected: &Bson, actual: &Bson) -> MatchResult {
+    exact(expected, actual, "$")
+}
+
+fn exact(expected: &Bson, actual: &Bson, path: &str) -> MatchResult {
+    let fail = |message: String| {
+        Err(Mismatch {
+            path: path.to_string(),
+            message,
+        })
+    };
+    match (expected, actual) {
+        (Bson::Document(exp), Bson::Document(act)) => {
+            for (key, e) in exp {
+                let child = format!("{path}.{key}");
+                match act.get(key) {
+                    Some(a) => exact(e, a, &child)?,
+                    None => {
+                        return Err(Mismatch {
+                            path: child,
+                            message: format!("expected {e}, found no value"),
+                        })
+                    }
+                }
+            }
+            match act.keys().find(|k| !exp.contains_key(k.as_str())) {
+                Some(extra) => Err(Mismatch {
+                    path: format!("{path}.{extra}"),
+                    message: format!(
+                        "unexpected field (outcome documents must match exactly): {}",
+                        describe(act.get(extra))
+                    ),
+                }),
+                None => Ok(()),
+            }
+        }
+        (Bson::Array(exp), Bson::Array(act)) => {
+            if exp.len() != act.len() {
+                return fail(format!(
+                    "expected an array of {} elements, found {}: {}",
+                    exp.len(),
+                    act.len(),
+                    describe(Some(actual))
+                ));
+            }
+            for (i, (e, a)) in exp.iter().zip(act).enumerate() {
+                exact(e, a, &format!("{path}[{i}]"))?;
+            }
+            Ok(())
+        }
+        _ if expected.element_type() != actual.element_type() => fail(format!(
+            "expected {expected} ({}), found {} ({}): outcome types must match exactly",
+            type_names(expected)[0],
+            describe(Some(actual)),
+            type_names(actual)[0]
+        )),
+        _ if expected == actual => Ok(()),
+        _ => fail(format!(
+            "expected {expected}, found {}",
+            describe(Some(actual))
+        )),
+    }
 }
 
 /// A number's value, for the cross-type numeric comparison.
@@ -196,6 +292,21 @@ impl Matcher<'_> {
         })
     }
 
+    fn same_length(&self, exp: &[Bson], act: &[Bson], actual: &Bson, path: &str) -> MatchResult {
+        if exp.len() == act.len() {
+            return Ok(());
+        }
+        self.fail(
+            path,
+            format!(
+                "expected an array of {} elements, found {}: {}",
+                exp.len(),
+                act.len(),
+                describe(Some(actual))
+            ),
+        )
+    }
+
     /// `actual` is `None` when the field is absent.
     fn value(&self, expected: &Bson, actual: Option<&Bson>, root: bool, path: &str) -> MatchResult {
         if let Bson::Document(doc) = expected {
@@ -213,19 +324,12 @@ impl Matcher<'_> {
             },
             Bson::Array(exp) => match actual {
                 Bson::Array(act) => {
-                    if exp.len() != act.len() {
-                        return self.fail(
-                            path,
-                            format!(
-                                "expected an array of {} elements, found {}: {}",
-                                exp.len(),
-                                act.len(),
-                                describe(Some(actual))
-                            ),
-                        );
-                    }
+                    self.same_length(exp, act, actual, path)?;
+                    // An array's elements are values, never root-level documents, even in a
+                    // root-level array (a `distinct` result); `match_root_documents` is the
+                    // exception for iterable results.
                     for (i, (e, a)) in exp.iter().zip(act).enumerate() {
-                        self.value(e, Some(a), root, &format!("{path}[{i}]"))?;
+                        self.value(e, Some(a), false, &format!("{path}[{i}]"))?;
                     }
                     Ok(())
                 }
@@ -473,11 +577,49 @@ mod tests {
     }
 
     #[test]
-    fn documents_in_a_root_array_are_root_documents() {
+    fn only_iterable_results_hold_root_documents() {
         let exp = Bson::Array(vec![Bson::Document(doc! {"_id": 1})]);
         let act = Bson::Array(vec![Bson::Document(doc! {"_id": 1, "x": 2})]);
-        assert!(match_root(&exp, &act, &NoEntities).is_ok());
+        // What `find` yields: each document is root-level, extra fields allowed.
+        assert!(match_root_documents(&exp, &act, &NoEntities).is_ok());
+        // A root-level array of values (`distinct`): its documents are nested values.
+        let err = match_root(&exp, &act, &NoEntities).unwrap_err();
+        assert_eq!(err.path, "$[0].x");
         assert!(match_nested(&exp, &act, &NoEntities).is_err());
+        // Documents nested inside a yielded document stay nested.
+        let exp = Bson::Array(vec![Bson::Document(doc! {"a": {"b": 1}})]);
+        let act = Bson::Array(vec![Bson::Document(doc! {"a": {"b": 1, "c": 2}})]);
+        assert_eq!(
+            match_root_documents(&exp, &act, &NoEntities)
+                .unwrap_err()
+                .path,
+            "$[0].a.c"
+        );
+        // The element count is still exact.
+        let two = Bson::Array(vec![Bson::Document(doc! {}), Bson::Document(doc! {})]);
+        assert!(match_root_documents(&Bson::Array(vec![]), &two, &NoEntities).is_err());
+    }
+
+    #[test]
+    fn outcome_matching_is_exact() {
+        let exact = |e: Document, a: Document| match_exact(&Bson::Document(e), &Bson::Document(a));
+        assert!(exact(
+            doc! {"_id": 1, "x": {"y": [1, "a"]}},
+            doc! {"x": {"y": [1, "a"]}, "_id": 1}
+        )
+        .is_ok());
+        // Numeric types must agree: the evaluating matcher would accept each of these.
+        let err = exact(doc! {"_id": 1, "n": 1}, doc! {"_id": 1, "n": 1_i64}).unwrap_err();
+        assert_eq!(err.path, "$.n");
+        assert!(exact(doc! {"n": 1_i64}, doc! {"n": 1.0}).is_err());
+        assert!(exact(doc! {"n": [1]}, doc! {"n": [1.0]}).is_err());
+        // No extra fields, not even at the top of a document.
+        let err = exact(doc! {"_id": 1}, doc! {"_id": 1, "x": 2}).unwrap_err();
+        assert_eq!(err.path, "$.x");
+        // Operators are not evaluated: `$$exists` is an ordinary key.
+        assert!(exact(doc! {"x": {"$$exists": true}}, doc! {"x": 5}).is_err());
+        assert!(exact(doc! {"x": {"$$type": "int"}}, doc! {"x": 5}).is_err());
+        assert!(exact(doc! {"x": 1}, doc! {}).is_err());
     }
 
     #[test]

@@ -14,9 +14,10 @@ use crate::entities::{self, ClientEntity, Entity, EntityMap, SessionEntity};
 use crate::expect;
 use crate::mongodb::error::Error as DriverError;
 use crate::mongodb::options::{
-    DeleteManyModel, DeleteOneModel, IndexOptions, InsertOneModel, ReadPreference, ReplaceOneModel,
-    SelectionCriteria, TransactionOptions, UpdateManyModel, UpdateModifications, UpdateOneModel,
-    WriteModel,
+    CountOptions, DeleteManyModel, DeleteOneModel, FindOneAndDeleteOptions,
+    FindOneAndReplaceOptions, FindOneAndUpdateOptions, FindOneOptions, IndexOptions,
+    InsertOneModel, ReadPreference, ReplaceOneModel, SelectionCriteria, TransactionOptions,
+    UpdateManyModel, UpdateModifications, UpdateOneModel, WriteModel,
 };
 use crate::mongodb::results::{DeleteResult, UpdateResult};
 use crate::mongodb::{Client, ClientSession, Collection, Database, IndexModel, Namespace};
@@ -28,6 +29,15 @@ use crate::skips;
 const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[
     ("timeoutMS", "timeoutMS not implemented"),
     ("timeoutMode", "timeoutMS not implemented"),
+];
+
+/// Arguments the format allows (so they are in [`ARGUMENTS`]) that no driver options struct
+/// reads and the runner does not set itself: an operation using one is skipped with that reason.
+#[cfg(test)]
+const UNHONOURED: &[&str] = &[
+    // Queryable encryption: `CreateCollectionOptions` has the field only with the
+    // in-use-encryption feature, which this build does not enable.
+    "createCollection.encryptedFields",
 ];
 
 /// The arguments each supported operation accepts. Anything else is a load error.
@@ -437,6 +447,18 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
             ));
         }
     }
+    if let Some(honoured) = honoured_arguments(&op.name) {
+        if let Some(key) = args.keys().find(|k| !honoured.contains(&k.as_str())) {
+            return Ok(Some(format!(
+                "{}.{key}: the format allows it, but the driver's options for {} have no such \
+                 field, so the runner cannot honour it",
+                op.name, op.name
+            )));
+        }
+    }
+    if let Err(reason) = check_argument_values(&op.name, &args, path) {
+        return Ok(Some(format!("the runner cannot honour {reason}")));
+    }
     match op.name.as_str() {
         "withTransaction" => {
             let callback = args
@@ -474,6 +496,21 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
     if op.expect_error.is_some() && op.expect_result.is_some() {
         return Err(format!(
             "{path}: expectError and expectResult are exclusive"
+        ));
+    }
+    if op.expect_error.is_some() && op.save_result_as_entity.is_some() {
+        return Err(format!(
+            "{path}: expectError and saveResultAsEntity are exclusive"
+        ));
+    }
+    if op.ignore_result_and_error == Some(true)
+        && (op.expect_error.is_some()
+            || op.expect_result.is_some()
+            || op.save_result_as_entity.is_some())
+    {
+        return Err(format!(
+            "{path}: ignoreResultAndError excludes expectError, expectResult and \
+             saveResultAsEntity"
         ));
     }
     Ok(None)
@@ -540,6 +577,212 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
         }
     }
     None
+}
+
+/// The argument names a driver options struct reads, found by asking its `Deserialize` impl:
+/// a derived impl hands its field list (after renames) to `deserialize_struct`, and this
+/// deserializer records it there and stops. Fields marked `#[serde(skip)]` (e.g. `FindOptions`'
+/// `cursor_type`) are not in the list, which is the point: a struct silently drops any key it
+/// does not list. `None` when `T` is not a derived struct (nothing can be said about it).
+pub fn struct_fields<T: DeserializeOwned>() -> Option<&'static [&'static str]> {
+    let mut found = None;
+    let _ = T::deserialize(FieldsProbe(&mut found));
+    found
+}
+
+struct FieldsProbe<'a>(&'a mut Option<&'static [&'static str]>);
+
+/// The probe's only error: it never deserializes anything.
+#[derive(Debug)]
+struct ProbeStopped;
+
+impl std::fmt::Display for ProbeStopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("field probe stopped")
+    }
+}
+
+impl std::error::Error for ProbeStopped {}
+
+impl serde::de::Error for ProbeStopped {
+    fn custom<T: std::fmt::Display>(_: T) -> Self {
+        ProbeStopped
+    }
+}
+
+impl<'de> serde::Deserializer<'de> for FieldsProbe<'_> {
+    type Error = ProbeStopped;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, ProbeStopped> {
+        Err(ProbeStopped)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, ProbeStopped> {
+        *self.0 = Some(fields);
+        Err(ProbeStopped)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
+}
+
+/// The arguments the runner can honour for an operation whose remaining arguments go to a
+/// driver options struct: those it takes itself, plus the struct's fields. `None` for
+/// operations that pass nothing through an options struct (their arguments are all taken by
+/// name). The format requires an error for an argument the runner cannot honour; `validate`
+/// turns every allowed argument missing from this list into a skip with that reason.
+fn honoured_arguments(op: &str) -> Option<Vec<&'static str>> {
+    use crate::mongodb::options::{
+        AggregateOptions, ChangeStreamOptions, CountOptions, CreateCollectionOptions,
+        DeleteOptions, DistinctOptions, DropIndexOptions, EstimatedDocumentCountOptions,
+        FindOneAndDeleteOptions, FindOneAndReplaceOptions, FindOneAndUpdateOptions, FindOneOptions,
+        FindOptions, InsertManyOptions, InsertOneOptions, ListCollectionsOptions,
+        ListDatabasesOptions, ListIndexesOptions, ReplaceOptions, RunCursorCommandOptions,
+        UpdateOptions,
+    };
+    fn with<T: DeserializeOwned>(taken: &[&'static str]) -> Vec<&'static str> {
+        let mut all = taken.to_vec();
+        all.extend(struct_fields::<T>().unwrap_or_default());
+        all
+    }
+    Some(match op {
+        "insertOne" => with::<InsertOneOptions>(&["document", "session"]),
+        "insertMany" => with::<InsertManyOptions>(&["documents", "session"]),
+        "updateOne" | "updateMany" => with::<UpdateOptions>(&["filter", "update", "session"]),
+        "replaceOne" => with::<ReplaceOptions>(&["filter", "replacement", "session"]),
+        "deleteOne" | "deleteMany" => with::<DeleteOptions>(&["filter", "session"]),
+        // `FindOptions` skips `cursorType` and `maxAwaitTime` in serde and cannot read
+        // `maxTimeMS` as milliseconds: the runner sets those three fields itself.
+        "find" | "createFindCursor" => with::<FindOptions>(&[
+            "filter",
+            "session",
+            "cursorType",
+            "maxAwaitTimeMS",
+            "maxTimeMS",
+        ]),
+        // These structs read `maxTime`, not the format's `maxTimeMS`: the runner sets it.
+        "findOne" => with::<FindOneOptions>(&["filter", "session", "maxTimeMS"]),
+        "findOneAndDelete" => with::<FindOneAndDeleteOptions>(&["filter", "session", "maxTimeMS"]),
+        "findOneAndReplace" => {
+            with::<FindOneAndReplaceOptions>(&["filter", "replacement", "session", "maxTimeMS"])
+        }
+        "findOneAndUpdate" => {
+            with::<FindOneAndUpdateOptions>(&["filter", "update", "session", "maxTimeMS"])
+        }
+        // `AggregateOptions` reads `maxAwaitTime`, not the format's `maxAwaitTimeMS`.
+        "aggregate" => with::<AggregateOptions>(&["pipeline", "session", "maxAwaitTimeMS"]),
+        "countDocuments" => with::<CountOptions>(&["filter", "session", "maxTimeMS"]),
+        "estimatedDocumentCount" => with::<EstimatedDocumentCountOptions>(&[]),
+        "distinct" => with::<DistinctOptions>(&["fieldName", "filter", "session"]),
+        // Index options go to `IndexOptions`; `maxTimeMS` belongs to the command, which the
+        // runner passes as `CreateIndexOptions`.
+        "createIndex" => {
+            with::<crate::mongodb::options::IndexOptions>(&["keys", "session", "maxTimeMS"])
+        }
+        "dropIndex" => with::<DropIndexOptions>(&["name", "session"]),
+        "dropIndexes" => with::<DropIndexOptions>(&["session"]),
+        "listIndexes" | "listIndexNames" => with::<ListIndexesOptions>(&["session"]),
+        "createChangeStream" => with::<ChangeStreamOptions>(&["pipeline", "maxAwaitTimeMS"]),
+        "runCursorCommand" | "createCommandCursor" => {
+            with::<RunCursorCommandOptions>(&["command", "commandName", "session"])
+        }
+        "createCollection" => with::<CreateCollectionOptions>(&["collection", "session"]),
+        "listCollections" | "listCollectionNames" | "listCollectionObjects" => {
+            with::<ListCollectionsOptions>(&["filter", "session"])
+        }
+        // `nameOnly: true` runs the driver's names-only form (see `client_op`).
+        "listDatabases" | "listDatabaseObjects" => {
+            with::<ListDatabasesOptions>(&["filter", "session", "nameOnly"])
+        }
+        "listDatabaseNames" => with::<ListDatabasesOptions>(&["filter", "session"]),
+        "startTransaction" => with::<TransactionOptions>(&[]),
+        "withTransaction" => with::<TransactionOptions>(&["callback"]),
+        "clientBulkWrite" => with::<crate::mongodb::options::BulkWriteOptions>(&[
+            "models",
+            "session",
+            "verboseResults",
+        ]),
+        _ => return None,
+    })
+}
+
+/// Checks argument values the runner must read itself, where a wrong type would otherwise be
+/// dropped or misread (a `"true"` string as `upsert`), or that it must convert (a read
+/// preference, a cursor type). `Err` says which value cannot be honoured and why.
+fn check_argument_values(op: &str, args: &Document, path: &str) -> Result<(), String> {
+    if op == "clientBulkWrite" {
+        for key in ["ordered", "verboseResults"] {
+            if let Some(v) = args.get(key).filter(|v| !matches!(v, Bson::Boolean(_))) {
+                return Err(format!(
+                    "{path}.arguments.{key}: must be a boolean, got {v}"
+                ));
+            }
+        }
+        for (i, model) in args.get_array("models").into_iter().flatten().enumerate() {
+            let body = model.as_document().and_then(|m| m.values().next());
+            if let Some(v) = body
+                .and_then(Bson::as_document)
+                .and_then(|b| b.get("upsert"))
+                .filter(|v| !matches!(v, Bson::Boolean(_)))
+            {
+                return Err(format!(
+                    "{path}.arguments.models[{i}].upsert: must be a boolean, got {v}"
+                ));
+            }
+        }
+    }
+    if let Some(v) = args
+        .get("nameOnly")
+        .filter(|v| !matches!(v, Bson::Boolean(_)))
+    {
+        return Err(format!(
+            "{path}.arguments.nameOnly: must be a boolean, got {v}"
+        ));
+    }
+    if let Some(rp) = args.get("readPreference") {
+        read_preference_from(rp.clone())
+            .map_err(|e| format!("{path}.arguments.readPreference: {e}"))?;
+    }
+    if op == "find" || op == "createFindCursor" {
+        if let Some(t) = args.get("cursorType") {
+            cursor_type(t).map_err(|e| format!("{path}.arguments.cursorType: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The format's `cursorType` as the driver's.
+fn cursor_type(value: &Bson) -> Result<crate::mongodb::options::CursorType, String> {
+    use crate::mongodb::options::CursorType;
+    match value.as_str() {
+        Some("nonTailable") => Ok(CursorType::NonTailable),
+        Some("tailable") => Ok(CursorType::Tailable),
+        Some("tailableAwait") => Ok(CursorType::TailableAwait),
+        _ => Err(format!(
+            "expected nonTailable, tailable or tailableAwait, got {value}"
+        )),
+    }
+}
+
+/// A non-negative millisecond count as a duration.
+fn millis(value: Bson, what: &str) -> Result<Duration, String> {
+    let ms = match value {
+        Bson::Int32(i) => i64::from(i),
+        Bson::Int64(i) => i,
+        Bson::Double(d) if d.fract() == 0.0 => d as i64,
+        other => return Err(format!("{what} must be an integer, got {other}")),
+    };
+    u64::try_from(ms)
+        .map(Duration::from_millis)
+        .map_err(|_| format!("{what} must not be negative, got {ms}"))
 }
 
 fn from_bson<T: DeserializeOwned>(value: Bson, path: &str) -> Result<T, String> {
@@ -611,13 +854,11 @@ macro_rules! drain_or_keep {
             (Some(_), true) => return Err(format!("{} with a session is not implemented", $op)),
             (Some(s), false) => drain_session_cursor($action.session(&mut *s).await, s)
                 .await
-                .map(|d| value(docs_value(d))),
+                .map(Produced::Documents),
             (None, true) => $action
                 .await
                 .map(|cursor| Produced::Entity(Entity::Cursor(Arc::new(AsyncMutex::new(cursor))))),
-            (None, false) => drain_cursor($action.await)
-                .await
-                .map(|d| value(docs_value(d))),
+            (None, false) => drain_cursor($action.await).await.map(Produced::Documents),
         }
     };
 }
@@ -707,12 +948,22 @@ impl Args {
             )),
         }
     }
-    /// The remaining arguments as a driver options struct (`None` when there are none).
+    /// The remaining arguments as a driver options struct (`None` when there are none). A key
+    /// the struct does not read is an error, not dropped: `validate` already turned such an
+    /// argument into a skip, so this only fires if the two disagree.
     fn options<T: DeserializeOwned>(&mut self) -> Result<Option<T>, String> {
         if self.doc.is_empty() {
             return Ok(None);
         }
         let rest = std::mem::take(&mut self.doc);
+        let fields = struct_fields::<T>().unwrap_or_default();
+        if let Some(key) = rest.keys().find(|k| !fields.contains(&k.as_str())) {
+            return Err(format!(
+                "{}: argument {key} would be dropped: the driver's {} does not read it",
+                self.op,
+                std::any::type_name::<T>()
+            ));
+        }
         bson::from_document(rest.clone())
             .map(Some)
             .map_err(|e| format!("{}: options {rest}: {e}", self.op))
@@ -762,10 +1013,6 @@ where
     T: DeserializeOwned + Unpin + Send + Sync,
 {
     cursor?.stream(s).try_collect().await
-}
-
-fn docs_value(docs: Vec<Document>) -> Option<Bson> {
-    Some(Bson::Array(docs.into_iter().map(Bson::Document).collect()))
 }
 
 fn value(v: Option<Bson>) -> Produced {
@@ -885,27 +1132,49 @@ async fn collection_op(
             r.map(|r| value(Some(delete_result(r))))
         }
         "find" | "createFindCursor" => {
-            let filter = args.opt_doc("filter")?;
-            let options = args.options()?;
+            // Required by the format (valid-fail/entity-findCursor-malformed checks it).
+            let filter = args.doc("filter")?;
+            let cursor_type = args
+                .take("cursorType")
+                .map(|t| cursor_type(&t))
+                .transpose()?;
+            let max_await = args
+                .take("maxAwaitTimeMS")
+                .map(|v| millis(v, "maxAwaitTimeMS"))
+                .transpose()?;
+            let max_time = args
+                .take("maxTimeMS")
+                .map(|v| millis(v, "maxTimeMS"))
+                .transpose()?;
+            let mut options: crate::mongodb::options::FindOptions =
+                args.options()?.unwrap_or_default();
+            options.cursor_type = cursor_type;
+            options.max_await_time = max_await;
+            options.max_time = max_time;
             let action = coll.find(filter).with_options(options);
             drain_or_keep!(sess, action, name == "createFindCursor", name)
         }
         "findOne" => {
             let filter = args.opt_doc("filter")?;
-            let options = args.options()?;
+            let options =
+                options_with_max_time(args, |o: &mut FindOneOptions, t| o.max_time = Some(t))?;
             run!(sess, coll.find_one(filter).with_options(options))
                 .map(|d| value(Some(d.map_or(Bson::Null, Bson::Document))))
         }
         "findOneAndDelete" => {
             let filter = args.doc("filter")?;
-            let options = args.options()?;
+            let options = options_with_max_time(args, |o: &mut FindOneAndDeleteOptions, t| {
+                o.max_time = Some(t)
+            })?;
             run!(sess, coll.find_one_and_delete(filter).with_options(options))
                 .map(|d| value(Some(d.map_or(Bson::Null, Bson::Document))))
         }
         "findOneAndReplace" => {
             let filter = args.doc("filter")?;
             let replacement = args.doc("replacement")?;
-            let options = args.options()?;
+            let options = options_with_max_time(args, |o: &mut FindOneAndReplaceOptions, t| {
+                o.max_time = Some(t)
+            })?;
             run!(
                 sess,
                 coll.find_one_and_replace(filter, replacement)
@@ -916,7 +1185,9 @@ async fn collection_op(
         "findOneAndUpdate" => {
             let filter = args.doc("filter")?;
             let update = args.update()?;
-            let options = args.options()?;
+            let options = options_with_max_time(args, |o: &mut FindOneAndUpdateOptions, t| {
+                o.max_time = Some(t)
+            })?;
             run!(
                 sess,
                 coll.find_one_and_update(filter, update)
@@ -926,13 +1197,14 @@ async fn collection_op(
         }
         "aggregate" => {
             let pipeline = args.docs("pipeline")?;
-            let options = args.options()?;
+            let options = aggregate_options(args)?;
             let action = coll.aggregate(pipeline).with_options(options);
-            drain!(sess, action).map(|d| value(docs_value(d)))
+            drain!(sess, action).map(Produced::Documents)
         }
         "countDocuments" => {
             let filter = args.opt_doc("filter")?;
-            let options = args.options()?;
+            let options =
+                options_with_max_time(args, |o: &mut CountOptions, t| o.max_time = Some(t))?;
             run!(sess, coll.count_documents(filter).with_options(options))
                 .map(|n| value(Some(count(n))))
         }
@@ -952,9 +1224,18 @@ async fn collection_op(
         }
         "createIndex" => {
             let keys = args.doc("keys")?;
+            // `maxTimeMS` is an option of the createIndexes command, not of the index.
+            let max_time = args
+                .take("maxTimeMS")
+                .map(|v| millis(v, "maxTimeMS"))
+                .transpose()?;
             let options: Option<IndexOptions> = args.options()?;
             let model = IndexModel::builder().keys(keys).options(options).build();
-            run!(sess, coll.create_index(model)).map(|r| value(Some(Bson::String(r.index_name))))
+            let command_options = crate::mongodb::options::CreateIndexOptions::builder()
+                .max_time(max_time)
+                .build();
+            run!(sess, coll.create_index(model).with_options(command_options))
+                .map(|r| value(Some(Bson::String(r.index_name))))
         }
         "dropIndex" => {
             let index = args.string("name")?;
@@ -980,13 +1261,13 @@ async fn collection_op(
                         .iter()
                         .filter_map(|m| bson::to_document(m).ok())
                         .collect();
-                    value(docs_value(docs))
+                    Produced::Documents(docs)
                 })
             }
         }
         "createChangeStream" => {
             let pipeline = args.docs("pipeline").unwrap_or_default();
-            let options = args.options()?;
+            let options = change_stream_options(args)?;
             coll.watch()
                 .pipeline(pipeline)
                 .with_options(options)
@@ -1049,7 +1330,7 @@ async fn database_op(
                     .iter()
                     .filter_map(|s| bson::to_document(s).ok())
                     .collect();
-                value(docs_value(docs))
+                Produced::Documents(docs)
             })
         }
         "listCollectionNames" => {
@@ -1069,13 +1350,13 @@ async fn database_op(
         }
         "aggregate" => {
             let pipeline = args.docs("pipeline")?;
-            let options = args.options()?;
+            let options = aggregate_options(args)?;
             let action = db.aggregate(pipeline).with_options(options);
-            drain!(sess, action).map(|d| value(docs_value(d)))
+            drain!(sess, action).map(Produced::Documents)
         }
         "createChangeStream" => {
             let pipeline = args.docs("pipeline").unwrap_or_default();
-            let options = args.options()?;
+            let options = change_stream_options(args)?;
             db.watch()
                 .pipeline(pipeline)
                 .with_options(options)
@@ -1087,19 +1368,61 @@ async fn database_op(
     Ok(result)
 }
 
+/// A read preference as the format writes it (`mode`, `tagSets`, `maxStalenessSeconds`,
+/// `hedge`), read by the driver's own deserializer, which takes every one of those fields and
+/// rejects any other, so nothing beyond `mode` is dropped.
 fn read_preference_from(value: Bson) -> Result<ReadPreference, String> {
-    let mode = match &value {
-        Bson::Document(d) => d.get_str("mode").unwrap_or("primary").to_string(),
-        other => return Err(format!("readPreference must be a document, got {other}")),
-    };
-    Ok(match mode.as_str() {
-        "primary" => ReadPreference::Primary,
-        "primaryPreferred" => ReadPreference::PrimaryPreferred { options: None },
-        "secondary" => ReadPreference::Secondary { options: None },
-        "secondaryPreferred" => ReadPreference::SecondaryPreferred { options: None },
-        "nearest" => ReadPreference::Nearest { options: None },
-        other => return Err(format!("unknown read preference mode {other}")),
-    })
+    if !matches!(value, Bson::Document(_)) {
+        return Err(format!("readPreference must be a document, got {value}"));
+    }
+    bson::from_bson(value.clone()).map_err(|e| format!("readPreference {value}: {e}"))
+}
+
+/// An options struct from the remaining arguments, with the format's `maxTimeMS` (which `T`
+/// does not read under that name) set by `set_max_time`.
+fn options_with_max_time<T: DeserializeOwned + Default>(
+    args: &mut Args,
+    set_max_time: impl FnOnce(&mut T, Duration),
+) -> Result<Option<T>, String> {
+    let max_time = args
+        .take("maxTimeMS")
+        .map(|v| millis(v, "maxTimeMS"))
+        .transpose()?;
+    let mut options: Option<T> = args.options()?;
+    if let Some(t) = max_time {
+        set_max_time(options.get_or_insert_with(T::default), t);
+    }
+    Ok(options)
+}
+
+/// `aggregate`'s options, with the format's `maxAwaitTimeMS` (the struct reads `maxAwaitTime`).
+fn aggregate_options(
+    args: &mut Args,
+) -> Result<Option<crate::mongodb::options::AggregateOptions>, String> {
+    let max_await = args
+        .take("maxAwaitTimeMS")
+        .map(|v| millis(v, "maxAwaitTimeMS"))
+        .transpose()?;
+    let mut options: Option<crate::mongodb::options::AggregateOptions> = args.options()?;
+    if max_await.is_some() {
+        options.get_or_insert_with(Default::default).max_await_time = max_await;
+    }
+    Ok(options)
+}
+
+/// `createChangeStream`'s options, with the format's `maxAwaitTimeMS`.
+fn change_stream_options(
+    args: &mut Args,
+) -> Result<Option<crate::mongodb::options::ChangeStreamOptions>, String> {
+    let max_await = args
+        .take("maxAwaitTimeMS")
+        .map(|v| millis(v, "maxAwaitTimeMS"))
+        .transpose()?;
+    let mut options: Option<crate::mongodb::options::ChangeStreamOptions> = args.options()?;
+    if max_await.is_some() {
+        options.get_or_insert_with(Default::default).max_await_time = max_await;
+    }
+    Ok(options)
 }
 
 fn namespace(model: &Document) -> Result<Namespace, String> {
@@ -1128,7 +1451,12 @@ fn write_model(model: &Document) -> Result<WriteModel, String> {
             .cloned()
             .map_err(|_| format!("bulk write model {kind}: missing document `{key}`"))
     };
-    let upsert = body.get_bool("upsert").ok();
+    // `validate` made a non-boolean `upsert` a skip; here it is an error, never dropped.
+    let upsert = match body.get("upsert") {
+        None => None,
+        Some(Bson::Boolean(b)) => Some(*b),
+        Some(other) => return Err(format!("bulk write model {kind}: upsert {other}")),
+    };
     let model = match kind.as_str() {
         "insertOne" => {
             allowed.push("document");
@@ -1217,7 +1545,23 @@ async fn client_op(
     let result: DriverResult = match name.as_str() {
         "listDatabases" | "listDatabaseObjects" => {
             let filter = args.opt_doc("filter")?;
+            let name_only = match args.take("nameOnly") {
+                None => false,
+                Some(Bson::Boolean(b)) => b,
+                Some(other) => return Err(format!("{name}: nameOnly {other}")),
+            };
             let options = args.options()?;
+            if name_only {
+                // The driver's names-only form sends `nameOnly: true`; the server then returns
+                // documents holding only `name`, which is what the runner yields.
+                return Ok(run!(
+                    sess,
+                    c.list_database_names().filter(filter).with_options(options)
+                )
+                .map(|names| {
+                    Produced::Documents(names.into_iter().map(|n| doc! {"name": n}).collect())
+                }));
+            }
             run!(
                 sess,
                 c.list_databases().filter(filter).with_options(options)
@@ -1227,7 +1571,7 @@ async fn client_op(
                     .iter()
                     .filter_map(|s| bson::to_document(s).ok())
                     .collect();
-                value(docs_value(docs))
+                Produced::Documents(docs)
             })
         }
         "listDatabaseNames" => {
@@ -1249,35 +1593,27 @@ async fn client_op(
                 .iter()
                 .map(write_model)
                 .collect::<Result<Vec<_>, _>>()?;
-            let verbose = matches!(args.take("verboseResults"), Some(Bson::Boolean(true)));
-            let ordered = match args.take("ordered") {
-                Some(Bson::Boolean(b)) => Some(b),
-                _ => None,
+            let verbose = match args.take("verboseResults") {
+                None => false,
+                Some(Bson::Boolean(b)) => b,
+                Some(other) => return Err(format!("clientBulkWrite: verboseResults {other}")),
             };
-            if let Some(extra) = args.doc.keys().next() {
-                return Err(format!(
-                    "clientBulkWrite: argument {extra} is not implemented"
-                ));
+            if let Some(other) = args.doc.get("ordered").filter(|o| o.as_bool().is_none()) {
+                return Err(format!("clientBulkWrite: ordered {other}"));
             }
+            // ordered, bypassDocumentValidation, comment, let and writeConcern.
+            let options: Option<crate::mongodb::options::BulkWriteOptions> = args.options()?;
             if verbose {
-                let action = c.bulk_write(models).verbose_results();
-                let action = match ordered {
-                    Some(o) => action.ordered(o),
-                    None => action,
-                };
+                let action = c.bulk_write(models).verbose_results().with_options(options);
                 run!(sess, action).map(|r| value(Some(outcome::verbose_bulk_result(&r))))
             } else {
-                let action = c.bulk_write(models);
-                let action = match ordered {
-                    Some(o) => action.ordered(o),
-                    None => action,
-                };
+                let action = c.bulk_write(models).with_options(options);
                 run!(sess, action).map(|r| value(Some(outcome::summary_bulk_result(&r))))
             }
         }
         "createChangeStream" => {
             let pipeline = args.docs("pipeline").unwrap_or_default();
-            let options = args.options()?;
+            let options = change_stream_options(args)?;
             c.watch()
                 .pipeline(pipeline)
                 .with_options(options)
@@ -1494,12 +1830,8 @@ async fn test_runner(
             let wanted = args.int("count")? as usize;
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
-                let seen = client
-                    .log
-                    .snapshot()
-                    .iter()
-                    .filter(|e| expect::event_matches(&event, e, &ctx.entities).is_ok())
-                    .count();
+                let seen = count_observed(&client, &event, &ctx.entities)
+                    .map_err(|e| format!("{name}: {e}"))?;
                 if name == "assertEventCount" {
                     return if seen == wanted {
                         ok()
@@ -1532,18 +1864,9 @@ async fn test_runner(
             let [.., a, b] = started.as_slice() else {
                 return Err(format!("{name}: fewer than two commandStartedEvents"));
             };
-            let lsid =
-                |e: &entities::Observed| e.command.as_ref().and_then(|c| c.get("lsid").cloned());
-            let same = lsid(a).is_some() && lsid(a) == lsid(b);
-            if same == (name == "assertSameLsidOnLastTwoCommands") {
-                ok()
-            } else {
-                Err(format!(
-                    "{name}: lsids were {:?} and {:?}",
-                    lsid(a),
-                    lsid(b)
-                ))
-            }
+            compare_lsids(name == "assertSameLsidOnLastTwoCommands", a, b)
+                .map_err(|e| format!("{name}: {e}"))?;
+            ok()
         }
         "assertCollectionExists" | "assertCollectionNotExists" => {
             let db = args.string("databaseName")?;
@@ -1564,13 +1887,13 @@ async fn test_runner(
             let db = args.string("databaseName")?;
             let coll = args.string("collectionName")?;
             let index = args.string("indexName")?;
-            let names = ctx
+            let listed = ctx
                 .internal
                 .database(&db)
                 .collection::<Document>(&coll)
                 .list_index_names()
-                .await
-                .unwrap_or_default();
+                .await;
+            let names = index_names_or_none(listed).map_err(|e| format!("{name}: {e}"))?;
             if names.contains(&index) == (name == "assertIndexExists") {
                 ok()
             } else {
@@ -1627,18 +1950,7 @@ async fn test_runner(
         "waitForThread" => {
             let id = args.string("thread")?;
             let thread = ctx.entities.thread(&id)?;
-            let handle = thread
-                .lock()
-                .map_err(|_| "a thread entity's lock is poisoned")?
-                .take();
-            if let Some(handle) = handle {
-                match tokio::time::timeout(Duration::from_secs(10), handle).await {
-                    Ok(Ok(Ok(()))) => {}
-                    Ok(Ok(Err(e))) => return Err(format!("thread {id}: {e}")),
-                    Ok(Err(e)) => return Err(format!("thread {id}: task failed: {e}")),
-                    Err(_) => return Err(format!("thread {id} did not finish in 10 s")),
-                }
-            }
+            join_thread(&id, &thread).await?;
             ok()
         }
         "wait" => {
@@ -1651,6 +1963,100 @@ async fn test_runner(
             Err(format!("test runner operation {other} is not supported"))
         }
     }
+}
+
+/// The server's NamespaceNotFound code: listIndexes on a collection that does not exist.
+const NAMESPACE_NOT_FOUND: i32 = 26;
+
+fn command_error_code(error: &DriverError) -> Option<i32> {
+    match error.kind.as_ref() {
+        crate::mongodb::error::ErrorKind::Command(c) => Some(c.code),
+        _ => None,
+    }
+}
+
+/// The index names listIndexes returned, or none when the collection does not exist
+/// (NamespaceNotFound). Any other failure is an error: it proves nothing about the index.
+fn index_names_or_none(listed: Result<Vec<String>, DriverError>) -> Result<Vec<String>, String> {
+    match listed {
+        Ok(names) => Ok(names),
+        Err(e) if command_error_code(&e) == Some(NAMESPACE_NOT_FOUND) => Ok(Vec::new()),
+        Err(e) => Err(format!("listIndexes failed: {e}")),
+    }
+}
+
+/// How many events the client observed that match `event`, for `waitForEvent` and
+/// `assertEventCount`. Only observed events count, with the format's exclusions (ignored and
+/// sensitive commands, configureFailPoint): the filter `expectEvents` uses too. An event kind
+/// the client does not observe is an error, since it could never be counted.
+fn count_observed(
+    client: &ClientEntity,
+    event: &ExpectedEvent,
+    entities: &EntityMap,
+) -> Result<usize, String> {
+    if !client.observe.iter().any(|o| o == event.name()) {
+        return Err(format!(
+            "the client does not observe {} (its observeEvents: {:?})",
+            event.name(),
+            client.observe
+        ));
+    }
+    Ok(client
+        .observed()
+        .iter()
+        .filter(|e| expect::event_matches(event, e, entities).is_ok())
+        .count())
+}
+
+/// `assertSameLsidOnLastTwoCommands` (`same`) or `assertDifferentLsidOnLastTwoCommands`. Both
+/// are about two sessions' ids: a command without an lsid proves neither, so it fails both.
+fn compare_lsids(same: bool, a: &entities::Observed, b: &entities::Observed) -> Result<(), String> {
+    let lsid = |e: &entities::Observed| e.command.as_ref().and_then(|c| c.get("lsid").cloned());
+    let (Some(first), Some(second)) = (lsid(a), lsid(b)) else {
+        return Err(format!(
+            "a command has no lsid: {:?} {:?}, then {:?} {:?}",
+            a.command_name,
+            lsid(a),
+            b.command_name,
+            lsid(b)
+        ));
+    };
+    if (first == second) == same {
+        Ok(())
+    } else {
+        Err(format!("lsids were {first} and {second}"))
+    }
+}
+
+/// Waits (10 s at most, as the format says for `waitForThread`) for the operations scheduled on
+/// a thread, and reports the first that failed.
+async fn join_thread(id: &str, thread: &entities::ThreadEntity) -> Result<(), String> {
+    let handle = thread
+        .lock()
+        .map_err(|_| "a thread entity's lock is poisoned")?
+        .take();
+    let Some(handle) = handle else {
+        return Ok(());
+    };
+    match tokio::time::timeout(Duration::from_secs(10), handle).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(format!("thread {id}: {e}")),
+        Ok(Err(e)) => Err(format!("thread {id}: task failed: {e}")),
+        Err(_) => Err(format!("thread {id} did not finish in 10 s")),
+    }
+}
+
+/// Joins every thread entity that still has work no `waitForThread` collected, so that a
+/// failure on a thread fails the test even when the test never waits for that thread.
+pub async fn join_threads(entities: &EntityMap, when: &str) -> Result<(), String> {
+    let mut threads = entities.threads();
+    threads.sort_by(|a, b| a.0.cmp(&b.0));
+    for (id, thread) in threads {
+        join_thread(&id, &thread)
+            .await
+            .map_err(|e| format!("{when}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Creates entities in order, each able to refer to the ones before it.
@@ -1740,4 +2146,249 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
         ctx.entities.insert(def.id(), entity)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use bson::doc;
+
+    use super::*;
+    use crate::entities::Observed;
+    use crate::mongodb::error::{CommandError, ErrorKind};
+    use crate::mongodb::options::FindOptions;
+    use crate::schema::EventType;
+
+    fn operation(d: Document) -> schema::Operation {
+        bson::from_document(d).expect("a well-formed operation")
+    }
+
+    /// The skip reason `validate` gives a valid operation.
+    fn skip_reason(d: Document) -> Option<String> {
+        validate(&operation(d), "t").expect("a valid operation")
+    }
+
+    #[test]
+    fn the_field_probe_sees_what_serde_drops() {
+        let fields = struct_fields::<FindOptions>().expect("FindOptions is a derived struct");
+        assert!(fields.contains(&"batchSize"), "{fields:?}");
+        // `#[serde(skip)]` in the driver: a plain deserialization would drop these silently.
+        assert!(!fields.contains(&"cursorType"), "{fields:?}");
+        assert!(!fields.contains(&"maxAwaitTime"), "{fields:?}");
+        assert_eq!(struct_fields::<Document>(), None);
+    }
+
+    #[test]
+    fn arguments_the_runner_sets_itself_run_and_the_rest_are_skips() {
+        let honoured = [
+            doc! {"name": "find", "object": "c", "arguments": {"filter": {},
+            "cursorType": "tailableAwait", "maxAwaitTimeMS": 10, "maxTimeMS": 5}},
+            doc! {"name": "createFindCursor", "object": "c", "arguments": {"filter": {},
+            "cursorType": "tailable"}},
+            doc! {"name": "aggregate", "object": "c", "arguments": {"pipeline": [],
+            "maxAwaitTimeMS": 10}},
+            doc! {"name": "createChangeStream", "object": "c", "arguments": {"pipeline": [],
+            "maxAwaitTimeMS": 10}},
+            doc! {"name": "createIndex", "object": "c", "arguments": {"keys": {"x": 1},
+            "maxTimeMS": 100}},
+            doc! {"name": "listDatabases", "object": "c", "arguments": {"nameOnly": true}},
+            doc! {"name": "countDocuments", "object": "c", "arguments": {"filter": {},
+            "maxTimeMS": 100}},
+            doc! {"name": "findOneAndUpdate", "object": "c", "arguments": {"filter": {},
+            "update": {"$set": {"x": 1}}, "maxTimeMS": 100}},
+            doc! {"name": "clientBulkWrite", "object": "c", "arguments": {"models": [],
+            "ordered": false, "bypassDocumentValidation": true, "comment": "c",
+            "let": {"a": 1}, "writeConcern": {"w": 1}}},
+            doc! {"name": "runCommand", "object": "d", "arguments": {"command": {"ping": 1},
+            "readPreference": {"mode": "secondary", "tagSets": [{"dc": "ny"}],
+            "maxStalenessSeconds": 120}}},
+        ];
+        for op in honoured {
+            assert_eq!(skip_reason(op.clone()), None, "{op}");
+        }
+        let reason = skip_reason(
+            doc! {"name": "createCollection", "object": "d", "arguments": {"collection": "c",
+            "encryptedFields": {}}},
+        )
+        .expect("encryptedFields cannot be honoured");
+        assert!(
+            reason.contains("createCollection.encryptedFields"),
+            "{reason}"
+        );
+        let reason = skip_reason(
+            doc! {"name": "listDatabases", "object": "c", "arguments": {"nameOnly": 1}},
+        )
+        .expect("a numeric nameOnly cannot be honoured");
+        assert!(reason.contains("nameOnly"), "{reason}");
+        let reason = skip_reason(
+            doc! {"name": "find", "object": "c", "arguments": {"filter": {},
+            "cursorType": "sideways"}},
+        )
+        .expect("an unknown cursor type cannot be honoured");
+        assert!(reason.contains("cursorType"), "{reason}");
+    }
+
+    /// Every argument the format allows that the runner cannot honour, in one list: a new one
+    /// (a driver update removing a field, a new allowed argument) fails here until it is
+    /// honoured or knowingly added.
+    #[test]
+    fn the_unhonoured_arguments_are_exactly_these() {
+        let mut unhonoured = Vec::new();
+        for (op, allowed) in ARGUMENTS {
+            if let Some(honoured) = honoured_arguments(op) {
+                for arg in allowed.iter().filter(|a| !honoured.contains(a)) {
+                    unhonoured.push(format!("{op}.{arg}"));
+                }
+            }
+        }
+        assert_eq!(unhonoured, UNHONOURED);
+    }
+
+    #[test]
+    fn wrongly_typed_bulk_write_flags_are_skips() {
+        let model = |upsert: Bson| {
+            doc! {"updateOne": {"namespace": "d.c", "filter": {}, "update": {"$set": {"x": 1}},
+            "upsert": upsert}}
+        };
+        let ok = doc! {"name": "clientBulkWrite", "object": "c",
+        "arguments": {"models": [model(Bson::Boolean(true))], "ordered": false}};
+        assert_eq!(skip_reason(ok), None);
+        let reason = skip_reason(doc! {"name": "clientBulkWrite", "object": "c",
+        "arguments": {"models": [model(Bson::String("yes".into()))]}})
+        .expect("a string upsert cannot be honoured");
+        assert!(reason.contains("models[0].upsert"), "{reason}");
+        let reason = skip_reason(doc! {"name": "clientBulkWrite", "object": "c",
+        "arguments": {"models": [], "ordered": "true"}})
+        .expect("a string ordered cannot be honoured");
+        assert!(reason.contains("ordered"), "{reason}");
+        assert!(write_model(&model(Bson::Int32(1))).is_err());
+    }
+
+    #[test]
+    fn read_preferences_keep_every_field() {
+        let rp = read_preference_from(Bson::Document(doc! {"mode": "secondary",
+        "tagSets": [{"dc": "ny"}], "maxStalenessSeconds": 120}))
+        .expect("a full read preference");
+        let ReadPreference::Secondary {
+            options: Some(options),
+        } = rp
+        else {
+            panic!("expected a secondary read preference with options, got {rp:?}");
+        };
+        assert_eq!(options.tag_sets.map(|t| t.len()), Some(1));
+        assert_eq!(options.max_staleness, Some(Duration::from_secs(120)));
+        assert!(read_preference_from(Bson::Document(doc! {"mode": "nearest", "x": 1})).is_err());
+        let reason = skip_reason(doc! {"name": "runCommand", "object": "d", "arguments": {
+        "command": {"ping": 1}, "readPreference": {"mode": "primary", "bogus": 1}}})
+        .expect("an unreadable read preference cannot be honoured");
+        assert!(reason.contains("readPreference"), "{reason}");
+    }
+
+    #[test]
+    fn options_never_drop_an_argument() {
+        let mut args = Args {
+            doc: doc! {"batchSize": 2, "cursorType": "tailable"},
+            op: "find".into(),
+        };
+        let err = args.options::<FindOptions>().unwrap_err();
+        assert!(err.contains("cursorType"), "{err}");
+        let mut args = Args {
+            doc: doc! {"batchSize": 2},
+            op: "find".into(),
+        };
+        let options = args.options::<FindOptions>().unwrap().unwrap();
+        assert_eq!(options.batch_size, Some(2));
+    }
+
+    fn started(lsid: Option<Document>) -> Observed {
+        let mut event = Observed::new("commandStartedEvent", EventType::Command);
+        event.command_name = Some("ping".into());
+        let mut command = doc! {"ping": 1};
+        if let Some(lsid) = lsid {
+            command.insert("lsid", lsid);
+        }
+        event.command = Some(command);
+        event
+    }
+
+    #[test]
+    fn a_command_without_an_lsid_fails_both_lsid_assertions() {
+        let (a, b) = (doc! {"id": 1}, doc! {"id": 2});
+        assert!(compare_lsids(false, &started(Some(a.clone())), &started(Some(b))).is_ok());
+        assert!(compare_lsids(true, &started(Some(a.clone())), &started(Some(a.clone()))).is_ok());
+        // The old check called "no lsid" different from any lsid.
+        let err = compare_lsids(false, &started(Some(a)), &started(None)).unwrap_err();
+        assert!(err.contains("no lsid"), "{err}");
+        assert!(compare_lsids(true, &started(None), &started(None)).is_err());
+    }
+
+    fn command_error(code: i32) -> DriverError {
+        let error: CommandError =
+            bson::from_document(doc! {"code": code, "codeName": "X", "errmsg": "failed"})
+                .expect("a command error");
+        ErrorKind::Command(error).into()
+    }
+
+    #[test]
+    fn only_namespace_not_found_means_no_index() {
+        assert_eq!(index_names_or_none(Err(command_error(26))), Ok(Vec::new()));
+        assert_eq!(
+            index_names_or_none(Ok(vec!["_id_".to_string()])),
+            Ok(vec!["_id_".to_string()])
+        );
+        // Unauthorized: the index may well exist; the old check called it absent.
+        let err = index_names_or_none(Err(command_error(13))).unwrap_err();
+        assert!(err.contains("listIndexes failed"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn event_counts_see_only_what_the_client_observes() {
+        let client = Client::with_uri_str("mongodb://127.0.0.1:9/?serverSelectionTimeoutMS=50")
+            .await
+            .expect("a client (it never connects)");
+        let entity = ClientEntity {
+            client: client.clone(),
+            log: entities::EventLog::default(),
+            observe: vec!["commandStartedEvent".into()],
+            ignore_commands: vec!["hello".into()],
+            observe_sensitive: false,
+        };
+        for name in ["ping", "configureFailPoint", "hello"] {
+            let mut event = started(None);
+            event.command_name = Some(name.into());
+            entity.log.push(event);
+        }
+        entity
+            .log
+            .push(Observed::new("poolClearedEvent", EventType::Cmap));
+        let any_started: ExpectedEvent =
+            bson::from_document(doc! {"commandStartedEvent": {}}).expect("an expected event");
+        // The old count took every recorded event: 3 here.
+        assert_eq!(
+            count_observed(&entity, &any_started, &EntityMap::default()),
+            Ok(1)
+        );
+        let cleared: ExpectedEvent =
+            bson::from_document(doc! {"poolClearedEvent": {}}).expect("an expected event");
+        let err = count_observed(&entity, &cleared, &EntityMap::default()).unwrap_err();
+        assert!(err.contains("does not observe poolClearedEvent"), "{err}");
+        client.shutdown().immediate(true).await;
+    }
+
+    #[tokio::test]
+    async fn a_failed_thread_fails_the_test_without_wait_for_thread() {
+        let mut entities = EntityMap::default();
+        let thread: entities::ThreadEntity = Arc::default();
+        *thread.lock().expect("a fresh lock") = Some(tokio::spawn(async {
+            Err("insertOne: unexpected error".to_string())
+        }));
+        entities
+            .insert("thread0", Entity::Thread(thread))
+            .expect("a new entity");
+        let err = join_threads(&entities, "at the end of the test")
+            .await
+            .unwrap_err();
+        assert!(err.contains("thread thread0: insertOne"), "{err}");
+        // Joined once: nothing is left to report.
+        assert_eq!(join_threads(&entities, "again").await, Ok(()));
+    }
 }

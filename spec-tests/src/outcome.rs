@@ -15,8 +15,28 @@ use crate::mongodb::results::{
 
 /// What an operation produced when it did not fail.
 pub enum Produced {
+    /// A value, or none (`None`: the operation returns nothing, e.g. `commitTransaction`).
     Value(Option<Bson>),
+    /// The documents an iterable result yielded (`find`, `aggregate`, `listIndexes`, ...). The
+    /// format matches each as a root-level document, unlike the documents in a plain array
+    /// value such as a `distinct` result.
+    Documents(Vec<Document>),
+    /// A driver object the format stores as an entity (a cursor, a change stream).
     Entity(Entity),
+}
+
+impl Produced {
+    /// The produced value as BSON (an iterable's documents as an array); `None` for no value
+    /// and for an entity.
+    pub fn to_bson(&self) -> Option<Bson> {
+        match self {
+            Produced::Value(v) => v.clone(),
+            Produced::Documents(docs) => Some(Bson::Array(
+                docs.iter().cloned().map(Bson::Document).collect(),
+            )),
+            Produced::Entity(_) => None,
+        }
+    }
 }
 
 /// The driver's verdict on an operation.

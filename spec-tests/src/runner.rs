@@ -8,7 +8,7 @@ use bson::{doc, Bson, Document};
 use crate::discovery::SpecFile;
 use crate::entities::EntityMap;
 use crate::expect;
-use crate::matching::{match_nested, NoEntities};
+use crate::matching::match_exact;
 use crate::mongodb::options::{
     Acknowledgment, CreateCollectionOptions, ReadConcern, SelectionCriteria, WriteConcern,
 };
@@ -263,7 +263,9 @@ async fn check_outcome(
             actual.push(Bson::Document(doc));
         }
         let expected = Bson::Array(o.documents.iter().cloned().map(Bson::Document).collect());
-        match_nested(&expected, &Bson::Array(actual.clone()), &NoEntities).map_err(|m| {
+        // Exact, not the evaluating matcher: the format says collection data "MUST match
+        // exactly", so a driver that wrote an int64 where the test wrote an int32 fails here.
+        match_exact(&expected, &Bson::Array(actual.clone())).map_err(|m| {
             format!(
                 "outcome of {}.{} {m}; the collection holds {}",
                 o.database_name,
@@ -292,6 +294,9 @@ async fn run_operations(ctx: &mut Ctx, test: &schema::Test, file: &TestFile) -> 
         expect::check_operation(op, result, &mut ctx.entities)
             .map_err(|e| format!("{label}: {e}"))?;
     }
+    // A thread whose failure no `waitForThread` reported still fails the test: the format says
+    // a failed assertion on a thread fails the whole case.
+    operations::join_threads(&ctx.entities, "at the end of the test").await?;
     if let Some(expected) = &test.expect_events {
         // Events may still be in flight (e.g. a killCursors after close); give them a moment.
         tokio::time::sleep(Duration::from_millis(50)).await;

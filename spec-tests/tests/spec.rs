@@ -15,12 +15,15 @@ use spec_tests::discovery::{self, SpecFile};
 use spec_tests::runner::{self, LoadedFile};
 use spec_tests::target::{self, Mode};
 use spec_tests::uri_options;
+use spec_tests::valid_fail::{self, Verdict};
 
 #[derive(Default)]
 struct FileTally {
     passed: usize,
     failed: usize,
     skipped: BTreeMap<String, usize>,
+    /// valid-fail only: cases the runner failed, but not for the reason the file describes.
+    wrong_reason: usize,
 }
 
 type Tallies = Arc<Mutex<BTreeMap<String, FileTally>>>;
@@ -32,6 +35,19 @@ fn record(tallies: &Tallies, file: &str, outcome: Result<(), Option<&str>>) {
             Ok(()) => tally.passed += 1,
             Err(None) => tally.failed += 1,
             Err(Some(reason)) => *tally.skipped.entry(reason.to_string()).or_insert(0) += 1,
+        }
+    }
+}
+
+/// Records a valid-fail verdict: `passed` counts cases failed as required, `failed` cases
+/// that wrongly passed.
+fn record_valid_fail(tallies: &Tallies, file: &str, verdict: &Verdict) {
+    if let Ok(mut t) = tallies.lock() {
+        let tally = t.entry(file.to_string()).or_default();
+        match verdict {
+            Verdict::FailedAsRequired => tally.passed += 1,
+            Verdict::WronglyPassed => tally.failed += 1,
+            Verdict::FailedForAnotherReason { .. } => tally.wrong_reason += 1,
         }
     }
 }
@@ -96,6 +112,91 @@ fn unified_trials(
                 );
                 result.map_err(|e| format!("{}: {e}", case.description).into())
             }));
+        }
+    }
+}
+
+/// The trial for one valid-fail case: it passes when the runner failed the case for the
+/// expected reason. `run` yields the runner's result for the case.
+fn valid_fail_trial(
+    name: String,
+    file: String,
+    expected: Option<&'static str>,
+    tallies: &Tallies,
+    run: impl FnOnce() -> Result<Result<(), String>, Failed> + Send + 'static,
+) -> Trial {
+    let tallies = tallies.clone();
+    Trial::test(name, move || {
+        let outcome = run()?;
+        let verdict = valid_fail::judge(&outcome, expected);
+        record_valid_fail(&tallies, &file, &verdict);
+        match verdict {
+            Verdict::FailedAsRequired => Ok(()),
+            Verdict::WronglyPassed => Err("the runner passed a case the unified format's \
+                 valid-fail suite requires it to fail"
+                .into()),
+            Verdict::FailedForAnotherReason { expected, message } => Err(format!(
+                "the runner failed the case, but not for the reason the file tests: expected \
+                 the failure to mention {expected:?}, it was: {message}"
+            )
+            .into()),
+        }
+    })
+}
+
+fn valid_fail_trials(
+    mode: &Arc<Mode>,
+    files: &[SpecFile],
+    tallies: &Tallies,
+    trials: &mut Vec<Trial>,
+) {
+    for source in files {
+        let mut source = source.clone();
+        source.spec = valid_fail::SUITE_NAME.to_string();
+        let file_name = source.name();
+        match runner::plan_file(&source, mode) {
+            // A load error fails every case of the file, each judged on its own.
+            Err(e) => {
+                let message = format!("cannot load the file: {e}");
+                let mut seen = BTreeMap::<String, usize>::new();
+                for description in valid_fail::loose_descriptions(&source.path) {
+                    let expected = valid_fail::expected_reason(&source.stem, &description);
+                    let outcome = Err(message.clone());
+                    // Unique trial names, as `plan_file` makes them for files that load.
+                    let n = seen.entry(description.clone()).or_insert(0);
+                    *n += 1;
+                    let name = match *n {
+                        1 => format!("{file_name}/{description}"),
+                        n => format!("{file_name}/{description} [{n}]"),
+                    };
+                    trials.push(valid_fail_trial(
+                        name,
+                        file_name.clone(),
+                        expected,
+                        tallies,
+                        move || Ok(outcome),
+                    ));
+                }
+            }
+            Ok((loaded, cases)) => {
+                for case in cases {
+                    if let Some(reason) = case.skip {
+                        trials.push(skipped(case.name, file_name.clone(), reason, tallies));
+                        continue;
+                    }
+                    let expected = valid_fail::expected_reason(&source.stem, &case.description);
+                    let (loaded, mode) = (loaded.clone(), mode.clone());
+                    trials.push(valid_fail_trial(
+                        case.name,
+                        file_name.clone(),
+                        expected,
+                        tallies,
+                        move || {
+                            Ok(runtime()?.block_on(runner::run_case(&loaded, case.index, &mode)))
+                        },
+                    ));
+                }
+            }
         }
     }
 }
@@ -172,6 +273,8 @@ fn build(args: &mut Arguments, tallies: &Tallies, trials: &mut Vec<Trial>) -> Re
         let files = discovery::suite_files(&root.path, *suite)?;
         unified_trials(&mode, &files, tallies, trials);
     }
+    let files = discovery::suite_files(&root.path, discovery::VALID_FAIL_SUITE)?;
+    valid_fail_trials(&mode, &files, tallies, trials);
     let files = discovery::suite_files(&root.path, discovery::URI_OPTIONS_SUITE)?;
     uri_trials(&files, tallies, trials);
     if trials.is_empty() {
@@ -188,16 +291,48 @@ fn print_summary(tallies: &Tallies) {
         return;
     }
     println!("\nper-file results:");
+    let mut valid_fail_total = FileTally::default();
     for (file, t) in tallies.iter() {
-        let skipped: usize = t.skipped.values().sum();
-        let mut line = format!(
-            "  {file}: {} passed, {} failed, {skipped} skipped",
-            t.passed, t.failed
-        );
-        if !t.skipped.is_empty() {
-            let reasons: Vec<String> = t.skipped.iter().map(|(r, n)| format!("{n}× {r}")).collect();
-            line.push_str(&format!(" ({})", reasons.join("; ")));
+        if file.starts_with(valid_fail::SUITE_NAME) {
+            valid_fail_total.passed += t.passed;
+            valid_fail_total.failed += t.failed;
+            valid_fail_total.wrong_reason += t.wrong_reason;
+            for (reason, n) in &t.skipped {
+                *valid_fail_total.skipped.entry(reason.clone()).or_insert(0) += n;
+            }
         }
-        println!("{line}");
+        println!("  {}", tally_line(file, t));
     }
+    if !valid_fail_total.is_empty() {
+        println!("{}", tally_line(valid_fail::SUITE_NAME, &valid_fail_total));
+    }
+}
+
+impl FileTally {
+    fn is_empty(&self) -> bool {
+        self.passed + self.failed + self.wrong_reason == 0 && self.skipped.is_empty()
+    }
+}
+
+/// One tally line. valid-fail files count differently: their passes are cases the runner
+/// failed as required, their failures cases it wrongly passed.
+fn tally_line(file: &str, t: &FileTally) -> String {
+    let skipped: usize = t.skipped.values().sum();
+    let mut line = if file.starts_with(valid_fail::SUITE_NAME) {
+        format!(
+            "{file}: {} failed-as-required, {} wrongly passed, {} failed for another reason, \
+             {skipped} skipped",
+            t.passed, t.failed, t.wrong_reason
+        )
+    } else {
+        format!(
+            "{file}: {} passed, {} failed, {skipped} skipped",
+            t.passed, t.failed
+        )
+    };
+    if !t.skipped.is_empty() {
+        let reasons: Vec<String> = t.skipped.iter().map(|(r, n)| format!("{n}× {r}")).collect();
+        line.push_str(&format!(" ({})", reasons.join("; ")));
+    }
+    line
 }
