@@ -7,9 +7,11 @@
 //! rebase onto new upstream releases.
 
 pub mod backoff;
+pub mod budget;
 pub mod identity;
 pub mod labels;
 pub mod retry;
+pub mod stats;
 pub mod trace;
 
 pub use identity::ForkIdentity;

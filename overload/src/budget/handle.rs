@@ -1,0 +1,270 @@
+//! [`RetryBudgetHandle`]: one client's budget, shared by the driver and the application.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Budget;
+use crate::stats::{OverloadStats, OverloadStatsRecorder};
+use crate::trace::TARGET;
+
+/// Who asks the budget for a retry: counted and logged separately, drawn from one budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RetryOrigin {
+    /// The driver's retry loop, retrying one attempt of an operation.
+    Driver,
+    /// An application retry loop, running a failed operation again.
+    Application,
+}
+
+impl RetryOrigin {
+    /// The name in logs and metric labels: `driver` or `application`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Driver => "driver",
+            Self::Application => "application",
+        }
+    }
+}
+
+/// A cloneable handle on one client's retry budget. Clones share the budget and the client's
+/// statistics; they are cheap (one reference count) and can be moved into any task.
+///
+/// The driver deposits at every operation's first attempt and withdraws before every retry;
+/// an application retry loop calls [`Self::try_withdraw`] before it runs a failed operation
+/// again and gives up (returning the error it has) when that says no. The re-run operation is
+/// an ordinary first attempt for the driver and deposits like one, so application retries earn
+/// a share of credit too: with share `r`, application and driver retries together stay below
+/// `r / (1 − r)` of the application's requests (11 % at the default 10 %), plus the floor.
+///
+/// Every decision is counted in the [`OverloadStatsRecorder`] given at construction and logged
+/// at DEBUG on the `mongodb::overload` target (see [`budget_decisions_enabled`]).
+#[derive(Clone)]
+pub struct RetryBudgetHandle {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    budget: Box<dyn Budget + Send + Sync>,
+    stats: Arc<OverloadStatsRecorder>,
+    clock: fn() -> Instant,
+}
+
+impl fmt::Debug for RetryBudgetHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBudgetHandle")
+            .field("level", &self.level())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RetryBudgetHandle {
+    /// A handle on `budget` that records decisions in `stats` and reads the time from `clock`
+    /// for the methods that take none (the driver passes tokio's clock, so a paused test clock
+    /// governs application retries too).
+    pub fn new(
+        budget: impl Budget + Send + Sync + 'static,
+        stats: Arc<OverloadStatsRecorder>,
+        clock: fn() -> Instant,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                budget: Box::new(budget),
+                stats,
+                clock,
+            }),
+        }
+    }
+
+    /// For application retry loops: whether the application may run a failed operation again
+    /// now. `true` charges the budget one retry, so call it only right before retrying; `false`
+    /// means give up and return the error in hand.
+    pub fn try_withdraw(&self) -> bool {
+        self.withdraw_at(RetryOrigin::Application, None, (self.inner.clock)())
+    }
+
+    /// For the driver: asks for one retry of `operation` (a command name, for the log) at
+    /// `now`, counts the decision, and logs it.
+    pub fn withdraw_at(&self, origin: RetryOrigin, operation: Option<&str>, now: Instant) -> bool {
+        let admitted = self.inner.budget.withdraw(now);
+        self.inner.stats.record_budget_decision(origin, admitted);
+        let logging = budget_decisions_enabled();
+        if logging || cfg!(feature = "metrics") {
+            // Reading the level takes the budget's lock again: only when someone listens.
+            let level = self.inner.budget.level(now);
+            self.inner.stats.record_budget_level(level);
+            if logging {
+                log_decision(origin, operation, admitted, level);
+            }
+        }
+        admitted
+    }
+
+    /// For the driver: one operation's first attempt at `now`.
+    pub fn deposit_at(&self, now: Instant) {
+        self.inner.budget.deposit(now);
+    }
+
+    /// Retries the budget would admit now (see [`Budget::level`]).
+    pub fn level(&self) -> f64 {
+        self.level_at((self.inner.clock)())
+    }
+
+    /// Retries the budget would admit at `now`.
+    pub fn level_at(&self, now: Instant) -> f64 {
+        self.inner.budget.level(now)
+    }
+
+    /// The client's statistics, with the budget's level now.
+    pub fn snapshot(&self) -> OverloadStats {
+        self.inner.stats.snapshot(Some(self.level()))
+    }
+}
+
+/// Whether budget decisions would be logged, so callers can skip assembling them.
+pub fn budget_decisions_enabled() -> bool {
+    tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
+}
+
+/// Logs one budget decision at DEBUG: under overload there is one per failed attempt, too many
+/// for INFO. A refusal is the line an operator looks for when an operation failed with an
+/// overload error after fewer than `maxAdaptiveRetries` retries.
+fn log_decision(origin: RetryOrigin, operation: Option<&str>, admitted: bool, level: f64) {
+    if admitted {
+        tracing::debug!(
+            target: TARGET,
+            origin = origin.as_str(),
+            operation,
+            budgetLevel = level,
+            "retry budget admitted a retry"
+        );
+    } else {
+        tracing::debug!(
+            target: TARGET,
+            origin = origin.as_str(),
+            operation,
+            budgetLevel = level,
+            "retry budget refused a retry"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::budget::{RetryBudget, RetryBudgetConfig};
+
+    /// Runs `f` with a subscriber that keeps what it formats at DEBUG, and returns the text.
+    fn captured(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    /// A handle with a floor of `reserve` retries in total (no share, no refill within the test).
+    fn handle_with_reserve(reserve: u32) -> (RetryBudgetHandle, Arc<OverloadStatsRecorder>) {
+        let config = RetryBudgetConfig {
+            window: Duration::from_secs(60),
+            min_retries_per_sec: 0,
+            retry_percent: 100.0,
+        };
+        let start = Instant::now();
+        let budget = RetryBudget::starting_at(config, start).unwrap();
+        let stats = Arc::new(OverloadStatsRecorder::new());
+        let handle = RetryBudgetHandle::new(budget, Arc::clone(&stats), Instant::now);
+        for _ in 0..reserve {
+            handle.deposit_at(start);
+        }
+        (handle, stats)
+    }
+
+    #[test]
+    fn driver_and_application_draw_from_one_budget() {
+        let (handle, stats) = handle_with_reserve(3);
+        let app = handle.clone();
+        let now = Instant::now();
+        assert!(handle.withdraw_at(RetryOrigin::Driver, Some("find"), now));
+        assert!(app.try_withdraw());
+        assert!(handle.withdraw_at(RetryOrigin::Driver, Some("insert"), now));
+        assert!(!app.try_withdraw(), "three deposits bought three retries, whoever asked");
+        assert!(!handle.withdraw_at(RetryOrigin::Driver, None, now));
+        let snapshot = stats.snapshot(None);
+        assert_eq!(snapshot.application_retries_made, 1);
+        assert_eq!(snapshot.application_retries_refused, 1);
+        assert_eq!(snapshot.retries_refused, 1);
+        assert_eq!(
+            snapshot.retries_made, 0,
+            "the driver counts a retry as made when it sends it, not when the budget admits it"
+        );
+    }
+
+    #[test]
+    fn clones_move_into_other_threads() {
+        let (handle, _) = handle_with_reserve(50);
+        let admitted: usize = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..2)
+                .map(|_| {
+                    let app = handle.clone();
+                    scope.spawn(move || (0..40).filter(|_| app.try_withdraw()).count())
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 50);
+    }
+
+    #[test]
+    fn every_decision_is_logged_with_origin_operation_and_level() {
+        let (handle, _) = handle_with_reserve(1);
+        let now = Instant::now();
+        let text = captured(|| {
+            assert!(budget_decisions_enabled());
+            assert!(handle.withdraw_at(RetryOrigin::Driver, Some("find"), now));
+            assert!(!handle.try_withdraw());
+        });
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        for needle in [
+            "DEBUG",
+            "mongodb::overload",
+            "retry budget admitted a retry",
+            "origin=\"driver\"",
+            "operation=\"find\"",
+            "budgetLevel=0",
+        ] {
+            assert!(lines[0].contains(needle), "missing {needle} in {}", lines[0]);
+        }
+        for needle in ["retry budget refused a retry", "origin=\"application\""] {
+            assert!(lines[1].contains(needle), "missing {needle} in {}", lines[1]);
+        }
+    }
+
+    #[test]
+    fn the_snapshot_carries_the_level_now() {
+        let (handle, _) = handle_with_reserve(2);
+        assert_eq!(handle.snapshot().budget_level, Some(2.0));
+        assert!(format!("{handle:?}").contains("level: 2.0"));
+    }
+}
