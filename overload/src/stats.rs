@@ -478,7 +478,10 @@ mod tests {
                 ("mongodb_overload_retries_total origin=driver", 1.0),
                 ("mongodb_overload_retries_total origin=application", 1.0),
                 ("mongodb_overload_retries_refused_total origin=driver", 1.0),
-                ("mongodb_overload_retries_refused_total origin=application", 1.0),
+                (
+                    "mongodb_overload_retries_refused_total origin=application",
+                    1.0,
+                ),
                 ("mongodb_overload_backoff_microseconds_total", 150_000.0),
                 ("mongodb_overload_retry_budget_level", 7.25),
             ];
@@ -495,13 +498,19 @@ mod tests {
 
             let recorder = KeepingRecorder::default();
             let budget = RetryBudget::new(RetryBudgetConfig::default()).unwrap();
-            let handle =
-                RetryBudgetHandle::new(budget, Arc::new(OverloadStatsRecorder::new()), Instant::now);
+            let handle = RetryBudgetHandle::new(
+                budget,
+                Arc::new(OverloadStatsRecorder::new()),
+                Instant::now,
+            );
             metrics::with_local_recorder(&recorder, || {
                 assert!(handle.try_withdraw());
             });
             let level = recorder.value(METRIC_BUDGET_LEVEL).unwrap();
-            assert!((9.0..9.1).contains(&level), "one of the 10 reserve retries spent: {level}");
+            assert!(
+                (9.0..9.1).contains(&level),
+                "one of the 10 reserve retries spent: {level}"
+            );
         }
     }
 }

@@ -35,7 +35,7 @@ impl RetryOrigin {
 /// again and gives up (returning the error it has) when that says no. The re-run operation is
 /// an ordinary first attempt for the driver and deposits like one, so application retries earn
 /// a share of credit too: with share `r`, application and driver retries together stay below
-/// `r / (1 − r)` of the application's requests (11 % at the default 10 %), plus the floor.
+/// `r / (1 − r)` of the application's requests (9.9 % at the default 9 %), plus the floor.
 ///
 /// Every decision is counted in the [`OverloadStatsRecorder`] given at construction and logged
 /// at DEBUG on the `mongodb::overload` target (see [`budget_decisions_enabled`]).
@@ -208,7 +208,10 @@ mod tests {
         assert!(handle.withdraw_at(RetryOrigin::Driver, Some("find"), now));
         assert!(app.try_withdraw());
         assert!(handle.withdraw_at(RetryOrigin::Driver, Some("insert"), now));
-        assert!(!app.try_withdraw(), "three deposits bought three retries, whoever asked");
+        assert!(
+            !app.try_withdraw(),
+            "three deposits bought three retries, whoever asked"
+        );
         assert!(!handle.withdraw_at(RetryOrigin::Driver, None, now));
         let snapshot = stats.snapshot(None);
         assert_eq!(snapshot.application_retries_made, 1);
@@ -254,10 +257,18 @@ mod tests {
             "operation=\"find\"",
             "budgetLevel=0",
         ] {
-            assert!(lines[0].contains(needle), "missing {needle} in {}", lines[0]);
+            assert!(
+                lines[0].contains(needle),
+                "missing {needle} in {}",
+                lines[0]
+            );
         }
         for needle in ["retry budget refused a retry", "origin=\"application\""] {
-            assert!(lines[1].contains(needle), "missing {needle} in {}", lines[1]);
+            assert!(
+                lines[1].contains(needle),
+                "missing {needle} in {}",
+                lines[1]
+            );
         }
     }
 

@@ -33,7 +33,7 @@
 //!   refused when less than one retry's worth is left.
 //!
 //! The floor is what keeps the budget from starving retries at low request rates: a client
-//! sending one request per second earns a tenth of a retry per second from deposits, far too
+//! sending one request per second earns under a tenth of a retry per second from deposits, far too
 //! little for an operation that fails twice, but the reserve (10 retries by default) covers it.
 //! Under overload the floor is a constant, so its share of the traffic shrinks as the load grows.
 //!

@@ -13,11 +13,12 @@ pub const OPTION_MIN_PER_SEC: &str = "retryBudgetMinPerSec";
 /// Connection-string name of [`RetryBudgetConfig::window`] (in milliseconds).
 pub const OPTION_WINDOW_MS: &str = "retryBudgetWindowMS";
 
-/// Default share: retries may add 10 % to the first attempts. The target is at most 1.10
-/// attempts per request under sustained overload; it is also the share gRPC's example throttling
-/// configuration (`tokenRatio: 0.1`) and the withdrawn specification bucket (0.1 per success)
-/// aim for.
-pub const DEFAULT_RETRY_PERCENT: f64 = 10.0;
+/// Default share: retries may add 9 % to the first attempts. The target is at most 1.10
+/// attempts per request under sustained overload, which has to hold the share and the floor
+/// together: at the lab's 375 requests per second per client, 9 % plus the default floor is
+/// 1.093. (gRPC's example throttling, `tokenRatio: 0.1`, and the withdrawn specification bucket,
+/// 0.1 per success, aim for 10 % without a floor.)
+pub const DEFAULT_RETRY_PERCENT: f64 = 9.0;
 /// Default floor: one retry per second, a reserve of 10 retries with the default window. Enough
 /// for several operations that each fail twice in a row on an idle client; small enough that it
 /// adds under 0.3 % to a client sending a few hundred requests per second.
@@ -67,7 +68,7 @@ pub struct RetryBudgetConfig {
 }
 
 impl Default for RetryBudgetConfig {
-    /// 10 s window, floor of 1 retry per second, 10 %.
+    /// 10 s window, floor of 1 retry per second, 9 %.
     fn default() -> Self {
         Self {
             window: DEFAULT_WINDOW,
@@ -145,7 +146,7 @@ impl std::error::Error for InvalidBudgetConfig {}
 /// [module documentation](super) for the mechanism and its bound.
 ///
 /// Thread safety: the state sits behind one [`Mutex`], taken once per deposit and once per
-/// withdrawal for a few dozen instructions (at most [`SLOTS`] slots are cleared or visited). An
+/// withdrawal for a few dozen instructions (at most ten slots are cleared or visited). An
 /// atomic design would avoid the lock, but a withdrawal must check the total and take from
 /// several slots and the reserve as one step, or two racing withdrawals could both pass the
 /// check and overdraw; with atomics that needs a compare-and-swap loop over a packed state
@@ -341,9 +342,13 @@ mod tests {
         let config = RetryBudgetConfig::default();
         assert_eq!(config.window, Duration::from_secs(10));
         assert_eq!(config.min_retries_per_sec, 1);
-        assert_eq!(config.retry_percent, 10.0);
+        assert_eq!(config.retry_percent, 9.0);
         let (b, start) = (RetryBudget::new(config).unwrap(), Instant::now());
-        assert_eq!(b.level(start), 10.0, "a fresh budget holds the full reserve");
+        assert_eq!(
+            b.level(start),
+            10.0,
+            "a fresh budget holds the full reserve"
+        );
     }
 
     #[test]
@@ -453,7 +458,10 @@ mod tests {
             assert!(b.withdraw(start), "the reserve holds 2/s × 10 s");
         }
         assert!(!b.withdraw(start));
-        assert!(!b.withdraw(at(start, 499)), "one retry takes 500 ms to earn");
+        assert!(
+            !b.withdraw(at(start, 499)),
+            "one retry takes 500 ms to earn"
+        );
         assert!(b.withdraw(at(start, 500)));
         // Many calls closer together than one unit's time still add up: the carry.
         let mut admitted = 0;
@@ -505,13 +513,16 @@ mod tests {
                 .collect();
             workers.into_iter().map(|w| w.join().unwrap()).sum()
         });
-        assert_eq!(admitted, 100, "1000 first attempts at 10 % buy exactly 100 retries");
+        assert_eq!(
+            admitted, 100,
+            "1000 first attempts at 10 % buy exactly 100 retries"
+        );
     }
 
     /// One client at 200 % of capacity for a minute: 375 requests per second (the lab's
     /// per-instance rate), every attempt fails, and every failure asks for a retry up to the
-    /// specification's two per operation. The budget must hold retries to about 10 % of first
-    /// attempts, and must actually engage (retries do not stop at the cap).
+    /// specification's two per operation. The budget must hold attempts per request to the
+    /// issue's target, 1.10, and must actually engage (retries do not stop at the cap).
     #[test]
     fn sustained_overload_bounds_attempts_per_request() {
         let (b, start) = budget(DEFAULT_RETRY_PERCENT, DEFAULT_MIN_RETRIES_PER_SEC, 10);
@@ -529,11 +540,14 @@ mod tests {
             }
         }
         let per_request = 1.0 + retries as f64 / first_attempts as f64;
-        // 10 % plus the floor: 1/s over the run plus the initial 10-retry reserve.
-        let bound = 1.0 + 0.10 + (secs + 10) as f64 / first_attempts as f64;
+        // 9 % plus the floor: 1/s over the run plus the initial 10-retry reserve.
+        let bound = 1.0 + 0.09 + (secs + 10) as f64 / first_attempts as f64;
         assert!(per_request <= bound, "{per_request} > {bound}");
-        assert!(per_request <= 1.104, "{per_request}");
-        assert!(per_request >= 1.09, "the budget starved retries: {per_request}");
+        assert!(per_request <= 1.10, "the issue's target: {per_request}");
+        assert!(
+            per_request >= 1.08,
+            "the budget starved retries: {per_request}"
+        );
     }
 
     /// One request per second for an hour, 5 % transient failures (every 20th operation fails
