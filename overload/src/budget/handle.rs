@@ -273,6 +273,24 @@ mod tests {
     }
 
     #[test]
+    fn a_handle_on_an_arc_shares_the_budget_with_its_owner() {
+        let start = Instant::now();
+        let config = RetryBudgetConfig {
+            min_retries_per_sec: 0,
+            ..RetryBudgetConfig::default()
+        };
+        let budget = Arc::new(RetryBudget::starting_at(config, start).unwrap());
+        let stats = Arc::new(OverloadStatsRecorder::new());
+        let handle = RetryBudgetHandle::new(Arc::clone(&budget), stats, Instant::now);
+        for _ in 0..100 {
+            budget.deposit(start);
+        }
+        assert_eq!(handle.level_at(start), 9.0, "100 first attempts at 9 %");
+        assert!(handle.withdraw_at(RetryOrigin::Driver, None, start));
+        assert_eq!(budget.level(start), 8.0);
+    }
+
+    #[test]
     fn the_snapshot_carries_the_level_now() {
         let (handle, _) = handle_with_reserve(2);
         assert_eq!(handle.snapshot().budget_level, Some(2.0));
