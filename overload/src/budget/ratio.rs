@@ -300,9 +300,11 @@ impl Budget for RetryBudget {
             return false;
         }
         let mut owed = RETRY_COST;
-        // Oldest slot first: it expires soonest, so spending it first wastes the least.
-        for age in (0..SLOTS as u64).rev() {
-            let index = (ledger.newest.wrapping_sub(age) % SLOTS as u64) as usize;
+        // Oldest slot first: it expires soonest, so spending it first wastes the least. The
+        // slot `age` slots before the newest sits `age` places back in the ring, wrapping.
+        let newest_index = (ledger.newest % SLOTS as u64) as usize;
+        for age in (0..SLOTS).rev() {
+            let index = (newest_index + SLOTS - age) % SLOTS;
             let taken = ledger.credits[index].min(owed);
             ledger.credits[index] -= taken;
             owed -= taken;
@@ -486,6 +488,17 @@ mod tests {
         b.deposit(start);
         assert!(b.withdraw(start));
         assert_eq!(b.level(start), 10.0, "the reserve is untouched");
+    }
+
+    #[test]
+    fn the_oldest_deposits_are_spent_first() {
+        let (b, start) = budget(100.0, 0, 10);
+        b.deposit(start); // slot 0, expires at 10 s
+        b.deposit(at(start, 7_000)); // slot 7, expires at 17 s
+        assert!(b.withdraw(at(start, 8_000)));
+        // Had the withdrawal taken the slot-7 deposit, nothing would be left at 10 s.
+        assert_eq!(b.level(at(start, 10_000)), 1.0);
+        assert_eq!(b.level(at(start, 17_000)), 0.0);
     }
 
     #[test]
