@@ -494,11 +494,11 @@ mod tests {
     fn the_oldest_deposits_are_spent_first() {
         let (b, start) = budget(100.0, 0, 10);
         b.deposit(start); // slot 0, expires at 10 s
-        b.deposit(at(start, 7_000)); // slot 7, expires at 17 s
+        b.deposit(at(start, 5_000)); // slot 5, expires at 15 s
         assert!(b.withdraw(at(start, 8_000)));
-        // Had the withdrawal taken the slot-7 deposit, nothing would be left at 10 s.
+        // Had the withdrawal taken the slot-5 deposit, nothing would be left at 10 s.
         assert_eq!(b.level(at(start, 10_000)), 1.0);
-        assert_eq!(b.level(at(start, 17_000)), 0.0);
+        assert_eq!(b.level(at(start, 15_000)), 0.0);
     }
 
     #[test]
