@@ -2,7 +2,7 @@
 //!
 //! The driver keeps one [`OverloadStatsRecorder`] per client and updates it on its hot paths:
 //! every update is one relaxed atomic add (lock-free, no allocation), so counting costs nothing
-//! an operation would notice. [`OverloadStatsRecorder::snapshot`] reads the counters into an
+//! an operation would notice. (The `metrics` feature adds the facade's cost to each update.) [`OverloadStatsRecorder::snapshot`] reads the counters into an
 //! [`OverloadStats`] value; the counters are read one by one, so a snapshot taken while
 //! operations run can be off by the few events that raced it, never by more.
 //!
