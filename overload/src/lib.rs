@@ -7,6 +7,7 @@
 //! rebase onto new upstream releases.
 
 pub mod backoff;
+pub mod deadline;
 pub mod identity;
 pub mod labels;
 pub mod retry;
