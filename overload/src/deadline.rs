@@ -153,32 +153,41 @@ impl Deadline {
 
 /// The minimum round-trip time over the last [`MIN_RTT_SAMPLES`] samples, as the CSOT
 /// specification asks the server monitor to keep it: zero until at least two samples exist, so
-/// that a single slow first handshake does not eat into `maxTimeMS`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// that a single slow first handshake does not eat into `maxTimeMS`. A fixed ring, so that it
+/// is `Copy` like the monitor's other round-trip statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MinRtt {
-    samples: VecDeque<Duration>,
+    samples: [Duration; MIN_RTT_SAMPLES],
+    /// How many of `samples` hold a sample (at most [`MIN_RTT_SAMPLES`]).
+    len: usize,
+    /// Where the next sample goes, overwriting the oldest once the ring is full.
+    next: usize,
 }
 
 impl MinRtt {
     /// Records one round-trip sample, dropping the oldest beyond [`MIN_RTT_SAMPLES`].
     pub fn add_sample(&mut self, sample: Duration) {
-        if self.samples.len() == MIN_RTT_SAMPLES {
-            self.samples.pop_front();
-        }
-        self.samples.push_back(sample);
+        self.samples[self.next] = sample;
+        self.next = (self.next + 1) % MIN_RTT_SAMPLES;
+        self.len = (self.len + 1).min(MIN_RTT_SAMPLES);
     }
 
     /// The minimum of the kept samples, or zero with fewer than two.
     pub fn min(&self) -> Duration {
-        if self.samples.len() < 2 {
+        if self.len < 2 {
             return Duration::ZERO;
         }
-        self.samples.iter().copied().min().unwrap_or_default()
+        // While the ring is filling, the kept samples are the first `len` slots.
+        self.samples[..self.len]
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or_default()
     }
 
     /// Forgets every sample (the monitor's reset after a failed check).
     pub fn reset(&mut self) {
-        self.samples.clear();
+        *self = Self::default();
     }
 }
 

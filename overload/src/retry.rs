@@ -91,6 +91,10 @@ pub struct RetryState {
     backoff: Backoff,
     /// The operation's `timeoutMS` deadline; `None` when `timeoutMS` does not apply.
     deadline: Option<Deadline>,
+    /// The delay [`Self::admit`] checked against the deadline, with the failure count it was
+    /// drawn for, so that [`Self::backoff`] returns the very delay that was found to fit
+    /// rather than a fresh draw of the jitter.
+    admitted_delay: Option<(u64, Duration)>,
 }
 
 impl RetryState {
@@ -105,6 +109,7 @@ impl RetryState {
             last: Failure::default(),
             backoff: Backoff::default(),
             deadline: None,
+            admitted_delay: None,
         }
     }
 
@@ -112,11 +117,16 @@ impl RetryState {
     /// deadline is unlimited): ordinary retryable errors are then retried as long as time
     /// remains rather than once, as the CSOT specification asks; the overload cap is unchanged.
     pub fn with_deadline(mut self, deadline: Deadline) -> Self {
+        self.set_deadline(deadline);
+        self
+    }
+
+    /// [`Self::with_deadline`] in place.
+    pub fn set_deadline(&mut self, deadline: Deadline) {
         self.deadline = Some(deadline);
         if !self.overload_seen {
             self.max_retries = u32::MAX;
         }
-        self
     }
 
     /// The operation's `timeoutMS` deadline, if `timeoutMS` applies.
@@ -140,8 +150,11 @@ impl RetryState {
     ///    [`Declined::CannotFinish`], since the retry would most likely expire after the
     ///    server had done the work;
     /// 6. otherwise [`Admission::Retry`] with the delay.
+    ///
+    /// The delay of an admitted retry is kept: [`Self::backoff`] returns it until the next
+    /// failure, so the caller sleeps exactly what was checked.
     pub fn admit(
-        &self,
+        &mut self,
         now: Instant,
         jitter: &mut impl Jitter,
         typical_service: Duration,
@@ -166,6 +179,7 @@ impl RetryState {
                 return Admission::Decline(Declined::CannotFinish);
             }
         }
+        self.admitted_delay = Some((self.failures, delay));
         Admission::Retry(delay)
     }
 
@@ -232,6 +246,11 @@ impl RetryState {
     /// with the last failure's server base when it sent one. Callers wait it only after
     /// overload errors (`last_failure().overload.is_overload()`); ordinary retries go at once.
     pub fn backoff(&self, jitter: &mut impl Jitter) -> Duration {
+        if let Some((failures, delay)) = self.admitted_delay {
+            if failures == self.failures && self.last.overload.is_overload() {
+                return delay;
+            }
+        }
         self.backoff
             .delay(self.retry_number(), self.last.server_base, jitter)
     }
@@ -438,6 +457,22 @@ mod tests {
             state.admit(start + ms(500), &mut || 1.0, ms(0)),
             Admission::Expired
         );
+    }
+
+    #[test]
+    fn the_backoff_slept_is_the_backoff_admitted() {
+        let start = Instant::now();
+        let mut state = RetryState::new(Some(5)).with_deadline(Deadline::start(start, ms(10_000)));
+        state.record_failure(overloaded());
+        assert_eq!(
+            state.admit(start, &mut || 0.25, ms(0)),
+            Admission::Retry(ms(50))
+        );
+        // A later draw of the jitter does not change the delay already checked.
+        assert_eq!(state.backoff(&mut || 1.0), ms(50));
+        // The next failure calls for a new delay.
+        state.record_failure(overloaded());
+        assert_eq!(state.backoff(&mut || 1.0), ms(400));
     }
 
     #[test]
