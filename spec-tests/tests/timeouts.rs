@@ -589,3 +589,39 @@ async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() 
     assert_eq!(sent.named("find").len(), 2);
     fail_point_off(&server.uri).await;
 }
+
+/// CSOT prose test 1: the batches of one `insert_many` share one deadline.
+#[tokio::test]
+async fn insert_many_batches_share_one_deadline() {
+    let server = Server::standalone();
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 2 },
+            "data": { "failCommands": ["insert"], "blockConnection": true, "blockTimeMS": 3010 },
+        },
+    )
+    .await;
+    let (client, sent) = client_with(&server.uri, Some(ms(6_000))).await;
+    // Each batch is blocked for 3 s, so the first leaves less than 3 s of the 6 s budget (the
+    // margin is wide because sending 48 MB takes a while in a debug build on a busy machine).
+    // 50 documents of 1 MB do not fit in one 48 MB message: two batches.
+    let big = "a".repeat(1_000_000);
+    let docs: Vec<Document> = (0..50).map(|_| doc! { "a": big.clone() }).collect();
+    let error = client
+        .database("t")
+        .collection::<Document>("batches")
+        .insert_many(docs)
+        .await
+        .expect_err("the second batch runs out of time");
+    fail_point_off(&server.uri).await;
+    assert!(is_timeout(&error), "{error:?}");
+    let inserts = sent.named("insert");
+    assert_eq!(inserts.len(), 2, "two batches were sent");
+    let second = inserts[1].get_i64("maxTimeMS").expect("maxTimeMS");
+    assert!(
+        second < 3_000,
+        "the second batch got what remained, not a fresh budget: {second}"
+    );
+}
