@@ -54,6 +54,11 @@ pub const DEFAULT_MAX_ADAPTIVE_RETRIES: u32 = 2;
 /// Retries allowed after ordinary retryable errors (Retryable Reads and Writes: one).
 pub const MAX_ORDINARY_RETRIES: u32 = 1;
 
+/// Ordinary retries allowed under `timeoutMS=0`. The CSOT specification retries as long as time
+/// remains, which with no limit would never end against a server that keeps answering with a
+/// retryable error; the fork bounds that loop. A limited deadline bounds it by time instead.
+pub const MAX_ORDINARY_RETRIES_WITHOUT_A_LIMIT: u32 = 100;
+
 /// One failed attempt, as far as the retry count and backoff care.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Failure {
@@ -115,7 +120,9 @@ impl RetryState {
 
     /// The same state for an operation under `timeoutMS` (including `timeoutMS=0`, whose
     /// deadline is unlimited): ordinary retryable errors are then retried as long as time
-    /// remains rather than once, as the CSOT specification asks; the overload cap is unchanged.
+    /// remains rather than once, as the CSOT specification asks (at most
+    /// [`MAX_ORDINARY_RETRIES_WITHOUT_A_LIMIT`] times without a limit); the overload cap is
+    /// unchanged.
     pub fn with_deadline(mut self, deadline: Deadline) -> Self {
         self.set_deadline(deadline);
         self
@@ -125,7 +132,11 @@ impl RetryState {
     pub fn set_deadline(&mut self, deadline: Deadline) {
         self.deadline = Some(deadline);
         if !self.overload_seen {
-            self.max_retries = u32::MAX;
+            self.max_retries = if deadline.is_unlimited() {
+                MAX_ORDINARY_RETRIES_WITHOUT_A_LIMIT
+            } else {
+                u32::MAX
+            };
         }
     }
 
@@ -410,13 +421,31 @@ mod tests {
     #[test]
     fn a_deadline_lifts_the_ordinary_cap_but_not_the_overload_cap() {
         let now = Instant::now();
-        let mut state = RetryState::new(Some(2)).with_deadline(Deadline::unlimited());
+        let mut limited = RetryState::new(Some(2)).with_deadline(Deadline::start(now, ms(1)));
         for _ in 0..1_000 {
-            state.record_failure(ordinary());
+            limited.record_failure(ordinary());
             assert_eq!(
-                state.admit(now, &mut || 1.0, ms(5)),
+                limited.admit(now, &mut || 1.0, ms(0)),
                 Admission::Retry(ms(0))
             );
+        }
+        // Without a limit, the ordinary retries stop at the fork's bound.
+        let mut unbounded = RetryState::new(Some(2)).with_deadline(Deadline::unlimited());
+        for _ in 0..MAX_ORDINARY_RETRIES_WITHOUT_A_LIMIT {
+            unbounded.record_failure(ordinary());
+            assert_eq!(
+                unbounded.admit(now, &mut || 1.0, ms(5)),
+                Admission::Retry(ms(0))
+            );
+        }
+        unbounded.record_failure(ordinary());
+        assert_eq!(
+            unbounded.admit(now, &mut || 1.0, ms(5)),
+            Admission::Decline(Declined::Exhausted)
+        );
+        let mut state = RetryState::new(Some(2)).with_deadline(Deadline::unlimited());
+        for _ in 0..50 {
+            state.record_failure(ordinary());
         }
         // The first overload error brings the cap of 2 in, counting the retries so far.
         state.record_failure(overloaded());
