@@ -8,6 +8,7 @@
 
 pub mod backoff;
 pub mod budget;
+pub mod deadline;
 pub mod identity;
 pub mod labels;
 pub mod retry;

@@ -16,6 +16,11 @@
 //! - a retry after an overload error first waits [`Backoff::delay`] for its retry number, with
 //!   the `baseBackoffMS` of that failure, if valid, as the base.
 //!
+//! - with `timeoutMS` ([`RetryState::with_deadline`]), ordinary retryable errors are retried
+//!   without a count limit while time remains (the CSOT specification), the overload cap still
+//!   applies once an overload error is seen, and [`RetryState::admit`] declines a retry whose
+//!   backoff, or backoff plus the server's typical service time, does not fit in the time left.
+//!
 //! Whether a given failure may be retried at all (the command's retryability, the labels, the
 //! `retryReads`/`retryWrites` options) is the caller's decision; the state counts the failures
 //! the caller chose to retry. It reads no clock and draws no randomness: the caller sleeps the
@@ -36,7 +41,10 @@
 
 use std::time::Duration;
 
+use std::time::Instant;
+
 use crate::backoff::{Backoff, Jitter, ServerBaseBackoff};
+use crate::deadline::{Admission, Deadline, Declined};
 use crate::labels::Overload;
 
 /// The specification's default for `maxAdaptiveRetries`: retries after overload errors, not
@@ -45,6 +53,11 @@ pub const DEFAULT_MAX_ADAPTIVE_RETRIES: u32 = 2;
 
 /// Retries allowed after ordinary retryable errors (Retryable Reads and Writes: one).
 pub const MAX_ORDINARY_RETRIES: u32 = 1;
+
+/// Ordinary retries allowed under `timeoutMS=0`. The CSOT specification retries as long as time
+/// remains, which with no limit would never end against a server that keeps answering with a
+/// retryable error; the fork bounds that loop. A limited deadline bounds it by time instead.
+pub const MAX_ORDINARY_RETRIES_WITHOUT_A_LIMIT: u32 = 100;
 
 /// One failed attempt, as far as the retry count and backoff care.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -81,6 +94,12 @@ pub struct RetryState {
     /// The most recent failure.
     last: Failure,
     backoff: Backoff,
+    /// The operation's `timeoutMS` deadline; `None` when `timeoutMS` does not apply.
+    deadline: Option<Deadline>,
+    /// The delay [`Self::admit`] checked against the deadline, with the failure count it was
+    /// drawn for, so that [`Self::backoff`] returns the very delay that was found to fit
+    /// rather than a fresh draw of the jitter.
+    admitted_delay: Option<(u64, Duration)>,
 }
 
 impl RetryState {
@@ -94,7 +113,85 @@ impl RetryState {
             overload_seen: false,
             last: Failure::default(),
             backoff: Backoff::default(),
+            deadline: None,
+            admitted_delay: None,
         }
+    }
+
+    /// The same state for an operation under `timeoutMS` (including `timeoutMS=0`, whose
+    /// deadline is unlimited): ordinary retryable errors are then retried as long as time
+    /// remains rather than once, as the CSOT specification asks (at most
+    /// [`MAX_ORDINARY_RETRIES_WITHOUT_A_LIMIT`] times without a limit); the overload cap is
+    /// unchanged.
+    pub fn with_deadline(mut self, deadline: Deadline) -> Self {
+        self.set_deadline(deadline);
+        self
+    }
+
+    /// [`Self::with_deadline`] in place.
+    pub fn set_deadline(&mut self, deadline: Deadline) {
+        self.deadline = Some(deadline);
+        if !self.overload_seen {
+            self.max_retries = if deadline.is_unlimited() {
+                MAX_ORDINARY_RETRIES_WITHOUT_A_LIMIT
+            } else {
+                u32::MAX
+            };
+        }
+    }
+
+    /// The operation's `timeoutMS` deadline, if `timeoutMS` applies.
+    pub fn deadline(&self) -> Option<Deadline> {
+        self.deadline
+    }
+
+    /// Whether the retry the last failure calls for may be made at `now`, and after what delay.
+    /// `typical_service` is the recent typical service time of the server
+    /// ([`crate::deadline::ServiceTime::typical`]; zero when unknown).
+    ///
+    /// In order:
+    /// 1. under a deadline that has passed: [`Admission::Expired`] (the caller returns a
+    ///    timeout error caused by the last error);
+    /// 2. beyond the retry cap: [`Declined::Exhausted`];
+    /// 3. the delay is the backoff after an overload error and zero after an ordinary one;
+    /// 4. under a deadline, if waiting the delay reaches the deadline:
+    ///    [`Declined::BackoffPastDeadline`], so the caller returns the last error at once
+    ///    without sleeping (Client Backpressure specification);
+    /// 5. under a deadline, if the time left is less than the delay plus `typical_service`:
+    ///    [`Declined::CannotFinish`], since the retry would most likely expire after the
+    ///    server had done the work;
+    /// 6. otherwise [`Admission::Retry`] with the delay.
+    ///
+    /// The delay of an admitted retry is kept: [`Self::backoff`] returns it until the next
+    /// failure, so the caller sleeps exactly what was checked.
+    pub fn admit(
+        &mut self,
+        now: Instant,
+        jitter: &mut impl Jitter,
+        typical_service: Duration,
+    ) -> Admission {
+        if self.deadline.is_some_and(|deadline| deadline.expired(now)) {
+            return Admission::Expired;
+        }
+        if self.exhausted() {
+            return Admission::Decline(Declined::Exhausted);
+        }
+        let delay = if self.last.overload.is_overload() {
+            self.backoff(jitter)
+        } else {
+            Duration::ZERO
+        };
+        let remaining = self.deadline.and_then(|deadline| deadline.remaining(now));
+        if let Some(remaining) = remaining {
+            if delay >= remaining {
+                return Admission::Decline(Declined::BackoffPastDeadline);
+            }
+            if remaining < delay.saturating_add(typical_service) {
+                return Admission::Decline(Declined::CannotFinish);
+            }
+        }
+        self.admitted_delay = Some((self.failures, delay));
+        Admission::Retry(delay)
     }
 
     /// The same state with another backoff policy.
@@ -160,6 +257,11 @@ impl RetryState {
     /// with the last failure's server base when it sent one. Callers wait it only after
     /// overload errors (`last_failure().overload.is_overload()`); ordinary retries go at once.
     pub fn backoff(&self, jitter: &mut impl Jitter) -> Duration {
+        if let Some((failures, delay)) = self.admitted_delay {
+            if failures == self.failures && self.last.overload.is_overload() {
+                return delay;
+            }
+        }
         self.backoff
             .delay(self.retry_number(), self.last.server_base, jitter)
     }
@@ -289,6 +391,135 @@ mod tests {
         assert_eq!(state.backoff(&mut || 1.0), MAX_BACKOFF);
     }
 
+    fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn without_a_deadline_admission_is_the_cap_and_the_backoff() {
+        let now = Instant::now();
+        let mut state = RetryState::new(Some(2));
+        state.record_failure(overloaded());
+        // First retry: 100 ms * 2^1 at full jitter, however slow the server is.
+        assert_eq!(
+            state.admit(now, &mut || 1.0, ms(60_000)),
+            Admission::Retry(ms(200))
+        );
+        let mut ordinary_state = RetryState::new(None);
+        ordinary_state.record_failure(ordinary());
+        assert_eq!(
+            ordinary_state.admit(now, &mut || 1.0, ms(0)),
+            Admission::Retry(ms(0))
+        );
+        ordinary_state.record_failure(ordinary());
+        assert_eq!(
+            ordinary_state.admit(now, &mut || 1.0, ms(0)),
+            Admission::Decline(Declined::Exhausted)
+        );
+    }
+
+    #[test]
+    fn a_deadline_lifts_the_ordinary_cap_but_not_the_overload_cap() {
+        let now = Instant::now();
+        let mut limited = RetryState::new(Some(2)).with_deadline(Deadline::start(now, ms(1)));
+        for _ in 0..1_000 {
+            limited.record_failure(ordinary());
+            assert_eq!(
+                limited.admit(now, &mut || 1.0, ms(0)),
+                Admission::Retry(ms(0))
+            );
+        }
+        // Without a limit, the ordinary retries stop at the fork's bound.
+        let mut unbounded = RetryState::new(Some(2)).with_deadline(Deadline::unlimited());
+        for _ in 0..MAX_ORDINARY_RETRIES_WITHOUT_A_LIMIT {
+            unbounded.record_failure(ordinary());
+            assert_eq!(
+                unbounded.admit(now, &mut || 1.0, ms(5)),
+                Admission::Retry(ms(0))
+            );
+        }
+        unbounded.record_failure(ordinary());
+        assert_eq!(
+            unbounded.admit(now, &mut || 1.0, ms(5)),
+            Admission::Decline(Declined::Exhausted)
+        );
+        let mut state = RetryState::new(Some(2)).with_deadline(Deadline::unlimited());
+        for _ in 0..50 {
+            state.record_failure(ordinary());
+        }
+        // The first overload error brings the cap of 2 in, counting the retries so far.
+        state.record_failure(overloaded());
+        assert_eq!(
+            state.admit(now, &mut || 1.0, ms(0)),
+            Admission::Decline(Declined::Exhausted)
+        );
+        // A state made after an overload error keeps the adaptive cap under a deadline.
+        let mut overloaded_first = RetryState::new(Some(2));
+        overloaded_first.record_failure(overloaded());
+        let overloaded_first = overloaded_first.with_deadline(Deadline::unlimited());
+        assert_eq!(overloaded_first.max_retries(), 2);
+    }
+
+    #[test]
+    fn a_backoff_past_the_deadline_is_declined_without_sleeping() {
+        let start = Instant::now();
+        let mut state = RetryState::new(Some(5)).with_deadline(Deadline::start(start, ms(500)));
+        state.record_failure(overloaded());
+        // 200 ms of backoff, 500 ms left, 100 ms typical service: fits.
+        assert_eq!(
+            state.admit(start, &mut || 1.0, ms(100)),
+            Admission::Retry(ms(200))
+        );
+        // 250 ms left: the backoff fits, the backoff plus the service time does not.
+        let later = start + ms(250);
+        assert_eq!(
+            state.admit(later, &mut || 1.0, ms(100)),
+            Admission::Decline(Declined::CannotFinish)
+        );
+        // 150 ms left: the backoff alone passes the deadline.
+        let later = start + ms(350);
+        assert_eq!(
+            state.admit(later, &mut || 1.0, ms(0)),
+            Admission::Decline(Declined::BackoffPastDeadline)
+        );
+        assert_eq!(
+            state.admit(start + ms(500), &mut || 1.0, ms(0)),
+            Admission::Expired
+        );
+    }
+
+    #[test]
+    fn the_backoff_slept_is_the_backoff_admitted() {
+        let start = Instant::now();
+        let mut state = RetryState::new(Some(5)).with_deadline(Deadline::start(start, ms(10_000)));
+        state.record_failure(overloaded());
+        assert_eq!(
+            state.admit(start, &mut || 0.25, ms(0)),
+            Admission::Retry(ms(50))
+        );
+        // A later draw of the jitter does not change the delay already checked.
+        assert_eq!(state.backoff(&mut || 1.0), ms(50));
+        // The next failure calls for a new delay.
+        state.record_failure(overloaded());
+        assert_eq!(state.backoff(&mut || 1.0), ms(400));
+    }
+
+    #[test]
+    fn an_ordinary_retry_needs_only_the_typical_service_time() {
+        let start = Instant::now();
+        let mut state = RetryState::new(None).with_deadline(Deadline::start(start, ms(100)));
+        state.record_failure(ordinary());
+        assert_eq!(
+            state.admit(start + ms(50), &mut || 1.0, ms(40)),
+            Admission::Retry(ms(0))
+        );
+        assert_eq!(
+            state.admit(start + ms(70), &mut || 1.0, ms(40)),
+            Admission::Decline(Declined::CannotFinish)
+        );
+        assert_eq!(state.deadline(), Some(Deadline::start(start, ms(100))));
+    }
+
     fn failure() -> impl Strategy<Value = Failure> {
         let overload = prop_oneof![
             Just(Overload::None),
@@ -353,6 +584,38 @@ mod tests {
                     state.exhausted(),
                     u64::from(state.retry_number()) > u64::from(expected)
                 );
+            }
+        }
+
+        #[test]
+        fn admitted_retries_fit_before_the_deadline(
+            budget in 1u64..5_000,
+            elapsed in 0u64..6_000,
+            service in 0u64..2_000,
+            failures in proptest::collection::vec(failure(), 1..20),
+            jitter in 0.0f64..1.0,
+        ) {
+            let start = Instant::now();
+            let deadline = Deadline::start(start, ms(budget));
+            let mut state = RetryState::new(Some(3)).with_deadline(deadline);
+            let now = start + ms(elapsed);
+            for failure in failures {
+                state.record_failure(failure);
+                match state.admit(now, &mut || jitter, ms(service)) {
+                    Admission::Retry(delay) => {
+                        prop_assert!(!state.exhausted());
+                        prop_assert!(now + delay + ms(service) <= deadline.instant().unwrap());
+                        prop_assert!(now + delay < deadline.instant().unwrap());
+                        if !failure.overload.is_overload() {
+                            prop_assert_eq!(delay, Duration::ZERO);
+                        }
+                    }
+                    Admission::Expired => prop_assert!(deadline.expired(now)),
+                    Admission::Decline(Declined::Exhausted) => {
+                        prop_assert!(state.overload_seen() && state.exhausted());
+                    }
+                    Admission::Decline(_) => prop_assert!(!deadline.expired(now)),
+                }
             }
         }
 

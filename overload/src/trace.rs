@@ -5,6 +5,7 @@
 //! an operator can see retries and ignored server hints in any build.
 
 use crate::backoff::InvalidServerBase;
+use crate::deadline::Admission;
 
 /// The tracing target of every event in this module.
 pub const TARGET: &str = "mongodb::overload";
@@ -51,6 +52,33 @@ pub fn retry_attempt(event: &RetryAttempt<'_>) {
         errorLabels = ?labels,
         backoffMS = event.backoff.map(|b| b.as_secs_f64() * 1000.0),
         "retrying operation"
+    );
+}
+
+/// Logs, at DEBUG, a retry the operation's `timeoutMS` deadline stopped: `admission` is what
+/// [`crate::retry::RetryState::admit`] decided (anything but a retry, or a decline for the retry
+/// cap, which upstream's loop reports by returning the error), `remaining` the time left.
+pub fn retry_stopped_by_deadline(
+    operation: &str,
+    admission: Admission,
+    remaining: Option<std::time::Duration>,
+) {
+    let reason = match admission {
+        Admission::Expired => "deadline passed",
+        Admission::Decline(crate::deadline::Declined::BackoffPastDeadline) => {
+            "backoff would pass the deadline"
+        }
+        Admission::Decline(crate::deadline::Declined::CannotFinish) => {
+            "backoff plus typical service time would pass the deadline"
+        }
+        Admission::Decline(crate::deadline::Declined::Exhausted) | Admission::Retry(_) => return,
+    };
+    tracing::debug!(
+        target: TARGET,
+        operation,
+        reason,
+        remainingMS = remaining.map(|r| r.as_secs_f64() * 1000.0),
+        "not retrying operation"
     );
 }
 
@@ -162,6 +190,26 @@ mod tests {
             retry_attempt(&sample_attempt(&labels));
         });
         assert_eq!(at_info, "", "a DEBUG event leaked at INFO");
+    }
+
+    #[test]
+    fn stopped_retries_name_the_reason_and_admitted_ones_log_nothing() {
+        use crate::deadline::Declined;
+        let text = captured(tracing::Level::DEBUG, || {
+            let remaining = Some(Duration::from_millis(40));
+            retry_stopped_by_deadline(
+                "find",
+                Admission::Decline(Declined::CannotFinish),
+                remaining,
+            );
+            retry_stopped_by_deadline("find", Admission::Retry(Duration::ZERO), remaining);
+            retry_stopped_by_deadline("find", Admission::Decline(Declined::Exhausted), remaining);
+        });
+        assert_eq!(text.matches("not retrying operation").count(), 1, "{text}");
+        assert!(
+            text.contains("typical service time") && text.contains("remainingMS=40"),
+            "{text}"
+        );
     }
 
     #[test]

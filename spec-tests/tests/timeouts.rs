@@ -1,0 +1,627 @@
+//! `timeoutMS` (client-side operation timeouts, stage 1), against the emulator.
+//!
+//! Upstream 3.9.1 rejects `timeoutMS` in the connection string; the fork honours it at every
+//! level (client, database, collection, operation). These tests show the difference, then check
+//! what the fork sends (`maxTimeMS` from the time remaining, no deprecated `maxTimeMS`/`wtimeout`),
+//! how its deadline ends an operation (a timeout error carrying its cause), and how retries behave
+//! under the deadline.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Server;
+use mongodb::{
+    bson::{doc, Bson, Document},
+    error::{Error, ErrorKind, WriteFailure},
+    event::{command::CommandEvent, EventHandler},
+    options::{ClientOptions, CollectionOptions, DatabaseOptions, WriteConcern},
+    Client,
+};
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+fn is_timeout(error: &Error) -> bool {
+    matches!(*error.kind, ErrorKind::Timeout { .. })
+}
+
+/// The error's cause, as applications read it: through `std::error::Error::source`.
+fn cause(error: &Error) -> Option<&Error> {
+    let source = std::error::Error::source(error)?;
+    // The driver keeps the cause boxed; `source()` may hand out the box or the error itself.
+    source
+        .downcast_ref::<Error>()
+        .or_else(|| source.downcast_ref::<Box<Error>>().map(|boxed| &**boxed))
+}
+
+fn server_code(error: &Error) -> Option<i32> {
+    match error.kind.as_ref() {
+        ErrorKind::Command(e) => Some(e.code),
+        _ => None,
+    }
+}
+
+/// Every started command, in order.
+#[derive(Clone, Default)]
+struct Started(Arc<Mutex<Vec<Document>>>);
+
+impl Started {
+    fn named(&self, name: &str) -> Vec<Document> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.keys().next().map(String::as_str) == Some(name))
+            .cloned()
+            .collect()
+    }
+
+    /// The `maxTimeMS` of the last started command called `name` (`None` when it had none).
+    fn last_max_time(&self, name: &str) -> Option<i64> {
+        let last = self.named(name).pop().expect("command was sent");
+        match last.get("maxTimeMS") {
+            Some(Bson::Int64(v)) => Some(*v),
+            Some(Bson::Int32(v)) => Some(i64::from(*v)),
+            Some(other) => panic!("maxTimeMS of unexpected type: {other:?}"),
+            None => None,
+        }
+    }
+
+    fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+}
+
+async fn client_with(uri: &str, timeout: Option<Duration>) -> (Client, Started) {
+    let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+    options.timeout = timeout;
+    let started = Started::default();
+    let sink = started.clone();
+    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
+        if let CommandEvent::Started(e) = event {
+            sink.0.lock().unwrap().push(e.command);
+        }
+    }));
+    (Client::with_options(options).expect("client"), started)
+}
+
+/// Sets a fail point through a separate client, so that the client under test has no earlier
+/// successful attempt (whose service time would take part in its retry decisions).
+async fn fail_point(uri: &str, spec: Document) {
+    let client = Client::with_uri_str(uri).await.expect("client");
+    client
+        .database("admin")
+        .run_command(spec)
+        .await
+        .expect("configureFailPoint");
+}
+
+async fn fail_point_off(uri: &str) {
+    fail_point(
+        uri,
+        doc! { "configureFailPoint": "failCommand", "mode": "off" },
+    )
+    .await;
+}
+
+/// `maxTimeMS` under a budget of `budget_ms` sent right away: at most the budget, and not much
+/// less (the emulator's round trip is well under 100 ms).
+fn assert_max_time_from(max_time: Option<i64>, budget_ms: i64, what: &str) {
+    let max_time = max_time.unwrap_or_else(|| panic!("{what}: no maxTimeMS sent"));
+    assert!(
+        max_time <= budget_ms && max_time > budget_ms - 500,
+        "{what}: maxTimeMS {max_time} for a budget of {budget_ms} ms"
+    );
+}
+
+#[tokio::test]
+async fn upstream_rejects_timeout_ms_in_the_connection_string_and_the_fork_honours_it() {
+    let uri = "mongodb://localhost:27017/?timeoutMS=1500";
+    let upstream = mongodb_upstream::options::ClientOptions::parse(uri).await;
+    let error = upstream.expect_err("upstream 3.9.1 has no timeoutMS");
+    assert!(
+        error.to_string().to_lowercase().contains("timeoutms"),
+        "upstream's error names the option: {error}"
+    );
+
+    let fork = ClientOptions::parse(uri)
+        .await
+        .expect("the fork parses timeoutMS");
+    assert_eq!(fork.timeout, Some(ms(1500)));
+    let unlimited = ClientOptions::parse("mongodb://localhost:27017/?timeoutMS=0")
+        .await
+        .expect("timeoutMS=0");
+    assert_eq!(unlimited.timeout, Some(Duration::ZERO));
+    let unset = ClientOptions::parse("mongodb://localhost:27017/")
+        .await
+        .unwrap();
+    assert_eq!(unset.timeout, None);
+}
+
+#[tokio::test]
+async fn a_negative_timeout_ms_is_an_error_naming_the_option() {
+    let error = ClientOptions::parse("mongodb://localhost:27017/?timeoutMS=-1")
+        .await
+        .expect_err("negative timeoutMS");
+    assert!(
+        error.to_string().to_lowercase().contains("timeoutms"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn socket_timeout_ms_stays_rejected_and_points_to_timeout_ms() {
+    let error = ClientOptions::parse("mongodb://localhost:27017/?socketTimeoutMS=100")
+        .await
+        .expect_err("socketTimeoutMS is rejected");
+    let message = error.to_string();
+    assert!(message.contains("socketTimeoutMS"), "{message}");
+    assert!(message.contains("use timeoutMS"), "{message}");
+}
+
+#[tokio::test]
+async fn upstream_never_bounds_a_blocked_operation_and_the_fork_ends_it_at_the_deadline() {
+    let server = Server::standalone();
+    let block = doc! {
+        "configureFailPoint": "failCommand",
+        "mode": { "times": 1 },
+        "data": { "failCommands": ["find"], "blockConnection": true, "blockTimeMS": 1500 },
+    };
+
+    // Upstream has no deadline to give: the find waits out the whole block.
+    fail_point(&server.uri, block.clone()).await;
+    let upstream = mongodb_upstream::Client::with_uri_str(&server.uri)
+        .await
+        .unwrap();
+    let coll = upstream
+        .database("t")
+        .collection::<mongodb_upstream::bson::Document>("c");
+    let started = Instant::now();
+    coll.find_one(mongodb_upstream::bson::doc! {})
+        .await
+        .expect("upstream waits for the reply");
+    assert!(started.elapsed() >= ms(1400), "{:?}", started.elapsed());
+
+    // The fork with timeoutMS=200: a timeout error at about 200 ms.
+    fail_point(&server.uri, block).await;
+    let (client, sent) = client_with(&server.uri, Some(ms(200))).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let started = Instant::now();
+    let error = coll.find_one(doc! {}).await.expect_err("times out");
+    let elapsed = started.elapsed();
+    assert!(is_timeout(&error), "{error:?}");
+    assert!(elapsed < ms(1000), "ended after {elapsed:?}");
+    assert!(
+        error.to_string().contains("timeoutMS expired"),
+        "the message says what happened: {error}"
+    );
+    assert_max_time_from(sent.last_max_time("find"), 200, "blocked find");
+    // The server's MaxTimeMSExpired, when it answered first, is the error's cause.
+    if let Some(source) = cause(&error) {
+        assert_eq!(server_code(source), Some(50), "{source:?}");
+    }
+
+    // The pool stays usable after the timed-out command.
+    coll.find_one(doc! {})
+        .await
+        .expect("the next find succeeds");
+    fail_point_off(&server.uri).await;
+}
+
+#[tokio::test]
+async fn max_time_ms_comes_from_the_deadline_and_deprecated_limits_are_dropped() {
+    let server = Server::standalone();
+    let (client, sent) = client_with(&server.uri, Some(ms(10_000))).await;
+    let coll = client.database("t").collection::<Document>("c");
+
+    coll.find_one(doc! {}).await.unwrap();
+    assert_max_time_from(sent.last_max_time("find"), 10_000, "find");
+
+    // The operation's own max_time is ignored while timeoutMS applies.
+    coll.find_one(doc! {})
+        .max_time(ms(3_600_000))
+        .await
+        .unwrap();
+    assert_max_time_from(sent.last_max_time("find"), 10_000, "find with max_time");
+
+    // So is the write concern's wtimeout; the rest of the write concern stays.
+    let wc = WriteConcern::builder()
+        .w(mongodb::options::Acknowledgment::Majority)
+        .w_timeout(ms(60_000))
+        .build();
+    let with_wc = client.database("t").collection_with_options::<Document>(
+        "c",
+        CollectionOptions::builder().write_concern(wc).build(),
+    );
+    with_wc.insert_one(doc! {}).await.unwrap();
+    let insert = sent.named("insert").pop().unwrap();
+    let write_concern = insert.get_document("writeConcern").expect("w is kept");
+    assert_eq!(
+        write_concern.get("w"),
+        Some(&Bson::String("majority".into()))
+    );
+    assert!(!write_concern.contains_key("wtimeout"), "{write_concern:?}");
+    assert_max_time_from(sent.last_max_time("insert"), 10_000, "insert");
+
+    // Without timeoutMS, nothing changes: no maxTimeMS, the user's maxTime is sent.
+    let (plain, plain_sent) = client_with(&server.uri, None).await;
+    let coll = plain.database("t").collection::<Document>("c");
+    coll.find_one(doc! {}).await.unwrap();
+    assert_eq!(plain_sent.last_max_time("find"), None);
+    coll.find_one(doc! {}).max_time(ms(1234)).await.unwrap();
+    assert_eq!(plain_sent.last_max_time("find"), Some(1234));
+}
+
+#[tokio::test]
+async fn timeout_ms_is_inherited_from_client_database_and_collection_and_overridden_below() {
+    let server = Server::standalone();
+    let (client, sent) = client_with(&server.uri, Some(ms(5_000))).await;
+    let db_options = |t: u64| DatabaseOptions::builder().timeout(ms(t)).build();
+    let coll_options = |t: u64| CollectionOptions::builder().timeout(ms(t)).build();
+
+    // (what, the collection, the maxTimeMS budget expected; None: no maxTimeMS at all)
+    let client_db = client.database("t");
+    let db_3000 = client.database_with_options("t", db_options(3_000));
+    let db_0 = client.database_with_options("t", db_options(0));
+    let cases: Vec<(&str, mongodb::Collection<Document>, Option<i64>)> = vec![
+        ("client", client_db.collection("c"), Some(5_000)),
+        ("database", db_3000.collection("c"), Some(3_000)),
+        (
+            "collection over database",
+            db_3000.collection_with_options("c", coll_options(2_000)),
+            Some(2_000),
+        ),
+        (
+            "collection over client",
+            client_db.collection_with_options("c", coll_options(1_500)),
+            Some(1_500),
+        ),
+        ("database 0", db_0.collection("c"), None),
+        (
+            "collection under database 0",
+            db_0.collection_with_options("c", coll_options(2_500)),
+            Some(2_500),
+        ),
+        (
+            "collection 0",
+            db_3000.collection_with_options("c", coll_options(0)),
+            None,
+        ),
+    ];
+    for (what, coll, expected) in &cases {
+        // Every collection here has a timeout: the client set one. Zero means no limit.
+        let expected_timeout = ms(expected.unwrap_or(0) as u64);
+        assert_eq!(
+            coll.timeout(),
+            Some(expected_timeout),
+            "{what}: Collection::timeout"
+        );
+        sent.clear();
+        coll.find_one(doc! {}).await.unwrap();
+        coll.insert_one(doc! {}).await.unwrap();
+        for command in ["find", "insert"] {
+            match expected {
+                Some(budget) => assert_max_time_from(
+                    sent.last_max_time(command),
+                    *budget,
+                    &format!("{what} {command}"),
+                ),
+                None => assert_eq!(sent.last_max_time(command), None, "{what} {command}"),
+            }
+        }
+    }
+    assert_eq!(db_3000.timeout(), Some(ms(3_000)));
+    assert_eq!(client_db.timeout(), Some(ms(5_000)));
+
+    // Database-level commands inherit from the database.
+    sent.clear();
+    db_3000.run_command(doc! { "ping": 1 }).await.unwrap();
+    assert_max_time_from(
+        sent.last_max_time("ping"),
+        3_000,
+        "run_command on the database",
+    );
+}
+
+#[tokio::test]
+async fn every_operation_builder_takes_its_own_timeout() {
+    let server = Server::standalone();
+    let (client, sent) = client_with(&server.uri, Some(ms(8_000))).await;
+    let db =
+        client.database_with_options("t", DatabaseOptions::builder().timeout(ms(6_000)).build());
+    let coll = db.collection_with_options::<Document>(
+        "ops",
+        CollectionOptions::builder().timeout(ms(4_000)).build(),
+    );
+    coll.insert_one(doc! { "x": 1 }).await.unwrap();
+    let t = ms(1_000);
+
+    // Each action with `.timeout(1 s)`, and the command it sends.
+    sent.clear();
+    coll.insert_one(doc! { "x": 2 }).timeout(t).await.unwrap();
+    coll.insert_many(vec![doc! { "x": 3 }])
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.find_one(doc! {}).timeout(t).await.unwrap();
+    coll.find(doc! {}).timeout(t).await.unwrap();
+    coll.update_one(doc! {}, doc! { "$set": { "y": 1 } })
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.update_many(doc! {}, doc! { "$set": { "y": 2 } })
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.replace_one(doc! { "x": 3 }, doc! { "x": 4 })
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.delete_one(doc! { "x": 4 }).timeout(t).await.unwrap();
+    coll.delete_many(doc! { "x": 5 }).timeout(t).await.unwrap();
+    coll.find_one_and_update(doc! {}, doc! { "$set": { "z": 1 } })
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.find_one_and_replace(doc! { "x": 2 }, doc! { "x": 2 })
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.find_one_and_delete(doc! { "x": 99 })
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.aggregate(vec![doc! { "$match": {} }])
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.count_documents(doc! {}).timeout(t).await.unwrap();
+    coll.estimated_document_count().timeout(t).await.unwrap();
+    coll.distinct("x", doc! {}).timeout(t).await.unwrap();
+    db.run_command(doc! { "ping": 1 }).timeout(t).await.unwrap();
+    for command in [
+        "insert",
+        "find",
+        "update",
+        "delete",
+        "findAndModify",
+        "aggregate",
+        "count",
+        "distinct",
+        "ping",
+    ] {
+        let commands = sent.named(command);
+        assert!(!commands.is_empty(), "{command} was sent");
+        for sent_command in commands {
+            let max_time = sent_command
+                .get_i64("maxTimeMS")
+                .unwrap_or_else(|_| panic!("{command}: {sent_command:?}"));
+            assert!(
+                max_time <= 1_000 && max_time > 500,
+                "{command}: maxTimeMS {max_time}"
+            );
+        }
+    }
+
+    // timeout(0) on the operation: no limit, so no maxTimeMS, whatever the levels above say.
+    sent.clear();
+    coll.find_one(doc! {})
+        .timeout(Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(sent.last_max_time("find"), None);
+}
+
+#[tokio::test]
+async fn max_time_ms_expired_anywhere_in_the_reply_becomes_the_timeout_error() {
+    let server = Server::standalone();
+    let wce = doc! {
+        "configureFailPoint": "failCommand",
+        "mode": { "times": 1 },
+        "data": {
+            "failCommands": ["insert"],
+            "writeConcernError": { "code": 50, "codeName": "MaxTimeMSExpired", "errmsg": "expired" },
+        },
+    };
+    fail_point(&server.uri, wce.clone()).await;
+    let (client, _) = client_with(&server.uri, Some(ms(5_000))).await;
+    let error = client
+        .database("t")
+        .collection::<Document>("c")
+        .insert_one(doc! {})
+        .await
+        .expect_err("write concern error");
+    assert!(is_timeout(&error), "{error:?}");
+    let source = cause(&error).expect("the server's error is the cause");
+    // The executor sees insert_one as a one-document insert; the cause keeps that shape.
+    let wce_code = match source.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteConcernError(e)) => Some(e.code),
+        ErrorKind::InsertMany(e) => e.write_concern_error.as_ref().map(|e| e.code),
+        _ => None,
+    };
+    assert_eq!(wce_code, Some(50), "{source:?}");
+
+    // Without timeoutMS the error stays what the server said.
+    fail_point(&server.uri, wce).await;
+    let (plain, _) = client_with(&server.uri, None).await;
+    let error = plain
+        .database("t")
+        .collection::<Document>("c")
+        .insert_one(doc! {})
+        .await
+        .expect_err("write concern error");
+    assert!(
+        matches!(error.kind.as_ref(), ErrorKind::Write(WriteFailure::WriteConcernError(e)) if e.code == 50),
+        "{error:?}"
+    );
+
+    // A top-level code 50.
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["find"], "errorCode": 50 },
+        },
+    )
+    .await;
+    let error = client
+        .database("t")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .expect_err("code 50");
+    assert!(is_timeout(&error), "{error:?}");
+    assert_eq!(cause(&error).and_then(server_code), Some(50));
+}
+
+#[tokio::test]
+async fn ordinary_retries_go_on_while_time_remains() {
+    let server = Server::standalone();
+    let fail_three = doc! {
+        "configureFailPoint": "failCommand",
+        "mode": { "times": 3 },
+        "data": { "failCommands": ["find"], "errorCode": 7 },
+    };
+
+    // Without timeoutMS: one retry, then the error.
+    fail_point(&server.uri, fail_three.clone()).await;
+    let (plain, plain_sent) = client_with(&server.uri, None).await;
+    let error = plain
+        .database("t")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .expect_err("two attempts fail");
+    assert_eq!(server_code(&error), Some(7));
+    assert_eq!(plain_sent.named("find").len(), 2);
+    fail_point_off(&server.uri).await;
+
+    // With timeoutMS: retried until it succeeds.
+    fail_point(&server.uri, fail_three).await;
+    let (client, sent) = client_with(&server.uri, Some(ms(5_000))).await;
+    client
+        .database("t")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .expect("fourth attempt succeeds");
+    assert_eq!(sent.named("find").len(), 4);
+
+    // Until the deadline: then the timeout error, caused by the last failure.
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": "alwaysOn",
+            "data": { "failCommands": ["find"], "errorCode": 7, "blockConnection": true, "blockTimeMS": 20 },
+        },
+    )
+    .await;
+    let (client, sent) = client_with(&server.uri, Some(ms(300))).await;
+    let started = Instant::now();
+    let error = client
+        .database("t")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .expect_err("never succeeds");
+    let elapsed = started.elapsed();
+    fail_point_off(&server.uri).await;
+    assert!(is_timeout(&error), "{error:?}");
+    assert!(
+        sent.named("find").len() >= 3,
+        "retried more than once: {}",
+        sent.named("find").len()
+    );
+    assert!(elapsed < ms(1_000), "{elapsed:?}");
+}
+
+#[tokio::test]
+async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() {
+    let server = Server::standalone();
+    let overload = doc! {
+        "configureFailPoint": "failCommand",
+        "mode": "alwaysOn",
+        "data": {
+            "failCommands": ["find"],
+            "errorCode": 462,
+            "errorLabels": ["SystemOverloadedError", "RetryableError"],
+        },
+    };
+    fail_point(&server.uri, overload).await;
+
+    // Full jitter: the first retry waits 100 ms * 2 = 200 ms, more than the 150 ms budget. The
+    // overload error comes back at once, without sleeping, and without a second attempt.
+    let (client, sent) = client_with(&server.uri, Some(ms(150))).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let started = Instant::now();
+    let result = mongodb::fork::test_hooks::with_pinned_jitter(1.0, coll.find_one(doc! {})).await;
+    let elapsed = started.elapsed();
+    let error = result.expect_err("overloaded");
+    assert_eq!(
+        server_code(&error),
+        Some(462),
+        "the last error, not a timeout: {error:?}"
+    );
+    assert_eq!(sent.named("find").len(), 1, "no retry was attempted");
+    assert!(elapsed < ms(150), "returned without sleeping: {elapsed:?}");
+
+    // With time for both retries (200 ms + 400 ms of backoff), the cap of 2 applies as before.
+    let (client, sent) = client_with(&server.uri, Some(ms(5_000))).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let result = mongodb::fork::test_hooks::with_pinned_jitter(1.0, coll.find_one(doc! {})).await;
+    assert_eq!(result.as_ref().err().and_then(server_code), Some(462));
+    assert_eq!(
+        sent.named("find").len(),
+        3,
+        "first attempt and maxAdaptiveRetries=2 retries"
+    );
+
+    // Room for the first retry's 200 ms but not the second's 400 ms: two attempts.
+    let (client, sent) = client_with(&server.uri, Some(ms(450))).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let result = mongodb::fork::test_hooks::with_pinned_jitter(1.0, coll.find_one(doc! {})).await;
+    assert_eq!(result.as_ref().err().and_then(server_code), Some(462));
+    assert_eq!(sent.named("find").len(), 2);
+    fail_point_off(&server.uri).await;
+}
+
+/// CSOT prose test 1: the batches of one `insert_many` share one deadline.
+#[tokio::test]
+async fn insert_many_batches_share_one_deadline() {
+    let server = Server::standalone();
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 2 },
+            "data": { "failCommands": ["insert"], "blockConnection": true, "blockTimeMS": 3010 },
+        },
+    )
+    .await;
+    let (client, sent) = client_with(&server.uri, Some(ms(6_000))).await;
+    // Each batch is blocked for 3 s, so the first leaves less than 3 s of the 6 s budget (the
+    // margin is wide because sending 48 MB takes a while in a debug build on a busy machine).
+    // 50 documents of 1 MB do not fit in one 48 MB message: two batches.
+    let big = "a".repeat(1_000_000);
+    let docs: Vec<Document> = (0..50).map(|_| doc! { "a": big.clone() }).collect();
+    let error = client
+        .database("t")
+        .collection::<Document>("batches")
+        .insert_many(docs)
+        .await
+        .expect_err("the second batch runs out of time");
+    fail_point_off(&server.uri).await;
+    assert!(is_timeout(&error), "{error:?}");
+    let inserts = sent.named("insert");
+    assert_eq!(inserts.len(), 2, "two batches were sent");
+    let second = inserts[1].get_i64("maxTimeMS").expect("maxTimeMS");
+    assert!(
+        second < 3_000,
+        "the second batch got what remained, not a fresh budget: {second}"
+    );
+}
