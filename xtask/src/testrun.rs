@@ -186,8 +186,8 @@ impl Workspace {
             total += tally;
         }
 
-        let app = self.run_patch_app()?;
-        total += app;
+        total += self.run_patch_app()?;
+        total += self.check_bson_3_build()?;
         if !broken.is_empty() {
             eprintln!("failed to run: {}", broken.join(", "));
         }
@@ -226,6 +226,36 @@ impl Workspace {
                 ..Tally::default()
             })
         }
+    }
+
+    /// Type-checks the fork with upstream's public `bson-3` feature, which swaps the bson major
+    /// and with it some internal types (a command name is a `CStr` there, a `str` by default).
+    /// The workspace builds only the default features, so without this step a patch that works
+    /// with bson 2 can break every application that enables `bson-3`.
+    fn check_bson_3_build(&self) -> Result<Tally> {
+        let root = self.project.root();
+        println!("==> the fork with upstream's bson-3 feature");
+        let status = crate::project::cargo_command()
+            .args([
+                "check",
+                "--quiet",
+                "--lib",
+                "-p",
+                "mongodb",
+                "--features",
+                "bson-3",
+            ])
+            .arg("--manifest-path")
+            .arg(root.join("Cargo.toml"))
+            .status()
+            .context("cannot run cargo check for the bson-3 build")?;
+        let ok = status.success();
+        println!("bson-3 build: {}", if ok { "ok" } else { "FAILED" });
+        Ok(Tally {
+            passed: u64::from(ok),
+            failed: u64::from(!ok),
+            ..Tally::default()
+        })
     }
 }
 
