@@ -337,3 +337,27 @@ async fn retryable_writes_6_case_3_error_that_may_have_written_wins() {
     assert_eq!(code(&error), Some(91), "{error:?}");
     assert!(!error.contains_label("NoWritesPerformed"), "{error:?}");
 }
+
+/// The handshake requirement of the Client Backpressure specification: every connection's
+/// handshake tells the server that the driver takes part in backpressure (`backpressure: "2"`,
+/// a string, as the handshake specification writes it).
+#[tokio::test]
+async fn handshake_advertises_backpressure() {
+    let server = Server::standalone();
+    let (client, _) = client(&server.uri).await;
+    let reply = client
+        .database("admin")
+        .run_command(doc! { "labClientMetadata": 1 })
+        .await
+        .expect("labClientMetadata");
+    let records = reply.get_array("metadata").expect("metadata records");
+    assert!(!records.is_empty(), "the emulator recorded no handshake");
+    for record in records {
+        let record = record.as_document().expect("a metadata document");
+        assert_eq!(
+            record.get("backpressure"),
+            Some(&mongodb::bson::Bson::String("2".to_owned())),
+            "{record}"
+        );
+    }
+}
