@@ -398,7 +398,8 @@ impl Workspace {
         let mut command = crate::project::cargo_command();
         command
             .current_dir(&scratch.project)
-            .args(["test", "--quiet", "-p", "spec-tests", "--manifest-path"])
+            // Not `--quiet`: cargo would pass it on, and libtest's terse output names no test.
+            .args(["test", "-p", "spec-tests", "--manifest-path"])
             .arg(scratch.project.join("Cargo.toml"));
         match suite {
             Some(suite) => {
