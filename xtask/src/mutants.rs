@@ -134,10 +134,49 @@ pub const MUTANTS: &[Mutant] = &[
             replace: "Failure::new(Overload::of(labels), server_base.filter(|_| false))",
         }],
     },
+    Mutant {
+        name: "pinned-get-more-not-retried",
+        defect: "the second half of B1 is back: in load-balanced mode the client bulkWrite results \
+                 getMore on its pinned connection is not retried on overload",
+        // Later patches touch the module list this patch extends, so the fix is undone at its
+        // call site rather than by dropping the patch.
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "driver/src/operation/bulk_write.rs",
+            find: ".execute_operation_on_connection_with_overload_retry(",
+            replace: ".execute_operation_on_connection(",
+        }],
+    },
+    Mutant {
+        name: "cap-not-sticky",
+        defect: "the adaptive cap is forgotten after an ordinary error that follows an overload \
+                 error, so the operation gets only the ordinary single retry",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/retry.rs",
+            find: "self.max_retries = self.max_adaptive_retries;\n        }\n",
+            replace: "self.max_retries = self.max_adaptive_retries;\n        } else {\n            \
+                      self.max_retries = MAX_ORDINARY_RETRIES;\n        }\n",
+        }],
+    },
+    Mutant {
+        name: "overload-label-alone",
+        defect: "an error labelled SystemOverloadedError without RetryableError is taken for a \
+                 retryable overload error, so commands the server did not allow are sent again",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/labels.rs",
+            find: "(true, false) => Self::NotRetryable,",
+            replace: "(true, false) => Self::Retryable,",
+        }],
+    },
 ];
 
 /// The test targets of `spec-tests` a mutant runs against, in order.
 pub const SUITES: &[&str] = &["spec", "prose", "defects"];
+
+/// The longest one suite may run against one build; the control takes about 80 s for all three.
+const SUITE_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// How many of a mutant's failing tests are rerun alone to confirm that it is caught.
 const CONFIRM_AT_MOST: usize = 3;
@@ -244,15 +283,24 @@ impl Verdict {
     }
 }
 
-/// Reads libtest's (and libtest-mimic's) per-test line `test <name> ... FAILED`.
+/// Reads libtest's (and libtest-mimic's) per-test line `test <name> ... FAILED`. libtest-mimic
+/// pads names to a common width; the padding is not part of the name `--exact` matches.
 pub fn failed_test_name(line: &str) -> Option<&str> {
-    line.strip_prefix("test ")?.strip_suffix(" ... FAILED")
+    Some(
+        line.strip_prefix("test ")?
+            .strip_suffix(" ... FAILED")?
+            .trim_end(),
+    )
 }
 
 /// The scratch directories of a run, all under `target/mutants/`.
 struct Scratch {
     /// The project copy the suites build and run in.
     project: PathBuf,
+    /// The copy's own target directory, kept between runs. Not the project's: cargo names a
+    /// workspace member's artifacts by its path relative to the workspace root, so the copy's
+    /// driver would overwrite the project's and each side would rebuild after the other.
+    target: PathBuf,
     /// Where each mutant's driver is assembled before it is copied into the project.
     stage: PathBuf,
 }
@@ -315,6 +363,7 @@ impl Workspace {
         let root = self.project.root().join("target").join("mutants");
         Scratch {
             project: root.join("project"),
+            target: root.join("target"),
             stage: root.join("stage"),
         }
     }
@@ -411,11 +460,8 @@ impl Workspace {
                 }
             }
         }
-        // The project's own target directory unless the caller chose one: dependencies are
-        // already compiled there, and the copy's path crates get their own artifacts.
-        if std::env::var_os("CARGO_TARGET_DIR").is_none() {
-            command.env("CARGO_TARGET_DIR", self.project.root().join("target"));
-        }
+        // One target directory for every mutant, so each rebuilds only what it changed.
+        command.env("CARGO_TARGET_DIR", &scratch.target);
         command
     }
 
@@ -428,21 +474,51 @@ impl Workspace {
                 .env("SPEC_DIR", spec_dir)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null());
+            own_process_group(&mut command);
             let mut child = command.spawn().context("cannot run cargo test")?;
+            // The output is read on a thread so that a mutant that makes a test hang cannot
+            // stall the run: past the deadline the suite's process group is killed.
+            let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+            let reader = child.stdout.take().map(|stdout| {
+                std::thread::spawn(move || {
+                    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                        if lines_tx.send(line).is_err() {
+                            break;
+                        }
+                    }
+                })
+            });
+            let deadline = Instant::now() + SUITE_TIMEOUT;
             let mut failed = Vec::new();
-            if let Some(stdout) = child.stdout.take() {
-                for line in BufReader::new(stdout).lines() {
-                    let line = line?;
-                    if let Some(name) = failed_test_name(&line) {
-                        failed.push(name.to_owned());
+            let mut timed_out = false;
+            loop {
+                match lines_rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(line) => {
+                        if let Some(name) = failed_test_name(&line) {
+                            failed.push(name.to_owned());
+                        }
+                        if let Some(tally) = crate::testrun::parse_summary(&line) {
+                            run.passed += tally.passed;
+                        }
                     }
-                    if let Some(tally) = crate::testrun::parse_summary(&line) {
-                        run.passed += tally.passed;
-                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                }
+                if Instant::now() >= deadline {
+                    kill_group(&mut child);
+                    timed_out = true;
+                    break;
                 }
             }
             let status = child.wait()?;
-            if !status.success() && failed.is_empty() {
+            if let Some(reader) = reader {
+                if !timed_out {
+                    let _ = reader.join();
+                }
+            }
+            if timed_out {
+                failed.push(format!("(timed out after {}s)", SUITE_TIMEOUT.as_secs()));
+            } else if !status.success() && failed.is_empty() {
                 run.crashed.push((*suite).to_owned());
             }
             if !failed.is_empty() {
@@ -460,15 +536,27 @@ impl Workspace {
         suite: &str,
         test: &str,
     ) -> Result<bool> {
-        let status = self
-            .suite_command(scratch, Some(suite))
+        let mut command = self.suite_command(scratch, Some(suite));
+        command
             .env("SPEC_DIR", spec_dir)
             .args(["--", "--exact", test])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .context("cannot run cargo test")?;
-        Ok(!status.success())
+            .stderr(Stdio::null());
+        own_process_group(&mut command);
+        let mut child = command.spawn().context("cannot run cargo test")?;
+        let deadline = Instant::now() + SUITE_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(!status.success());
+            }
+            if Instant::now() >= deadline {
+                // Hanging again alone is failing again.
+                kill_group(&mut child);
+                let _ = child.wait();
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Runs the control and then each mutant; prints progress and returns the report.
@@ -639,6 +727,29 @@ fn describe_tests(tests: &BTreeMap<String, Vec<String>>, full: bool) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// Starts the command in a process group of its own, so that [`kill_group`] reaches the test
+/// binary cargo starts as well as cargo.
+fn own_process_group(command: &mut Command) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        command.process_group(0);
+    }
+    #[cfg(not(unix))]
+    let _ = command;
+}
+
+/// Kills `child` and, on Unix, every process of its group.
+fn kill_group(child: &mut std::process::Child) {
+    #[cfg(unix)]
+    {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", child.id())])
+            .status();
+    }
+    let _ = child.kill();
 }
 
 /// Every file below `dir`, recursively (symbolic links are not followed).
@@ -839,6 +950,10 @@ mod tests {
                 "test client-backpressure/getMore-retried/getMores are retried ... FAILED"
             ),
             Some("client-backpressure/getMore-retried/getMores are retried")
+        );
+        assert_eq!(
+            failed_test_name("test client-backpressure/a/b      ... FAILED"),
+            Some("client-backpressure/a/b")
         );
         assert_eq!(failed_test_name("test x ... ok"), None);
         assert_eq!(failed_test_name("failures:"), None);
