@@ -10,8 +10,8 @@
 //!
 //! Runs happen in a copy of the project, `target/mutants/project/`, never in `driver/` or the
 //! working tree: the copy is rewritten file by file for each mutant, so only the files a mutant
-//! changes look new to cargo, and the build shares the project's target directory, so that
-//! dependencies are never compiled again and the driver is rebuilt incrementally. The unmodified
+//! changes look new to cargo, and every mutant builds in the same target directory,
+//! `target/mutants/target/`, so the driver is rebuilt incrementally. The unmodified
 //! fork runs first, as the control: a test that fails there says nothing about a mutant. A
 //! mutant counts as caught only when one of its failing tests fails again when rerun alone.
 //! See docs/mutants.md.
@@ -299,7 +299,8 @@ struct Scratch {
     project: PathBuf,
     /// The copy's own target directory, kept between runs. Not the project's: cargo names a
     /// workspace member's artifacts by its path relative to the workspace root, so the copy's
-    /// driver would overwrite the project's and each side would rebuild after the other.
+    /// builds would overwrite the project's, and cargo could even take the one's artifacts as
+    /// fresh for the other (it checks the sources the last build read, in the other tree).
     target: PathBuf,
     /// Where each mutant's driver is assembled before it is copied into the project.
     stage: PathBuf,
