@@ -337,3 +337,113 @@ async fn retryable_writes_6_case_3_error_that_may_have_written_wins() {
     assert_eq!(code(&error), Some(91), "{error:?}");
     assert!(!error.contains_label("NoWritesPerformed"), "{error:?}");
 }
+
+/// The handshake requirement of the Client Backpressure specification: every connection's
+/// handshake tells the server that the driver takes part in backpressure (`backpressure: "2"`,
+/// a string, as the handshake specification writes it).
+#[tokio::test]
+async fn handshake_advertises_backpressure() {
+    let server = Server::standalone();
+    let (client, _) = client(&server.uri).await;
+    let reply = client
+        .database("admin")
+        .run_command(doc! { "labClientMetadata": 1 })
+        .await
+        .expect("labClientMetadata");
+    let records = reply.get_array("metadata").expect("metadata records");
+    assert!(!records.is_empty(), "the emulator recorded no handshake");
+    for record in records {
+        let record = record.as_document().expect("a metadata document");
+        assert_eq!(
+            record.get("backpressure"),
+            Some(&mongodb::bson::Bson::String("2".to_owned())),
+            "{record}"
+        );
+    }
+}
+
+/// Client Backpressure: only an error labelled both `SystemOverloadedError` and `RetryableError`
+/// is an overload retry. A find failing with either label alone and a code that no ordinary
+/// retry rule covers (2, BadValue) is sent once.
+#[tokio::test]
+async fn overload_retries_need_both_labels() {
+    let server = Server::standalone();
+    let (client, events) = client(&server.uri).await;
+    let coll = client.database("prose").collection::<Document>("labels");
+    for label in ["RetryableError", "SystemOverloadedError"] {
+        fail_point(
+            &client,
+            doc! {
+                "configureFailPoint": "failCommand",
+                "mode": { "times": 3 },
+                "data": { "failCommands": ["find"], "errorCode": 2, "errorLabels": [label] },
+            },
+        )
+        .await;
+        let before = events.started("find").len();
+        let error = with_pinned_jitter(0.0, coll.find_one(doc! {}))
+            .await
+            .expect_err("find fails");
+        let attempts = events.started("find").len() - before;
+        fail_point(
+            &client,
+            doc! { "configureFailPoint": "failCommand", "mode": "off" },
+        )
+        .await;
+        assert_eq!(code(&error), Some(2), "{label}: {error:?}");
+        assert_eq!(
+            attempts, 1,
+            "{label} alone must not make the find retryable"
+        );
+    }
+}
+
+/// Client Backpressure: once an operation has failed with an overload error, its retries stay
+/// capped by `maxAdaptiveRetries` (2) even when later failures are ordinary retryable errors. The
+/// first find fails for overload, every later one with 91 (ShutdownInProgress, a retryable read
+/// error): three attempts, where the ordinary rule alone would allow two.
+#[tokio::test]
+async fn adaptive_cap_covers_ordinary_retries_after_an_overload_error() {
+    let server = Server::standalone();
+    let switched = Arc::new(Mutex::new(false));
+    let (hook_uri, hook_switched) = (server.uri.clone(), switched.clone());
+    let hook: Arc<dyn Fn(i32) + Send + Sync> = Arc::new(move |code| {
+        let mut done = hook_switched.lock().unwrap();
+        if code == 462 && !*done {
+            *done = true;
+            fail_point_blocking(
+                &hook_uri,
+                doc! {
+                    "configureFailPoint": "failCommand",
+                    "mode": "alwaysOn",
+                    "data": { "failCommands": ["find"], "errorCode": 91 },
+                },
+            );
+        }
+    });
+    let (client, events) = client_with(&server.uri, Some(hook)).await;
+    fail_point(
+        &client,
+        overload_fail_point("find", doc! { "times": 1 }.into(), 462),
+    )
+    .await;
+    let coll = client.database("prose").collection::<Document>("sticky");
+    let error = with_pinned_jitter(0.0, coll.find_one(doc! {}))
+        .await
+        .expect_err("find fails");
+    fail_point(
+        &client,
+        doc! { "configureFailPoint": "failCommand", "mode": "off" },
+    )
+    .await;
+    assert!(
+        *switched.lock().unwrap(),
+        "the overload failure switched the fail point"
+    );
+    assert_eq!(code(&error), Some(91), "{error:?}");
+    assert_eq!(
+        events.started("find").len(),
+        3,
+        "one attempt and two retries"
+    );
+}

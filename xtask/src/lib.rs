@@ -4,6 +4,7 @@
 pub mod fork;
 pub mod git;
 pub mod lab;
+pub mod mutants;
 pub mod pristine;
 pub mod project;
 pub mod rebase;

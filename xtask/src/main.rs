@@ -12,7 +12,7 @@ use xtask::pristine::{CargoRegistry, CrateSource, LocalMirror};
 use xtask::project::Project;
 use xtask::rebase::PatchFate;
 use xtask::spec_fetch::Fetcher;
-use xtask::{sync_spec, testrun};
+use xtask::{mutants, sync_spec, testrun};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Fork tooling for mongodb-overload")]
@@ -52,6 +52,18 @@ enum Cmd {
         /// Arguments for `lab run`, e.g. `--full` or `--scenario sustained`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Build the fork with each named defect and run the spec, prose and defect suites against
+    /// it (slow; see docs/mutants.md). Exits non-zero when a mutant survives.
+    Mutants {
+        /// The mutants to run; all when none is named.
+        names: Vec<String>,
+        /// List the mutants and exit.
+        #[arg(long)]
+        list: bool,
+        /// Only check that every mutant applies to the current series and sources.
+        #[arg(long)]
+        check: bool,
     },
     /// Copy the spec suites the project runs from a specifications checkout into spec-tests/data.
     SyncSpec {
@@ -101,6 +113,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Check => {
             ws.check()?;
+            // driver/ now equals the series applied to pristine upstream: check the mutants on it.
+            let series: Vec<String> = xtask::series::read(&ws.project)?
+                .into_iter()
+                .map(|p| p.file)
+                .collect();
+            let problems = mutants::problems(&ws.project.driver_dir(), ws.project.root(), &series);
+            if !problems.is_empty() {
+                anyhow::bail!(
+                    "{} problem(s):\n- {}",
+                    problems.len(),
+                    problems.join("\n- ")
+                );
+            }
             println!("ok: patches/ and driver/ agree, and the series applies to pristine upstream");
         }
         Cmd::Rebase { version } => {
@@ -149,6 +174,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if !status.success() {
                 return Ok(ExitCode::FAILURE);
             }
+        }
+        Cmd::Mutants { names, list, check } => {
+            return mutants::command(&ws, &names, list, check);
         }
         Cmd::SyncSpec { dir } => {
             let copied = sync_spec::sync_spec(&ws.project, &dir)?;
