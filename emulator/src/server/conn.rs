@@ -14,7 +14,7 @@ use super::{hello, Member, Shared};
 use crate::wire::{self, WireError};
 
 /// Longest time a reply may take to be written before the connection is closed.
-const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Serves one client connection until it closes, sends a bad frame, or the emulator stops.
 pub(crate) async fn serve(
@@ -48,11 +48,27 @@ pub(crate) async fn serve(
     let mut next_reply_id: i32 = 1;
     let reason: String = loop {
         let msg = tokio::select! {
-            m = wire::read_message(&mut rd) => m,
+            m = wire::read_request(&mut rd) => m,
             _ = shutdown.changed() => break "emulator shutting down".into(),
         };
         let msg = match msg {
-            Ok(Some(m)) => m,
+            Ok(Some(wire::Request::Msg(m))) => m,
+            Ok(Some(legacy)) => {
+                let answered = super::legacy::serve(
+                    &shared,
+                    &member,
+                    &mut ctx,
+                    legacy,
+                    &mut rd,
+                    &mut wr,
+                    &mut next_reply_id,
+                )
+                .await;
+                match answered {
+                    Ok(()) => continue,
+                    Err(reason) => break reason,
+                }
+            }
             Ok(None) => break "client closed the connection".into(),
             Err(WireError::Io(e)) => break format!("i/o error: {e}"),
             Err(e) => {
