@@ -412,6 +412,27 @@ macro_rules! scenarios {
                 assert_eq!(code(&err), Some(43), "CursorNotFound: {err:?}");
             }
 
+            /// A batch that fills up exactly keeps the cursor open, as mongod: the driver
+            /// needs one more getMore, answered with an empty batch and id 0. A reached `limit`
+            /// closes the cursor at once.
+            pub async fn cursor_boundary(env: &Env) {
+                let (client, events) = client(&env.uri(), |_| {}).await;
+                let c = coll(&client, "boundary");
+                c.insert_many((0..6).map(|i| doc! { "_id": i }).collect::<Vec<_>>())
+                    .await
+                    .unwrap();
+                let docs = all(c.aggregate(vec![doc! { "$sort": { "_id": 1 } }]).batch_size(2).await.unwrap()).await;
+                assert_eq!(ids(&docs), [0, 1, 2, 3, 4, 5]);
+                assert_eq!(events.started("getMore"), 3, "2 | 2 | 2 | empty");
+                let docs = all(c.find(doc! {}).batch_size(3).await.unwrap()).await;
+                assert_eq!(docs.len(), 6);
+                assert_eq!(events.started("getMore"), 3 + 2, "3 | 3 | empty");
+                let docs = all(c.find(doc! {}).limit(4).batch_size(2).await.unwrap()).await;
+                assert_eq!(docs.len(), 4);
+                assert_eq!(events.started("getMore"), 5 + 1, "2 | 2, limit reached");
+                assert_eq!(events.started("killCursors"), 0, "exhausted cursors need no kill");
+            }
+
             /// The connection closes after the insert was applied; the driver retries with the
             /// same txnNumber and the server answers from its record: one document.
             pub async fn retried_insert(env: &Env) {
@@ -661,6 +682,18 @@ both!(crud_sharded, crud, Persona::Sharded);
 both!(cursors_standalone, cursors, Persona::Standalone);
 both!(cursors_replica_set, cursors, Persona::ReplicaSet);
 both!(cursors_sharded, cursors, Persona::Sharded);
+
+both!(
+    cursor_boundary_standalone,
+    cursor_boundary,
+    Persona::Standalone
+);
+both!(
+    cursor_boundary_replica_set,
+    cursor_boundary,
+    Persona::ReplicaSet
+);
+both!(cursor_boundary_sharded, cursor_boundary, Persona::Sharded);
 
 both!(
     retried_insert_replica_set,
