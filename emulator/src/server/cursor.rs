@@ -392,6 +392,7 @@ mod tests {
                 "d.c".into(),
                 docs(5),
                 CursorKind::Normal,
+                CursorEnd::Lazy,
                 BatchLimit { size: Some(2) },
                 false,
                 1,
@@ -419,6 +420,46 @@ mod tests {
     }
 
     #[test]
+    fn exact_boundary_closes_on_the_next_get_more_unless_the_end_is_known() {
+        let mut c = Cursors::default();
+        let first = |c: &mut Cursors, end| {
+            let r = c
+                .open(
+                    "d.c".into(),
+                    docs(4),
+                    CursorKind::Normal,
+                    end,
+                    BatchLimit { size: Some(2) },
+                    false,
+                    1,
+                    None,
+                    10,
+                    10,
+                )
+                .unwrap();
+            r.get_document("cursor").unwrap().get_i64("id").unwrap()
+        };
+        let batch_of = |r: Document| {
+            let cur = r.get_document("cursor").unwrap().clone();
+            (
+                cur.get_array("nextBatch").unwrap().len(),
+                cur.get_i64("id").unwrap(),
+            )
+        };
+        let id = first(&mut c, CursorEnd::Lazy);
+        assert_ne!(id, 0);
+        let two = BatchLimit { size: Some(2) };
+        assert_eq!(batch_of(c.get_more(id, "d.c", two).unwrap()), (2, id));
+        assert_eq!(batch_of(c.get_more(id, "d.c", two).unwrap()), (0, 0));
+        let id = first(&mut c, CursorEnd::Known);
+        assert_eq!(batch_of(c.get_more(id, "d.c", two).unwrap()), (2, 0));
+        // A batch with room closes a lazy cursor at once.
+        let id = first(&mut c, CursorEnd::Lazy);
+        let three = BatchLimit { size: Some(3) };
+        assert_eq!(batch_of(c.get_more(id, "d.c", three).unwrap()), (2, 0));
+    }
+
+    #[test]
     fn ownership_cleanup_and_limits() {
         let mut c = Cursors::default();
         let open = |c: &mut Cursors, conn| {
@@ -426,6 +467,7 @@ mod tests {
                 "d.c".into(),
                 docs(3),
                 CursorKind::Normal,
+                CursorEnd::Lazy,
                 BatchLimit { size: Some(1) },
                 false,
                 conn,
