@@ -433,6 +433,34 @@ macro_rules! scenarios {
                 assert_eq!(events.started("killCursors"), 0, "exhausted cursors need no kill");
             }
 
+            /// `onPrimaryTransactionalWrite` with `skip: 3` fires on the fourth document of an
+            /// insertMany of five (mongod counts statements, not commands); the retry is
+            /// answered from the stored reply.
+            pub async fn statement_skip(env: &Env) {
+                let (client, events) = client(&env.target_uri(), |_| {}).await;
+                let c = coll(&client, "statement_skip");
+                client.database("admin").run_command(doc! { "ping": 1 }).await.unwrap();
+                // `skip: 3` counts documents: the fourth document of one insert fires it.
+                env.fail_point(
+                    "onPrimaryTransactionalWrite",
+                    doc! { "skip": 3 }.into(),
+                    doc! { "closeConnection": true },
+                )
+                .await;
+                c.insert_many((0..5).map(|i| doc! { "_id": i }).collect::<Vec<_>>())
+                    .await
+                    .unwrap();
+                let inserts = events.started_commands("insert");
+                assert_eq!(inserts.len(), 2, "closed at the 4th document, then retried: {inserts:?}");
+                assert_eq!(inserts[0].get("txnNumber"), inserts[1].get("txnNumber"));
+                assert_eq!(c.count_documents(doc! {}).await.unwrap(), 5, "applied once");
+                let fired = env
+                    .admin(doc! { "configureFailPoint": "onPrimaryTransactionalWrite", "mode": "off" })
+                    .await;
+                // The 4th and 5th documents; the retry returned the stored reply.
+                assert_eq!(num(fired.get("count")), 2.0, "{fired}");
+            }
+
             /// The connection closes after the insert was applied; the driver retries with the
             /// same txnNumber and the server answers from its record: one document.
             pub async fn retried_insert(env: &Env) {
@@ -701,6 +729,13 @@ both!(
     Persona::ReplicaSet
 );
 both!(retried_insert_sharded, retried_insert, Persona::Sharded);
+
+both!(
+    statement_skip_replica_set,
+    statement_skip,
+    Persona::ReplicaSet
+);
+both!(statement_skip_sharded, statement_skip, Persona::Sharded);
 
 both!(transactions_replica_set, transactions, Persona::ReplicaSet);
 both!(transactions_sharded, transactions, Persona::Sharded);
