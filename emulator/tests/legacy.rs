@@ -43,6 +43,21 @@ async fn op_query_handshake_is_answered_with_op_reply_then_op_msg_works() {
         .await
         .unwrap();
     assert_eq!(r.get_i32("n"), Ok(1));
+    // OP_QUERY flag bits (here bit 1, `TailableCursor`, which is OP_MSG's `moreToCome`) do not
+    // turn into OP_MSG flags: the hello is still answered.
+    let mut flagged = wire::encode_op_query(77, "admin.$cmd", -1, &doc! { "hello": 1 }).unwrap();
+    flagged[16..20].copy_from_slice(&2u32.to_le_bytes());
+    c.send_raw(&flagged).await;
+    let reply = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        wire::read_reply(&mut c.stream),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .unwrap();
+    assert_eq!(reply.header.response_to, 77);
+    assert_eq!(reply.documents[0].get_f64("ok"), Ok(1.0));
     // The `$query` wrapper and a non-admin database work too, with either spelling.
     for name in ["hello", "isMaster"] {
         let reply = c

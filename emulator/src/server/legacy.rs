@@ -17,7 +17,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::commands::{self, ConnCtx, Outcome};
 use super::{hello, Member, Shared};
-use crate::wire::{self, OpMsg, Request, FLAG_EXHAUST_ALLOWED};
+use crate::wire::{self, OpMsg, Request};
 
 /// mongod's code for an OP_QUERY command other than the handshake's.
 pub(crate) const UNSUPPORTED_OP_QUERY_COMMAND: i32 = 352;
@@ -85,9 +85,11 @@ pub(crate) async fn serve(
                         }
                         // The handshake runs exactly as over OP_MSG (metadata, fail points,
                         // overload model); only the framing of the answer differs.
+                        // OP_QUERY's flag bits mean other things than OP_MSG's (its bit 1 is
+                        // `TailableCursor`, OP_MSG's is `moreToCome`): none carries over.
                         let msg = OpMsg {
                             header: query.header,
-                            flags: query.flags & !FLAG_EXHAUST_ALLOWED,
+                            flags: 0,
                             body: command,
                         };
                         let arrival = tokio::time::Instant::now();
