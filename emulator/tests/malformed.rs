@@ -3,7 +3,7 @@
 mod common;
 
 use bson::doc;
-use emulator::wire::{Header, OP_MSG, OP_QUERY};
+use emulator::wire::{Header, OP_COMPRESSED, OP_MSG, OP_QUERY};
 use emulator::Topology;
 
 fn frame(op_code: i32, payload: &[u8], declared: Option<i32>) -> Vec<u8> {
@@ -40,7 +40,18 @@ async fn malformed_frames_close_only_that_connection() {
         ("length below header", frame(OP_MSG, &[], Some(5))),
         ("negative length", frame(OP_MSG, &[], Some(-1))),
         ("oversized", frame(OP_MSG, &[], Some(48_000_001))),
-        ("OP_QUERY", frame(OP_QUERY, &[0; 20], None)),
+        // An OP_QUERY is decoded (the legacy handshake), but this one's query document
+        // declares a length of 0.
+        (
+            "OP_QUERY with an invalid query",
+            frame(OP_QUERY, &[0; 20], None),
+        ),
+        (
+            "OP_QUERY with an unterminated namespace",
+            frame(OP_QUERY, &[0, 0, 0, 0, b'a', b'b'], None),
+        ),
+        ("OP_COMPRESSED", frame(OP_COMPRESSED, &[0; 20], None)),
+        ("unknown opcode", frame(1234, &[0; 20], None)),
         ("invalid BSON", frame(OP_MSG, &bad_bson, None)),
         ("no sections", frame(OP_MSG, &[0, 0, 0, 0], None)),
         (

@@ -1,7 +1,9 @@
 //! Seeded fuzzing of the wire-protocol frame decoder: random bytes and mutated valid frames
 //! (bit flips, byte overwrites, truncation, extension, corrupted length fields, splices) must
 //! give a `WireError` or a message, never a panic, both through `decode_message` and through
-//! the streaming `read_message`. A live emulator fed mutated frames keeps serving.
+//! the streaming `read_message`. Legacy OP_QUERY frames (the opening handshake) get the same
+//! treatment through `decode_request` and `read_request`. A live emulator fed mutated frames
+//! keeps serving.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
@@ -292,6 +294,92 @@ async fn streaming_reader_never_panics() {
     }
 }
 
+/// A valid OP_QUERY: a handshake or another command on a `$cmd` namespace, or a legacy find.
+fn valid_op_query(rng: &mut StdRng) -> (Vec<u8>, Document) {
+    let mut query = match rng.random_range(0..3) {
+        0 => doc! { "isMaster": 1, "helloOk": true },
+        1 => doc! { "hello": 1 },
+        _ => doc! { "find": "c" },
+    };
+    query.extend(random_doc(rng, 0));
+    if rng.random_bool(0.3) {
+        query = doc! { "$query": query, "$readPreference": { "mode": "primary" } };
+    }
+    let ns = if rng.random_bool(0.8) {
+        "admin.$cmd"
+    } else {
+        "db.coll"
+    };
+    let frame = wire::encode_op_query(rng.random(), ns, -1, &query).unwrap();
+    (frame, query)
+}
+
+fn decode_request_without_panic(bytes: &[u8]) -> Result<wire::Request, String> {
+    match catch_unwind(AssertUnwindSafe(|| wire::decode_request(bytes))) {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => panic!(
+            "decode_request panicked on {} bytes: {bytes:02x?}",
+            bytes.len()
+        ),
+    }
+}
+
+#[test]
+fn op_query_frames_round_trip_and_mutations_never_panic() {
+    let mut rng = StdRng::seed_from_u64(SEED ^ 6);
+    let (mut previous, _) = valid_op_query(&mut rng);
+    let (mut errors, mut decoded) = (0, 0);
+    for _ in 0..20_000 {
+        let (frame, query) = valid_op_query(&mut rng);
+        match decode_request_without_panic(&frame) {
+            Ok(wire::Request::Query(q)) => assert_eq!(q.query, query),
+            other => panic!("a valid OP_QUERY decodes as one: {other:?}"),
+        }
+        let bad = mutate(&mut rng, frame.clone(), &previous);
+        match decode_request_without_panic(&bad) {
+            Ok(_) => decoded += 1,
+            Err(_) => errors += 1,
+        }
+        previous = frame;
+    }
+    assert!(
+        errors > 10_000,
+        "mutations should mostly be rejected: {errors}"
+    );
+    assert!(decoded > 0, "some mutations stay valid");
+}
+
+#[tokio::test]
+async fn streaming_request_reader_never_panics_on_mixed_frames() {
+    let mut rng = StdRng::seed_from_u64(SEED ^ 7);
+    let (mut previous, _) = valid_op_query(&mut rng);
+    for _ in 0..3_000 {
+        let mut stream = Vec::new();
+        let mut frames = 0;
+        for _ in 0..rng.random_range(1..4) {
+            let (frame, _) = if rng.random_bool(0.5) {
+                valid_op_query(&mut rng)
+            } else {
+                valid_frame(&mut rng)
+            };
+            let f = if rng.random_bool(0.5) {
+                mutate(&mut rng, frame.clone(), &previous)
+            } else {
+                frame.clone()
+            };
+            stream.extend(f);
+            previous = frame;
+            frames += 1;
+        }
+        let mut reader: &[u8] = &stream;
+        let mut read = 0;
+        while let Ok(Some(_)) = wire::read_request(&mut reader).await {
+            read += 1;
+            assert!(read <= frames + 8, "more messages than bytes allow");
+        }
+    }
+}
+
 #[tokio::test]
 async fn live_server_survives_mutated_frames() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -301,8 +389,13 @@ async fn live_server_survives_mutated_frames() {
     let addr = emu.addresses()[0];
     let mut rng = StdRng::seed_from_u64(SEED ^ 5);
     let (mut previous, _) = valid_frame(&mut rng);
-    for _ in 0..150 {
-        let (frame, _) = valid_frame(&mut rng);
+    for i in 0..200 {
+        // A quarter are legacy OP_QUERY frames, which the server decodes too.
+        let (frame, _) = if i % 4 == 0 {
+            valid_op_query(&mut rng)
+        } else {
+            valid_frame(&mut rng)
+        };
         let bad = mutate(&mut rng, frame.clone(), &previous);
         previous = frame;
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -412,6 +412,55 @@ macro_rules! scenarios {
                 assert_eq!(code(&err), Some(43), "CursorNotFound: {err:?}");
             }
 
+            /// A batch that fills up exactly keeps the cursor open, as mongod: the driver
+            /// needs one more getMore, answered with an empty batch and id 0. A reached `limit`
+            /// closes the cursor at once.
+            pub async fn cursor_boundary(env: &Env) {
+                let (client, events) = client(&env.uri(), |_| {}).await;
+                let c = coll(&client, "boundary");
+                c.insert_many((0..6).map(|i| doc! { "_id": i }).collect::<Vec<_>>())
+                    .await
+                    .unwrap();
+                let docs = all(c.aggregate(vec![doc! { "$sort": { "_id": 1 } }]).batch_size(2).await.unwrap()).await;
+                assert_eq!(ids(&docs), [0, 1, 2, 3, 4, 5]);
+                assert_eq!(events.started("getMore"), 3, "2 | 2 | 2 | empty");
+                let docs = all(c.find(doc! {}).batch_size(3).await.unwrap()).await;
+                assert_eq!(docs.len(), 6);
+                assert_eq!(events.started("getMore"), 3 + 2, "3 | 3 | empty");
+                let docs = all(c.find(doc! {}).limit(4).batch_size(2).await.unwrap()).await;
+                assert_eq!(docs.len(), 4);
+                assert_eq!(events.started("getMore"), 5 + 1, "2 | 2, limit reached");
+                assert_eq!(events.started("killCursors"), 0, "exhausted cursors need no kill");
+            }
+
+            /// `onPrimaryTransactionalWrite` with `skip: 3` fires on the fourth document of an
+            /// insertMany of five (mongod counts statements, not commands); the retry is
+            /// answered from the stored reply.
+            pub async fn statement_skip(env: &Env) {
+                let (client, events) = client(&env.target_uri(), |_| {}).await;
+                let c = coll(&client, "statement_skip");
+                client.database("admin").run_command(doc! { "ping": 1 }).await.unwrap();
+                // `skip: 3` counts documents: the fourth document of one insert fires it.
+                env.fail_point(
+                    "onPrimaryTransactionalWrite",
+                    doc! { "skip": 3 }.into(),
+                    doc! { "closeConnection": true },
+                )
+                .await;
+                c.insert_many((0..5).map(|i| doc! { "_id": i }).collect::<Vec<_>>())
+                    .await
+                    .unwrap();
+                let inserts = events.started_commands("insert");
+                assert_eq!(inserts.len(), 2, "closed at the 4th document, then retried: {inserts:?}");
+                assert_eq!(inserts[0].get("txnNumber"), inserts[1].get("txnNumber"));
+                assert_eq!(c.count_documents(doc! {}).await.unwrap(), 5, "applied once");
+                let fired = env
+                    .admin(doc! { "configureFailPoint": "onPrimaryTransactionalWrite", "mode": "off" })
+                    .await;
+                // The 4th and 5th documents; the retry returned the stored reply.
+                assert_eq!(num(fired.get("count")), 2.0, "{fired}");
+            }
+
             /// The connection closes after the insert was applied; the driver retries with the
             /// same txnNumber and the server answers from its record: one document.
             pub async fn retried_insert(env: &Env) {
@@ -663,11 +712,30 @@ both!(cursors_replica_set, cursors, Persona::ReplicaSet);
 both!(cursors_sharded, cursors, Persona::Sharded);
 
 both!(
+    cursor_boundary_standalone,
+    cursor_boundary,
+    Persona::Standalone
+);
+both!(
+    cursor_boundary_replica_set,
+    cursor_boundary,
+    Persona::ReplicaSet
+);
+both!(cursor_boundary_sharded, cursor_boundary, Persona::Sharded);
+
+both!(
     retried_insert_replica_set,
     retried_insert,
     Persona::ReplicaSet
 );
 both!(retried_insert_sharded, retried_insert, Persona::Sharded);
+
+both!(
+    statement_skip_replica_set,
+    statement_skip,
+    Persona::ReplicaSet
+);
+both!(statement_skip_sharded, statement_skip, Persona::Sharded);
 
 both!(transactions_replica_set, transactions, Persona::ReplicaSet);
 both!(transactions_sharded, transactions, Persona::Sharded);

@@ -681,6 +681,7 @@ fn run_data_command(
             let session = st.sessions.touch(key, lsid, cfg.max_sessions);
             session.txn_number = Some(n);
             session.retry_reply = None;
+            session.partial_write = None;
             session.txn = Some(Transaction {
                 started: std::time::Instant::now(),
                 number: n,
@@ -770,24 +771,56 @@ fn run_data_command(
             _ => {
                 session.txn_number = Some(n);
                 session.retry_reply = None;
+                session.partial_write = None;
                 session.txn = None;
             }
         }
-        let fired = lock(&member.primary_write_fail_point).evaluate_mode(&mut rand::rng());
-        if let Some(fp) = &fired {
-            *close_after = !matches!(fp.get("closeConnection"), Some(Bson::Boolean(false)));
-            if let Some(code) = fp.get("failBeforeCommitExceptionCode") {
-                let code = match code {
-                    Bson::Int32(c) => *c,
-                    Bson::Int64(c) => i32::try_from(*c).unwrap_or(1),
-                    Bson::Double(c) => *c as i32,
-                    _ => 1,
-                };
-                return Err(CommandError::new(
-                    code,
-                    "Failing write for test before commit (onPrimaryTransactionalWrite)",
-                ));
+        // mongod evaluates `onPrimaryTransactionalWrite` once per statement written, so
+        // `skip: n` lets n statements (documents, updates, deletes) through, in order; a retry
+        // does not evaluate it again for statements an earlier attempt applied.
+        let earlier = st
+            .sessions
+            .get_mut(key)
+            .and_then(|s| s.partial_write.take());
+        let applied = earlier
+            .as_ref()
+            .map(|p| p.applied.clone())
+            .unwrap_or_default();
+        let plan = failpoint::plan_statement_failures(
+            &mut lock(&member.primary_write_fail_point),
+            name,
+            body,
+            &applied,
+            &mut rand::rng(),
+        );
+        *close_after = plan.close_after;
+        if !failpoint::has_statement_errors(name) && !plan.failing.is_empty() {
+            // findAndModify and client bulkWrite: the failure is the command's, before any
+            // of its statements is applied.
+            return Err(CommandError::new(
+                plan.failing[0].1,
+                failpoint::FAIL_BEFORE_COMMIT_MESSAGE,
+            ));
+        }
+        if failpoint::has_statement_errors(name) && (!plan.failing.is_empty() || earlier.is_some())
+        {
+            // Only the statements that neither failed nor were applied before run; the
+            // failures are write errors at their own indexes, as mongod reports them.
+            let reply = match failpoint::with_statements(name, body, &plan.run) {
+                Some(sub) => Some(data::run(name, db, &sub, &mut st.store, &mut ctx)?),
+                None => None,
+            };
+            st.write_version += 1;
+            record_changes(shared, st, capture);
+            let (reply, partial) =
+                failpoint::merge_statement_results(name, reply, &plan, earlier.as_ref());
+            if let Some(session) = st.sessions.get_mut(key) {
+                if partial.is_none() && !has_write_errors(&reply) {
+                    session.retry_reply = Some(reply.clone());
+                }
+                session.partial_write = partial;
             }
+            return Ok(reply);
         }
         let result = data::run(name, db, body, &mut st.store, &mut ctx);
         st.write_version += 1;

@@ -14,7 +14,20 @@ use super::{hello, Member, Shared};
 use crate::wire::{self, WireError};
 
 /// Longest time a reply may take to be written before the connection is closed.
-const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether an exhaust getMore's reply is followed by another: its cursor is still open and the
+/// batch was not empty.
+fn more_batches_follow(reply: &bson::Document) -> bool {
+    let Ok(cursor) = reply.get_document("cursor") else {
+        return false;
+    };
+    let open = matches!(cursor.get("id"), Some(Bson::Int64(id)) if *id != 0);
+    let non_empty = cursor
+        .get_array("nextBatch")
+        .is_ok_and(|batch| !batch.is_empty());
+    open && non_empty
+}
 
 /// Serves one client connection until it closes, sends a bad frame, or the emulator stops.
 pub(crate) async fn serve(
@@ -48,11 +61,27 @@ pub(crate) async fn serve(
     let mut next_reply_id: i32 = 1;
     let reason: String = loop {
         let msg = tokio::select! {
-            m = wire::read_message(&mut rd) => m,
+            m = wire::read_request(&mut rd) => m,
             _ = shutdown.changed() => break "emulator shutting down".into(),
         };
         let msg = match msg {
-            Ok(Some(m)) => m,
+            Ok(Some(wire::Request::Msg(m))) => m,
+            Ok(Some(legacy)) => {
+                let answered = super::legacy::serve(
+                    &shared,
+                    &member,
+                    &mut ctx,
+                    legacy,
+                    &mut rd,
+                    &mut wr,
+                    &mut next_reply_id,
+                )
+                .await;
+                match answered {
+                    Ok(()) => continue,
+                    Err(reason) => break reason,
+                }
+            }
             Ok(None) => break "client closed the connection".into(),
             Err(WireError::Io(e)) => break format!("i/o error: {e}"),
             Err(e) => {
@@ -66,11 +95,21 @@ pub(crate) async fn serve(
         // per `maxAwaitTimeMS`, until the client closes the connection or a reply is an error.
         let exhaust =
             shared.config.exhaust_hello && msg.exhaust_allowed() && hello::is_awaitable(&msg.body);
+        // A getMore with `exhaustAllowed` is answered the same way, one `moreToCome` reply per
+        // batch, until the cursor is exhausted, a reply is an error (an overload rejection
+        // included), a batch comes back empty (a change stream with nothing new: the client asks
+        // again rather than the server spinning), or the client stops reading.
+        let exhaust_get_more =
+            msg.exhaust_allowed() && msg.body.keys().next().map(String::as_str) == Some("getMore");
         let mut response_to = request_id;
         let mut pending = Some(msg);
         let mut stop: Option<String> = None;
         while let Some(msg) = pending.take() {
-            let mut repeat = if exhaust { Some(msg.clone()) } else { None };
+            let mut repeat = if exhaust || exhaust_get_more {
+                Some(msg.clone())
+            } else {
+                None
+            };
             let arrival = tokio::time::Instant::now();
             // Completes if the client goes away while its request is being handled. The request
             // is fully read, so the reader is idle; `fill_buf` is cancel-safe and keeps any
@@ -96,11 +135,13 @@ pub(crate) async fn serve(
                     {
                         next.body.insert("topologyVersion", tv.clone());
                     }
-                    let stream = exhaust
-                        && matches!(reply.get("ok"), Some(Bson::Double(ok)) if *ok == 1.0)
-                        && repeat.as_ref().is_some_and(|m| {
-                            hello::await_time(&shared, &member, &m.body).is_some()
-                        });
+                    let ok = matches!(reply.get("ok"), Some(Bson::Double(ok)) if *ok == 1.0);
+                    let stream = ok
+                        && ((exhaust
+                            && repeat.as_ref().is_some_and(|m| {
+                                hello::await_time(&shared, &member, &m.body).is_some()
+                            }))
+                            || (exhaust_get_more && more_batches_follow(&reply)));
                     let flags = if stream { wire::FLAG_MORE_TO_COME } else { 0 };
                     let bytes = match wire::encode_op_msg(next_reply_id, response_to, flags, &reply)
                     {

@@ -24,6 +24,22 @@ pub(crate) enum CursorKind {
     ChangeStream,
 }
 
+/// How a cursor learns that its results are exhausted, which decides whether the batch that
+/// takes the last document also closes the cursor (mongod's `PlanExecutor::isEOF()` after a
+/// batch; see docs/emulator.md, "Cursors").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CursorEnd {
+    /// The end is known as soon as the last document is taken: mongod's queued results
+    /// (listCollections, listIndexes, bulkWrite results), a find whose `limit` is reached by a
+    /// limit stage, an `_id` point lookup, a collection that does not exist. The batch that
+    /// empties the cursor returns id 0.
+    Known,
+    /// The end is found only by reading past the last document (collection scans, blocking
+    /// sorts, aggregation pipelines). A batch that fills up exactly keeps the cursor open; the
+    /// next getMore returns an empty batch and id 0. A batch that had room and ran out closes.
+    Lazy,
+}
+
 /// Where a change-stream cursor is and what it reads.
 #[derive(Debug, Clone)]
 pub(crate) struct StreamState {
@@ -39,6 +55,7 @@ pub(crate) struct Cursor {
     docs: VecDeque<Document>,
     stream: Option<StreamState>,
     pub(crate) kind: CursorKind,
+    end: CursorEnd,
     pub(crate) owner_conn: u64,
     pub(crate) lsid: Option<SessionKey>,
     last_used: Instant,
@@ -75,6 +92,12 @@ fn take_batch(docs: &mut VecDeque<Document>, limit: usize) -> Vec<Bson> {
     out
 }
 
+/// Whether a cursor is done after a batch of `taken` documents out of `room`: nothing is left
+/// and either the end was known, or the batch had room and so read past the last document.
+fn exhausted_after(end: CursorEnd, left: &VecDeque<Document>, taken: usize, room: usize) -> bool {
+    left.is_empty() && (end == CursorEnd::Known || taken < room)
+}
+
 /// Reads `batchSize` from a number.
 pub(crate) fn batch_size(v: Option<&Bson>) -> Result<Option<usize>, CommandError> {
     let n = match v {
@@ -99,6 +122,7 @@ impl Cursors {
         ns: String,
         docs: Vec<Document>,
         kind: CursorKind,
+        end: CursorEnd,
         limit: BatchLimit,
         single_batch: bool,
         owner_conn: u64,
@@ -107,8 +131,10 @@ impl Cursors {
         max_total: usize,
     ) -> Result<Document, CommandError> {
         let mut docs: VecDeque<Document> = docs.into();
-        let batch = take_batch(&mut docs, limit.size.unwrap_or(DEFAULT_FIRST_BATCH));
-        let keep = kind == CursorKind::ChangeStream || (!docs.is_empty() && !single_batch);
+        let room = limit.size.unwrap_or(DEFAULT_FIRST_BATCH);
+        let batch = take_batch(&mut docs, room);
+        let keep = kind == CursorKind::ChangeStream
+            || (!single_batch && !exhausted_after(end, &docs, batch.len(), room));
         let mut id = 0i64;
         if keep {
             id = self.new_id(owner_conn, max_per_conn, max_total)?;
@@ -119,6 +145,7 @@ impl Cursors {
                     docs,
                     stream: None,
                     kind,
+                    end,
                     owner_conn,
                     lsid,
                     last_used: Instant::now(),
@@ -179,6 +206,7 @@ impl Cursors {
                 docs: VecDeque::new(),
                 stream: Some(state),
                 kind: CursorKind::ChangeStream,
+                end: CursorEnd::Lazy,
                 owner_conn,
                 lsid,
                 last_used: Instant::now(),
@@ -255,12 +283,11 @@ impl Cursors {
     ) -> Result<Document, CommandError> {
         let cursor = self.owned(id, ns)?;
         cursor.last_used = Instant::now();
-        let batch = take_batch(
-            &mut cursor.docs,
-            limit.size.filter(|&n| n > 0).unwrap_or(usize::MAX),
-        );
+        let room = limit.size.filter(|&n| n > 0).unwrap_or(usize::MAX);
+        let batch = take_batch(&mut cursor.docs, room);
         let kind = cursor.kind;
-        let exhausted = kind == CursorKind::Normal && cursor.docs.is_empty();
+        let exhausted = kind == CursorKind::Normal
+            && exhausted_after(cursor.end, &cursor.docs, batch.len(), room);
         let ns = cursor.ns.clone();
         if exhausted {
             self.map.remove(&id);
@@ -365,6 +392,7 @@ mod tests {
                 "d.c".into(),
                 docs(5),
                 CursorKind::Normal,
+                CursorEnd::Lazy,
                 BatchLimit { size: Some(2) },
                 false,
                 1,
@@ -392,6 +420,46 @@ mod tests {
     }
 
     #[test]
+    fn exact_boundary_closes_on_the_next_get_more_unless_the_end_is_known() {
+        let mut c = Cursors::default();
+        let first = |c: &mut Cursors, end| {
+            let r = c
+                .open(
+                    "d.c".into(),
+                    docs(4),
+                    CursorKind::Normal,
+                    end,
+                    BatchLimit { size: Some(2) },
+                    false,
+                    1,
+                    None,
+                    10,
+                    10,
+                )
+                .unwrap();
+            r.get_document("cursor").unwrap().get_i64("id").unwrap()
+        };
+        let batch_of = |r: Document| {
+            let cur = r.get_document("cursor").unwrap().clone();
+            (
+                cur.get_array("nextBatch").unwrap().len(),
+                cur.get_i64("id").unwrap(),
+            )
+        };
+        let id = first(&mut c, CursorEnd::Lazy);
+        assert_ne!(id, 0);
+        let two = BatchLimit { size: Some(2) };
+        assert_eq!(batch_of(c.get_more(id, "d.c", two).unwrap()), (2, id));
+        assert_eq!(batch_of(c.get_more(id, "d.c", two).unwrap()), (0, 0));
+        let id = first(&mut c, CursorEnd::Known);
+        assert_eq!(batch_of(c.get_more(id, "d.c", two).unwrap()), (2, 0));
+        // A batch with room closes a lazy cursor at once.
+        let id = first(&mut c, CursorEnd::Lazy);
+        let three = BatchLimit { size: Some(3) };
+        assert_eq!(batch_of(c.get_more(id, "d.c", three).unwrap()), (2, 0));
+    }
+
+    #[test]
     fn ownership_cleanup_and_limits() {
         let mut c = Cursors::default();
         let open = |c: &mut Cursors, conn| {
@@ -399,6 +467,7 @@ mod tests {
                 "d.c".into(),
                 docs(3),
                 CursorKind::Normal,
+                CursorEnd::Lazy,
                 BatchLimit { size: Some(1) },
                 false,
                 conn,

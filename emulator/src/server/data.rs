@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use bson::{doc, Bson, Document};
 
 use super::changes::{self, ChangeLog, Scope};
-use super::cursor::{self, BatchLimit, CursorKind, Cursors, StreamState};
+use super::cursor::{self, BatchLimit, CursorEnd, CursorKind, Cursors, StreamState};
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 use crate::engine::{
@@ -152,6 +152,7 @@ impl DataCtx<'_> {
         ns: String,
         docs: Vec<Document>,
         kind: CursorKind,
+        end: CursorEnd,
         limit: BatchLimit,
         single: bool,
     ) -> Result<Document, CommandError> {
@@ -159,6 +160,7 @@ impl DataCtx<'_> {
             ns,
             docs,
             kind,
+            end,
             limit,
             single,
             self.conn_serial,
@@ -166,6 +168,44 @@ impl DataCtx<'_> {
             self.max_cursors_per_connection,
             self.max_cursors,
         )
+    }
+}
+
+/// How mongod's find plan for `spec` learns its end (`PlanExecutor::isEOF()`), given that
+/// `found` documents matched. Known at once: a collection that does not exist (an EOF plan),
+/// an `_id` point lookup (IDHACK), or a `limit` that is reached by a limit stage, which mongod
+/// adds when no blocking sort enforces the limit: no sort, or a sort on `_id` alone (the `_id`
+/// index gives the order). Otherwise (scans, blocking sorts, a limit not reached) the end is
+/// found only by reading past the last document.
+fn find_cursor_end(
+    store: &Store,
+    db: &str,
+    coll: &str,
+    spec: &FindSpec,
+    found: usize,
+) -> CursorEnd {
+    if !store.has_collection(db, coll) {
+        return CursorEnd::Known;
+    }
+    let id_lookup = spec.filter.len() == 1
+        && spec.sort.as_ref().is_none_or(|s| s.is_empty())
+        && spec.skip == 0
+        && match spec.filter.get("_id") {
+            Some(Bson::Document(d)) => d.keys().next().is_some_and(|k| !k.starts_with('$')),
+            Some(Bson::RegularExpression(_)) | Some(Bson::Array(_)) | None => false,
+            Some(_) => true,
+        };
+    if id_lookup {
+        return CursorEnd::Known;
+    }
+    let limit = spec.limit.map(i64::unsigned_abs).filter(|&l| l > 0);
+    let sort_by_index_order = match &spec.sort {
+        None => true,
+        Some(s) => s.is_empty() || (s.len() == 1 && s.contains_key("_id")),
+    };
+    match limit {
+        Some(l) if sort_by_index_order && found as u64 >= l => CursorEnd::Known,
+        _ => CursorEnd::Lazy,
     }
 }
 
@@ -350,6 +390,7 @@ pub(crate) fn run(
             let coll = coll_arg(body, name)?;
             let spec = FindSpec::from_command(body)?;
             let docs = store.find(db, coll, &spec)?;
+            let end = find_cursor_end(store, db, coll, &spec, docs.len());
             let mut limit = BatchLimit {
                 size: cursor::batch_size(body.get("batchSize"))?,
             };
@@ -364,6 +405,7 @@ pub(crate) fn run(
                 format!("{db}.{coll}"),
                 docs,
                 CursorKind::Normal,
+                end,
                 limit,
                 single,
             )
@@ -481,10 +523,12 @@ pub(crate) fn run(
             let name_only = bool_arg(body, "nameOnly", false);
             let colls = store.list_collections(db, opt_doc(body, "filter")?, name_only)?;
             let limit = cursor_batch(body)?;
+            // mongod queues listCollections results, so it knows the end at the last one.
             ctx.open_cursor(
                 format!("{db}.$cmd.listCollections"),
                 colls,
                 CursorKind::Normal,
+                CursorEnd::Known,
                 limit,
                 false,
             )
@@ -521,10 +565,12 @@ pub(crate) fn run(
             let coll = coll_arg(body, name)?;
             let indexes = store.list_indexes(db, coll)?;
             let limit = cursor_batch(body)?;
+            // Queued like listCollections' results.
             ctx.open_cursor(
                 format!("{db}.{coll}"),
                 indexes,
                 CursorKind::Normal,
+                CursorEnd::Known,
                 limit,
                 false,
             )
@@ -558,6 +604,7 @@ pub(crate) fn run(
                 "admin.$cmd.bulkWrite".to_owned(),
                 results,
                 CursorKind::Normal,
+                CursorEnd::Known,
                 limit,
                 false,
             )?;
@@ -678,7 +725,14 @@ fn aggregate(
         store.run_pipeline(db, Vec::new(), &pipeline)?
     };
     let docs = if writes { Vec::new() } else { docs };
-    ctx.open_cursor(ns, docs, CursorKind::Normal, limit, false)
+    // mongod's aggregate closes its cursor only when reading the pipeline hits its end (a
+    // `$limit` included); a pipeline that writes ($out, $merge) has run to its end already.
+    let end = if writes {
+        CursorEnd::Known
+    } else {
+        CursorEnd::Lazy
+    };
+    ctx.open_cursor(ns, docs, CursorKind::Normal, end, limit, false)
 }
 
 /// The document of a `$collStats` stage (storage figures are estimates from BSON sizes).

@@ -436,3 +436,231 @@ mod tests {
         assert!(validate_data(&doc! {"errorCode": "x"}).is_err());
     }
 }
+
+/// The message of a statement failed by `onPrimaryTransactionalWrite`'s
+/// `failBeforeCommitExceptionCode`.
+pub(crate) const FAIL_BEFORE_COMMIT_MESSAGE: &str =
+    "Failing write for test before commit (onPrimaryTransactionalWrite)";
+
+/// The array of statements of a retryable write command and whether it is ordered. Commands
+/// without one (findAndModify) count as one statement.
+fn statements<'a>(name: &str, body: &'a Document) -> (Option<&'a Vec<Bson>>, bool) {
+    let field = match name {
+        "insert" => "documents",
+        "update" => "updates",
+        "delete" => "deletes",
+        "bulkWrite" => "ops",
+        _ => return (None, true),
+    };
+    let ordered = !matches!(body.get("ordered"), Some(Bson::Boolean(false)));
+    match body.get(field) {
+        Some(Bson::Array(a)) => (Some(a), ordered),
+        _ => (None, ordered),
+    }
+}
+
+/// Whether failed statements of `name` are reported as write errors (insert, update, delete);
+/// otherwise the failure is the command's.
+pub(crate) fn has_statement_errors(name: &str) -> bool {
+    matches!(name, "insert" | "update" | "delete")
+}
+
+/// What `onPrimaryTransactionalWrite` does to one retryable write, statement by statement.
+#[derive(Debug, Default)]
+pub(crate) struct StatementPlan {
+    /// Statements (original indexes) to run, in order.
+    pub(crate) run: Vec<usize>,
+    /// Statements failed before commit: (original index, `failBeforeCommitExceptionCode`).
+    pub(crate) failing: Vec<(usize, i32)>,
+    /// The connection is closed after the write (`closeConnection`, true unless `false`).
+    pub(crate) close_after: bool,
+    /// Whether the command is ordered (a failure stops the statements after it).
+    pub(crate) ordered: bool,
+}
+
+/// Statements a partly applied retryable write already applied, and its counts so far.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PartialWrite {
+    /// Original indexes of the applied statements.
+    pub(crate) applied: Vec<usize>,
+    /// `n`, `nModified` and `upserted` (original indexes) of the applied statements.
+    pub(crate) counts: Document,
+}
+
+/// Evaluates `fail_point` once per statement of a retryable write that is not `applied`
+/// already (mongod evaluates it as each statement is written, so `{skip: n}` lets n
+/// statements through), and decides which statements run and which fail.
+pub(crate) fn plan_statement_failures<R: Rng>(
+    fail_point: &mut FailPoint,
+    name: &str,
+    body: &Document,
+    applied: &[usize],
+    rng: &mut R,
+) -> StatementPlan {
+    let (list, ordered) = statements(name, body);
+    let total = list.map_or(1, Vec::len);
+    let mut plan = StatementPlan {
+        ordered,
+        ..Default::default()
+    };
+    for index in (0..total).filter(|i| !applied.contains(i)) {
+        if fail_point.mode == Mode::Off {
+            plan.run.push(index);
+            continue;
+        }
+        let Some(data) = fail_point.evaluate_mode(rng) else {
+            plan.run.push(index);
+            continue;
+        };
+        if !matches!(data.get("closeConnection"), Some(Bson::Boolean(false))) {
+            plan.close_after = true;
+        }
+        match data.get("failBeforeCommitExceptionCode") {
+            Some(code) => {
+                let code = as_i64(code)
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(1);
+                plan.failing.push((index, code));
+                if ordered {
+                    break;
+                }
+            }
+            None => plan.run.push(index),
+        }
+    }
+    plan
+}
+
+/// `body` with only the statements in `run` (None when no statement is left to run).
+pub(crate) fn with_statements(name: &str, body: &Document, run: &[usize]) -> Option<Document> {
+    if run.is_empty() {
+        return None;
+    }
+    let (Some(list), _) = statements(name, body) else {
+        return Some(body.clone());
+    };
+    let field = match name {
+        "insert" => "documents",
+        "update" => "updates",
+        _ => "deletes",
+    };
+    let kept: Vec<Bson> = run.iter().filter_map(|&i| list.get(i).cloned()).collect();
+    let mut sub = body.clone();
+    sub.insert(field, kept);
+    Some(sub)
+}
+
+fn count_of(doc: &Document, key: &str) -> i64 {
+    doc.get(key).and_then(as_i64).unwrap_or(0)
+}
+
+/// Index fields of a sub-command's reply mapped back to the original statement indexes.
+fn remap_indexes(entries: Option<&Bson>, run: &[usize]) -> Vec<Document> {
+    let Some(Bson::Array(items)) = entries else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|e| match e {
+            Bson::Document(d) => {
+                let mut d = d.clone();
+                let sub = d.get("index").and_then(as_i64).unwrap_or(0);
+                let original = usize::try_from(sub)
+                    .ok()
+                    .and_then(|i| run.get(i).copied())
+                    .unwrap_or(0);
+                d.insert("index", original as i32);
+                Some(d)
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Combines the reply of the statements that ran (`reply`, indexes relative to `plan.run`)
+/// with the statements applied by earlier attempts and the statements the fail point failed.
+/// Returns the reply in mongod's shape and, when some statements failed, what a retry must
+/// not apply again.
+pub(crate) fn merge_statement_results(
+    name: &str,
+    reply: Option<Document>,
+    plan: &StatementPlan,
+    earlier: Option<&PartialWrite>,
+) -> (Document, Option<PartialWrite>) {
+    let reply = reply.unwrap_or_default();
+    let mut errors = remap_indexes(reply.get("writeErrors"), &plan.run);
+    let mut upserted = remap_indexes(reply.get("upserted"), &plan.run);
+    let mut n = count_of(&reply, "n");
+    let mut n_modified = count_of(&reply, "nModified");
+    let mut applied: Vec<usize> = Vec::new();
+    if let Some(earlier) = earlier {
+        n += count_of(&earlier.counts, "n");
+        n_modified += count_of(&earlier.counts, "nModified");
+        // Already in original indexes.
+        if let Some(Bson::Array(earlier_upserts)) = earlier.counts.get("upserted") {
+            upserted.extend(
+                earlier_upserts
+                    .iter()
+                    .filter_map(|u| u.as_document().cloned()),
+            );
+        }
+        applied.extend(&earlier.applied);
+    }
+    // Statements that ran without a write error were applied; in an ordered command nothing
+    // after the first real write error ran, and the fail point's statement was not reached.
+    let first_error = errors
+        .iter()
+        .filter_map(|e| e.get("index").and_then(as_i64))
+        .min();
+    for &i in &plan.run {
+        let failed = errors
+            .iter()
+            .any(|e| e.get("index").and_then(as_i64) == Some(i as i64));
+        let unreached = plan.ordered && first_error.is_some_and(|f| i as i64 > f);
+        if !failed && !unreached {
+            applied.push(i);
+        }
+    }
+    let reached = |i: usize| !(plan.ordered && first_error.is_some_and(|f| i as i64 > f));
+    for &(index, code) in &plan.failing {
+        if reached(index) {
+            errors.push(bson::doc! {
+                "index": index as i32,
+                "code": code,
+                "errmsg": FAIL_BEFORE_COMMIT_MESSAGE,
+            });
+        }
+    }
+    errors.sort_by_key(|e| e.get("index").and_then(as_i64).unwrap_or(0));
+    upserted.sort_by_key(|e| e.get("index").and_then(as_i64).unwrap_or(0));
+    applied.sort_unstable();
+    applied.dedup();
+    let mut out = Document::new();
+    out.insert("n", i32::try_from(n).unwrap_or(i32::MAX));
+    if name == "update" {
+        out.insert("nModified", i32::try_from(n_modified).unwrap_or(i32::MAX));
+        if !upserted.is_empty() {
+            out.insert("upserted", upserted.clone());
+        }
+    }
+    let partial = (!plan.failing.is_empty()).then(|| {
+        let mut counts = out.clone();
+        if !upserted.is_empty() {
+            counts.insert("upserted", upserted);
+        }
+        PartialWrite { applied, counts }
+    });
+    if !errors.is_empty() {
+        out.insert("writeErrors", errors);
+    }
+    for (k, v) in reply {
+        if !matches!(
+            k.as_str(),
+            "n" | "nModified" | "upserted" | "writeErrors" | "ok"
+        ) {
+            out.insert(k, v);
+        }
+    }
+    out.insert("ok", 1.0);
+    (out, partial)
+}

@@ -40,6 +40,7 @@ mod data;
 pub mod error;
 pub mod failpoint;
 mod hello;
+mod legacy;
 mod session;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

@@ -56,6 +56,10 @@ pub(crate) struct Session {
     pub(crate) txn_number: Option<i64>,
     /// The stored reply of the retryable write with `txn_number`.
     pub(crate) retry_reply: Option<Document>,
+    /// A retryable write with `txn_number` that ran only in part (an
+    /// `onPrimaryTransactionalWrite` fail point failed some statements): the statements applied
+    /// and their counts, so a retry runs only the others, as mongod's per-statement records do.
+    pub(crate) partial_write: Option<super::failpoint::PartialWrite>,
     pub(crate) txn: Option<Transaction>,
 }
 
@@ -90,6 +94,7 @@ impl Sessions {
             last_use: Instant::now(),
             txn_number: None,
             retry_reply: None,
+            partial_write: None,
             txn: None,
         });
         s.last_use = Instant::now();

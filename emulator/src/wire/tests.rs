@@ -125,12 +125,20 @@ fn malformed_inputs_are_errors() {
     let mut neg = good.clone();
     neg[..4].copy_from_slice(&(-5i32).to_le_bytes());
     assert!(matches!(decode_message(&neg), Err(WireError::BadLength(_))));
-    // Wrong opcode.
+    // An OP_MSG reader refuses other opcodes; the request reader knows OP_QUERY's layout, and
+    // these OP_MSG bytes are not a valid OP_QUERY (no NUL-terminated namespace where one goes).
     let mut q = good.clone();
     q[12..16].copy_from_slice(&OP_QUERY.to_le_bytes());
     assert!(matches!(
         decode_message(&q),
         Err(WireError::UnsupportedOpcode(OP_QUERY))
+    ));
+    assert!(decode_request(&q).is_err());
+    let mut compressed = good.clone();
+    compressed[12..16].copy_from_slice(&OP_COMPRESSED.to_le_bytes());
+    assert!(matches!(
+        decode_request(&compressed),
+        Err(WireError::UnsupportedOpcode(OP_COMPRESSED))
     ));
     // Unknown required flag bit.
     let bad_flag = build(1 << 3, &doc! { "ping": 1 }, &[], false);
@@ -238,4 +246,116 @@ fn deep_nesting_is_rejected_without_recursing_deeply() {
     }
     let ok = encode_op_msg(1, 0, 0, &d).unwrap();
     assert!(decode_message(&ok).is_ok());
+}
+
+#[test]
+fn op_query_round_trip_and_command_unwrapping() {
+    let hello =
+        doc! { "isMaster": 1, "helloOk": true, "client": { "driver": { "name": "nodejs" } } };
+    let bytes = encode_op_query(11, "admin.$cmd", -1, &hello).unwrap();
+    let Request::Query(q) = decode_request(&bytes).unwrap() else {
+        panic!("an OP_QUERY decodes as one");
+    };
+    assert_eq!(q.header.request_id, 11);
+    assert_eq!(q.header.op_code, OP_QUERY);
+    assert_eq!(q.full_collection_name, "admin.$cmd");
+    assert_eq!(q.number_to_return, -1);
+    assert_eq!(q.command_database(), Some("admin"));
+    assert_eq!(q.command(), hello);
+    assert_eq!(q.return_fields_selector, None);
+    // The `$query` wrapper drivers use with `$readPreference`.
+    let wrapped = doc! { "$query": { "ismaster": 1 }, "$readPreference": { "mode": "primary" } };
+    let Request::Query(w) =
+        decode_request(&encode_op_query(1, "app.$cmd", 1, &wrapped).unwrap()).unwrap()
+    else {
+        panic!("an OP_QUERY decodes as one");
+    };
+    assert_eq!(w.command(), doc! { "ismaster": 1 });
+    assert_eq!(w.command_database(), Some("app"));
+    // A collection namespace is not a command namespace; neither is a bare `.$cmd`.
+    let find = encode_op_query(1, "app.coll", 0, &doc! { "x": 1 }).unwrap();
+    let Request::Query(f) = decode_request(&find).unwrap() else {
+        panic!("an OP_QUERY decodes as one");
+    };
+    assert_eq!(f.command_database(), None);
+    let bare = encode_op_query(1, ".$cmd", 0, &doc! { "x": 1 }).unwrap();
+    let Request::Query(b) = decode_request(&bare).unwrap() else {
+        panic!("an OP_QUERY decodes as one");
+    };
+    assert_eq!(b.command_database(), None);
+}
+
+#[test]
+fn op_query_with_field_selector_and_trailing_bytes() {
+    let mut bytes = encode_op_query(1, "admin.$cmd", -1, &doc! { "hello": 1 }).unwrap();
+    bytes.extend_from_slice(&doc_bytes(&doc! { "a": 1 }));
+    let len = bytes.len() as i32;
+    bytes[..4].copy_from_slice(&len.to_le_bytes());
+    let Request::Query(q) = decode_request(&bytes).unwrap() else {
+        panic!("an OP_QUERY decodes as one");
+    };
+    assert_eq!(q.return_fields_selector, Some(doc! { "a": 1 }));
+    // Anything after the selector is malformed.
+    bytes.extend_from_slice(&[1, 2, 3]);
+    let len = bytes.len() as i32;
+    bytes[..4].copy_from_slice(&len.to_le_bytes());
+    assert!(matches!(
+        decode_request(&bytes),
+        Err(WireError::Malformed(_))
+    ));
+}
+
+#[test]
+fn truncated_op_query_is_an_error_at_every_cut() {
+    let full = encode_op_query(1, "admin.$cmd", -1, &doc! { "hello": 1, "x": "abc" }).unwrap();
+    for cut in HEADER_LEN..full.len() {
+        let mut b = full[..cut].to_vec();
+        b[..4].copy_from_slice(&(cut as i32).to_le_bytes());
+        assert!(decode_request(&b).is_err(), "cut at {cut}");
+    }
+    assert!(decode_request(&full).is_ok());
+}
+
+#[test]
+fn removed_legacy_opcodes_are_recognised_unparsed() {
+    for op in [
+        OP_UPDATE,
+        OP_INSERT,
+        OP_GET_MORE,
+        OP_DELETE,
+        OP_KILL_CURSORS,
+    ] {
+        let mut b = Vec::new();
+        Header {
+            message_length: (HEADER_LEN + 7) as i32,
+            request_id: 5,
+            response_to: 0,
+            op_code: op,
+        }
+        .write_to(&mut b);
+        b.extend_from_slice(&[9; 7]);
+        assert!(matches!(decode_request(&b), Ok(Request::Legacy(h)) if h.op_code == op));
+    }
+}
+
+#[test]
+fn op_reply_round_trip() {
+    let docs = [doc! { "ok": 1.0, "ismaster": true }];
+    let bytes = encode_op_reply(4, 11, 0, &docs).unwrap();
+    let reply = decode_reply(&bytes).unwrap();
+    assert_eq!(reply.header.response_to, 11);
+    assert_eq!(reply.header.op_code, OP_REPLY);
+    assert_eq!(reply.flags, REPLY_AWAIT_CAPABLE);
+    assert_eq!(reply.cursor_id, 0);
+    assert_eq!(reply.documents, docs);
+    // A count that disagrees with the documents is malformed.
+    let mut wrong = bytes.clone();
+    wrong[HEADER_LEN + 16..HEADER_LEN + 20].copy_from_slice(&2i32.to_le_bytes());
+    assert!(matches!(decode_reply(&wrong), Err(WireError::Malformed(_))));
+    // An OP_MSG is not a reply to an OP_QUERY.
+    let msg = encode_op_msg(1, 0, 0, &doc! { "ok": 1 }).unwrap();
+    assert!(matches!(
+        decode_reply(&msg),
+        Err(WireError::UnsupportedOpcode(OP_MSG))
+    ));
 }

@@ -59,6 +59,26 @@ impl RawClient {
         msg.ok().flatten().map(|m| m.body)
     }
 
+    /// Sends `query` as a legacy OP_QUERY on `namespace` and reads the OP_REPLY (None if the
+    /// server closed the socket or sent something else).
+    pub async fn legacy_query(
+        &mut self,
+        namespace: &str,
+        query: &Document,
+    ) -> Option<emulator::wire::OpReply> {
+        use tokio::io::AsyncWriteExt;
+        let bytes = emulator::wire::encode_op_query(self.next_id, namespace, -1, query).unwrap();
+        self.next_id += 1;
+        self.stream.write_all(&bytes).await.ok()?;
+        let reply = tokio::time::timeout(
+            Duration::from_secs(5),
+            emulator::wire::read_reply(&mut self.stream),
+        )
+        .await
+        .expect("reply within 5 s");
+        reply.ok().flatten()
+    }
+
     /// Writes raw bytes.
     pub async fn send_raw(&mut self, bytes: &[u8]) {
         use tokio::io::AsyncWriteExt;
