@@ -32,7 +32,9 @@
 //!
 //! # Where the server calls it
 //!
-//! `server::Shared` owns one `Arc<Model>` built from `EmulatorConfig::overload`.
+//! Every `server::Member` owns an `Arc<Model>` of its own, built from
+//! `EmulatorConfig::member_overload[index]` or else `EmulatorConfig::overload`
+//! ([`Model::for_member`], so members sharing a seed draw different random sequences).
 //! `server::conn::serve` takes each request's arrival time right after reading it and passes a
 //! disconnect future (the idle reader hitting EOF). `server::commands::handle` calls
 //! [`Model::admit`] once the command name is known (before failCommand, like mongod's ingress
@@ -41,9 +43,10 @@
 //! with [`Rejection::fixed_labels`]: fixed labels for 462 and 433, the server's usual label rules
 //! for 50 and 279 (so a transaction statement still gets `TransientTransactionError`). A request
 //! that never reaches `execute` (failCommand answered, a parse error) just drops its
-//! [`Admission`]. `serverStatus.labOverload` is [`Model::snapshot`]; `setParameter` /
-//! `getParameter` of `labOverload` use [`Model::set_parameters`] (partial documents merge into
-//! the current configuration) and [`Model::config`].
+//! [`Admission`]. `serverStatus.labOverload` is the receiving member's [`Model::snapshot`]
+//! (`labOverloadMembers` every member's); `setParameter` / `getParameter` of `labOverload` use
+//! the receiving member's [`Model::set_parameters`] (partial documents merge into the current
+//! configuration) and [`Model::config`], `labOverloadMembers` any member's.
 
 mod config;
 mod cores;
@@ -62,6 +65,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::SystemTime;
 
 use bson::{Bson, Document};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::time::{Duration, Instant};
 
 pub use config::{
@@ -306,6 +311,12 @@ pub struct Model {
     series: Mutex<Series>,
     /// Serializes reconfigurations (read-merge-write of `setParameter`).
     reconfiguring: Mutex<()>,
+    /// Draws random rejections (`randomRejectShare`); seeded from `seed`, so a run with the same
+    /// arrival order rejects the same requests.
+    rejector: Mutex<StdRng>,
+    /// Mixed into every seed, so that members built from one configuration draw different
+    /// sequences (0 for member 0 and for [`Model::new`]: seeds exactly as configured).
+    stream_salt: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -313,11 +324,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 const WRITE_SEED_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+/// Keeps the random-rejection draws independent of the ticket pools' wake-up draws.
+const REJECT_SEED_SALT: u64 = 0x5851_f42d_4c95_7f2d;
+
+/// The salt of member `index`'s random streams (0 for member 0).
+fn stream_salt(index: usize) -> u64 {
+    (index as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
 
 impl Model {
     /// A model with a validated configuration.
     pub fn new(config: ModelConfig) -> Result<Arc<Model>, ConfigError> {
+        Model::for_member(config, 0)
+    }
+
+    /// The model of member `index` of a deployment: as [`Model::new`], except that its random
+    /// draws (ticket wake-ups, random rejections) are salted with the index, so members sharing
+    /// one configuration and seed do not draw in lockstep. Member 0's model is `Model::new`'s.
+    pub fn for_member(config: ModelConfig, index: usize) -> Result<Arc<Model>, ConfigError> {
         config.validate()?;
+        let salt = stream_salt(index);
         let now = Instant::now();
         let (r, w) = match config.tickets.mode {
             TicketMode::Fixed => (config.tickets.read, config.tickets.write),
@@ -328,14 +354,16 @@ impl Model {
         Ok(Arc::new(Model {
             start: now,
             bucket: Mutex::new(Bucket::new(config.burst_tokens(), now)),
-            read: TicketPool::new(r, mw, config.seed, fifo),
-            write: TicketPool::new(w, mw, config.seed ^ WRITE_SEED_SALT, fifo),
+            read: TicketPool::new(r, mw, config.seed ^ salt, fifo),
+            write: TicketPool::new(w, mw, config.seed ^ salt ^ WRITE_SEED_SALT, fifo),
             cores: Cores::new(config.cores),
             counters: Counters::default(),
             queue_waits: WaitHistogram::default(),
             in_flight: AtomicU64::new(0),
             prober: Mutex::new(Prober::new(config.probing_initial(), now, 0)),
             series: Mutex::new(Series::new(config.series_capacity_secs as usize)),
+            rejector: Mutex::new(StdRng::seed_from_u64(config.seed ^ salt ^ REJECT_SEED_SALT)),
+            stream_salt: salt,
             cfg: RwLock::new(Arc::new(config)),
             reconfiguring: Mutex::new(()),
         }))
@@ -386,8 +414,10 @@ impl Model {
         self.read.set_fifo(fifo);
         self.write.set_fifo(fifo);
         if new.seed != old.seed {
-            self.read.reseed(new.seed);
-            self.write.reseed(new.seed ^ WRITE_SEED_SALT);
+            let seed = new.seed ^ self.stream_salt;
+            self.read.reseed(seed);
+            self.write.reseed(seed ^ WRITE_SEED_SALT);
+            *lock(&self.rejector) = StdRng::seed_from_u64(seed ^ REJECT_SEED_SALT);
         }
         self.cores.resize(new.cores);
         lock(&self.series).set_capacity(new.series_capacity_secs as usize);
@@ -429,8 +459,7 @@ impl Model {
                 Take::Reject => {
                     bump(&self.counters.rejected);
                     let mut r = Rejection::rate_limited(l.allow_retries, cfg.base_backoff_ms);
-                    r.work = self.burn(cfg.costs.rejection_ms, deadline, &cfg).await;
-                    add_ns(&self.counters.wasted_ns, r.work);
+                    r.work = self.charge_rejection(deadline, &cfg).await;
                     return Err(r);
                 }
                 Take::At(valid) => {
@@ -452,6 +481,12 @@ impl Model {
                 }
             }
         }
+        if cfg.enabled && info.kind != CommandKind::Command && self.draw_random_rejection(&cfg) {
+            bump(&self.counters.random_rejections);
+            let mut r = Rejection::random(cfg.base_backoff_ms);
+            r.work = self.charge_rejection(deadline, &cfg).await;
+            return Err(r);
+        }
         bump(&self.counters.admitted);
         Ok(Admission {
             model: self.clone(),
@@ -463,6 +498,26 @@ impl Model {
             deadline,
             ingress_wait,
         })
+    }
+
+    /// Whether this data request is one of the `randomRejectShare` rejected at random. Draws
+    /// nothing when the share is 0, so a configuration without random rejections leaves the
+    /// generator where it was.
+    fn draw_random_rejection(&self, cfg: &ModelConfig) -> bool {
+        let share = cfg.random_reject_share;
+        if share <= 0.0 || !share.is_finite() {
+            return false;
+        }
+        lock(&self.rejector).random::<f64>() < share
+    }
+
+    /// Charges `costs.rejectionMs` of core time for refusing a request (the reply waits for
+    /// it) as wasted work and rejection work. Returns the time charged.
+    async fn charge_rejection(&self, deadline: Instant, cfg: &ModelConfig) -> Duration {
+        let work = self.burn(cfg.costs.rejection_ms, deadline, cfg).await;
+        add_ns(&self.counters.wasted_ns, work);
+        add_ns(&self.counters.rejection_ns, work);
+        work
     }
 
     /// The server accepted a connection: charges `costs.connectionMs` of core time (TCP, TLS,
@@ -492,7 +547,13 @@ impl Model {
             let Ok(core) = tokio::time::timeout_at(deadline, self.cores.acquire()).await else {
                 break;
             };
-            let charged = self.quantum(remaining.min(quantum), remaining, cfg).await;
+            let slice = remaining.min(quantum);
+            // Work outside requests is usually far shorter than a timer tick (a rejection
+            // costs a fraction of a millisecond), and a sleep lasts at least until the next
+            // tick: without paying it from the bank in full, every rejection would hold its core
+            // for a whole tick while being charged its cost, and a flood of rejections would
+            // occupy the cores several times longer than `busyCoreMs` says.
+            let charged = self.quantum(slice, remaining, cfg, slice).await;
             drop(core);
             used += charged;
             remaining -= charged;
@@ -501,12 +562,21 @@ impl Model {
     }
 
     /// Sleeps one quantum of `slice` on a core the caller holds and returns the work to charge
-    /// (at most `remaining`). Earlier timer lateness is paid back with at most half of the
-    /// quantum, and lateness beyond `remaining` is banked (see `cores`).
-    async fn quantum(&self, slice: Duration, remaining: Duration, cfg: &ModelConfig) -> Duration {
+    /// (at most `remaining`). Earlier timer lateness is paid back with at most `max_repay` of the
+    /// slice (requests: half, so every quantum still takes time and requests interleave), and
+    /// lateness beyond `remaining` is banked (see `cores`).
+    async fn quantum(
+        &self,
+        slice: Duration,
+        remaining: Duration,
+        cfg: &ModelConfig,
+        max_repay: Duration,
+    ) -> Duration {
         let t0 = Instant::now();
-        let repaid = self.cores.repay(slice / 2);
-        tokio::time::sleep(slice - repaid).await;
+        let repaid = self.cores.repay(max_repay.min(slice));
+        if repaid < slice {
+            tokio::time::sleep(slice - repaid).await;
+        }
         let used = Instant::now() - t0;
         let progress = (used + repaid).max(slice);
         let charged = progress.min(remaining);
@@ -729,10 +799,7 @@ impl Admission {
                     run.settled = true;
                     bump(&model.counters.shed);
                     let mut r = Rejection::queue_overflow(cfg.base_backoff_ms);
-                    r.work = model
-                        .burn(cfg.costs.rejection_ms, self.deadline, &cfg)
-                        .await;
-                    add_ns(&model.counters.wasted_ns, r.work);
+                    r.work = model.charge_rejection(self.deadline, &cfg).await;
                     return Err(r);
                 }
                 Err(AcquireError::Interrupted(i)) => return Err(run.stop(i)),
@@ -767,7 +834,7 @@ impl Admission {
                     slice = slice.min(to_yield);
                 }
             }
-            let charged = model.quantum(slice, remaining, &cfg).await;
+            let charged = model.quantum(slice, remaining, &cfg, slice / 2).await;
             drop(core);
             run.work += charged;
             remaining -= charged;
