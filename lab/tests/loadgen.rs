@@ -32,6 +32,7 @@ impl LabClient for SlowClient {
                 attempts: 1,
                 conn_wait: Duration::ZERO,
                 service: delay,
+                tries: 1,
             }
         })
     }
@@ -79,12 +80,7 @@ async fn open_loop_keeps_its_schedule_whatever_the_client_does() {
         &[client],
         &schedules,
         recorder.clone(),
-        RequestOpts {
-            deadline: Duration::from_millis(100),
-            drain: Duration::from_secs(1),
-            range_len: 5,
-            max_time: None,
-        },
+        RequestOpts::new(Duration::from_millis(100), Duration::from_secs(1), 5),
     )
     .await;
     assert_eq!(

@@ -33,6 +33,9 @@ pub fn model_document(cfg: &LabConfig, capacity: f64) -> Result<Document, String
             "maxQueueDepth": 0i64,
         },
     };
+    if cfg.random_reject_share > 0.0 {
+        d.insert("randomRejectShare", cfg.random_reject_share);
+    }
     if let Some(v) = &cfg.model_overrides {
         let over = bson::to_bson(v).map_err(|e| format!("--model-json: {e}"))?;
         match over {

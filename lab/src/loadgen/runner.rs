@@ -15,9 +15,9 @@ use tokio::time::Instant;
 
 use super::calibrate::calibrate;
 use super::client::{self, LabClient, Sink};
-use super::config::{with_options, LabConfig, Persona, ServerMode, Variant};
+use super::config::{with_options, LabConfig, Load, Persona, ServerMode, Variant};
 use super::control::{counter_deltas, model_document, Control, COLL, DB};
-use super::drive::{drive_all, DriveStats, RequestOpts};
+use super::drive::{drive_all, drive_closed, ClosedLoop, DriveStats, RequestOpts};
 use super::emulator_thread::EmulatorThread;
 use super::failpoint_limiter::failpoint_controller;
 use super::metrics::{Recorder, Second};
@@ -115,6 +115,8 @@ async fn run_against(
             if let Ok(limiter) = unlimited.get_document_mut("limiter") {
                 limiter.insert("enabled", false);
             }
+            // Nor random rejections: capacity is what the cores complete.
+            unlimited.remove("randomRejectShare");
             control.set_model(&unlimited).await?;
             if cfg.capacity <= 0.0 {
                 progress.set_message("calibrating the server model's capacity");
@@ -163,7 +165,14 @@ async fn run_against(
             };
             progress.set_message(format!("{label}: connecting"));
             let run = run_variant(
-                cfg, capacity, uri, variant, &schedules, &control, progress, &label,
+                cfg,
+                capacity,
+                uri,
+                variant,
+                (&schedules, rep as u64 * 1000),
+                &control,
+                progress,
+                &label,
             )
             .await?;
             let server_after = control.overload_status().await;
@@ -215,7 +224,7 @@ async fn run_variant(
     capacity: f64,
     uri: &str,
     variant: &Variant,
-    schedules: &[Vec<Arrival>],
+    (schedules, rep_seed): (&[Vec<Arrival>], u64),
     control: &Arc<Control>,
     progress: &ProgressBar,
     label: &str,
@@ -269,8 +278,22 @@ async fn run_variant(
         drain: cfg.drain,
         range_len: cfg.mix.range_len,
         max_time: cfg.max_time_ms.then_some(cfg.deadline),
+        on_deadline: cfg.on_deadline,
+        app_retries: cfg.app_retries,
     };
-    let stats = drive_all(&clients, schedules, recorder.clone(), opts).await;
+    let stats = match cfg.load {
+        Load::Open => drive_all(&clients, schedules, recorder.clone(), opts).await,
+        Load::Closed { workers } => {
+            let spec = ClosedLoop {
+                workers,
+                length: cfg.scenario.duration(),
+                mix: cfg.mix.clone(),
+                docs: cfg.docs,
+                seed: cfg.seed.wrapping_add(rep_seed),
+            };
+            drive_closed(&clients, &spec, recorder.clone(), opts).await
+        }
+    };
     let cpu_end = super::sys::process_cpu();
     let wall = Instant::now()
         .saturating_duration_since(start)
