@@ -65,8 +65,13 @@ pub enum Wakeup {
 pub struct ModelConfig {
     /// Master switch. Off: no limiter, no tickets, no cores, no cost.
     pub enabled: bool,
-    /// Seed of the random wake-up order of ticket waiters.
+    /// Seed of the random wake-up order of ticket waiters and of random rejections.
     pub seed: u64,
+    /// Share of data requests (any kind but [`super::CommandKind::Command`]) that the model
+    /// would otherwise admit and rejects at random instead, in [0, 1]: a transient overload
+    /// error (462 with `SystemOverloadedError` and `RetryableError`), drawn from a generator
+    /// seeded with `seed`. 0 (the default) never draws.
+    pub random_reject_share: f64,
     /// Ingress request rate limiter (code 462).
     pub limiter: LimiterConfig,
     /// Read and write ticket pools (code 433 when the waiter queue is bounded and full).
@@ -100,6 +105,7 @@ impl Default for ModelConfig {
         ModelConfig {
             enabled: false,
             seed: 4,
+            random_reject_share: 0.0,
             limiter: LimiterConfig::default(),
             tickets: TicketConfig::default(),
             cores: 2,
@@ -370,6 +376,13 @@ impl ModelConfig {
     /// Checks every value; the model only ever runs with a configuration that passed.
     pub fn validate(&self) -> Result<(), ConfigError> {
         count_in("cores", u64::from(self.cores), 1, 1024)?;
+        finite_in(
+            "randomRejectShare",
+            self.random_reject_share,
+            0.0,
+            1.0,
+            false,
+        )?;
         finite_in("quantumMs", self.quantum_ms, 0.0, 1000.0, true)?;
         finite_in(
             "yieldPeriodMs",
@@ -511,6 +524,14 @@ mod tests {
         assert_eq!(c.tickets.mode, TicketMode::Probing);
         assert_eq!(c.costs.point_read_ms, 7.0);
         assert_eq!(c.probing_initial(), 4);
+        // 0 and 1 are integral, so arrive as Int64 after normalisation; still accepted.
+        for (share, want) in [
+            (bson::Bson::Int32(1), 1.0),
+            (bson::Bson::Double(0.05), 0.05),
+        ] {
+            let c = ModelConfig::from_document(&doc! { "randomRejectShare": share }).unwrap();
+            assert_eq!(c.random_reject_share, want);
+        }
     }
 
     #[test]
@@ -543,6 +564,10 @@ mod tests {
                 "burstCapacitySecs",
             ),
             (doc! { "cores": 0 }, "cores"),
+            (doc! { "randomRejectShare": 1.5 }, "randomRejectShare"),
+            (doc! { "randomRejectShare": -0.1 }, "randomRejectShare"),
+            (doc! { "randomRejectShare": f64::NAN }, "randomRejectShare"),
+            (doc! { "randomRejectShare": "5%" }, "randomRejectShare"),
             (doc! { "quantumMs": 0 }, "quantumMs"),
             (doc! { "costs": { "scanMs": f64::NAN } }, "costs.scanMs"),
             (doc! { "costs": { "writeMs": -3.5 } }, "costs.writeMs"),

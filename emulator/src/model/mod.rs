@@ -62,6 +62,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::SystemTime;
 
 use bson::{Bson, Document};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::time::{Duration, Instant};
 
 pub use config::{
@@ -306,6 +308,9 @@ pub struct Model {
     series: Mutex<Series>,
     /// Serializes reconfigurations (read-merge-write of `setParameter`).
     reconfiguring: Mutex<()>,
+    /// Draws random rejections (`randomRejectShare`); seeded from `seed`, so a run with the same
+    /// arrival order rejects the same requests.
+    rejector: Mutex<StdRng>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -313,6 +318,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 const WRITE_SEED_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+/// Keeps the random-rejection draws independent of the ticket pools' wake-up draws.
+const REJECT_SEED_SALT: u64 = 0x5851_f42d_4c95_7f2d;
 
 impl Model {
     /// A model with a validated configuration.
@@ -336,6 +343,7 @@ impl Model {
             in_flight: AtomicU64::new(0),
             prober: Mutex::new(Prober::new(config.probing_initial(), now, 0)),
             series: Mutex::new(Series::new(config.series_capacity_secs as usize)),
+            rejector: Mutex::new(StdRng::seed_from_u64(config.seed ^ REJECT_SEED_SALT)),
             cfg: RwLock::new(Arc::new(config)),
             reconfiguring: Mutex::new(()),
         }))
@@ -388,6 +396,7 @@ impl Model {
         if new.seed != old.seed {
             self.read.reseed(new.seed);
             self.write.reseed(new.seed ^ WRITE_SEED_SALT);
+            *lock(&self.rejector) = StdRng::seed_from_u64(new.seed ^ REJECT_SEED_SALT);
         }
         self.cores.resize(new.cores);
         lock(&self.series).set_capacity(new.series_capacity_secs as usize);
@@ -429,8 +438,7 @@ impl Model {
                 Take::Reject => {
                     bump(&self.counters.rejected);
                     let mut r = Rejection::rate_limited(l.allow_retries, cfg.base_backoff_ms);
-                    r.work = self.burn(cfg.costs.rejection_ms, deadline, &cfg).await;
-                    add_ns(&self.counters.wasted_ns, r.work);
+                    r.work = self.charge_rejection(deadline, &cfg).await;
                     return Err(r);
                 }
                 Take::At(valid) => {
@@ -452,6 +460,12 @@ impl Model {
                 }
             }
         }
+        if cfg.enabled && info.kind != CommandKind::Command && self.draw_random_rejection(&cfg) {
+            bump(&self.counters.random_rejections);
+            let mut r = Rejection::random(cfg.base_backoff_ms);
+            r.work = self.charge_rejection(deadline, &cfg).await;
+            return Err(r);
+        }
         bump(&self.counters.admitted);
         Ok(Admission {
             model: self.clone(),
@@ -463,6 +477,26 @@ impl Model {
             deadline,
             ingress_wait,
         })
+    }
+
+    /// Whether this data request is one of the `randomRejectShare` rejected at random. Draws
+    /// nothing when the share is 0, so a configuration without random rejections leaves the
+    /// generator where it was.
+    fn draw_random_rejection(&self, cfg: &ModelConfig) -> bool {
+        let share = cfg.random_reject_share;
+        if share <= 0.0 || !share.is_finite() {
+            return false;
+        }
+        lock(&self.rejector).random::<f64>() < share
+    }
+
+    /// Charges `costs.rejectionMs` of core time for refusing a request (the reply waits for
+    /// it) as wasted work and rejection work. Returns the time charged.
+    async fn charge_rejection(&self, deadline: Instant, cfg: &ModelConfig) -> Duration {
+        let work = self.burn(cfg.costs.rejection_ms, deadline, cfg).await;
+        add_ns(&self.counters.wasted_ns, work);
+        add_ns(&self.counters.rejection_ns, work);
+        work
     }
 
     /// The server accepted a connection: charges `costs.connectionMs` of core time (TCP, TLS,
@@ -729,10 +763,7 @@ impl Admission {
                     run.settled = true;
                     bump(&model.counters.shed);
                     let mut r = Rejection::queue_overflow(cfg.base_backoff_ms);
-                    r.work = model
-                        .burn(cfg.costs.rejection_ms, self.deadline, &cfg)
-                        .await;
-                    add_ns(&model.counters.wasted_ns, r.work);
+                    r.work = model.charge_rejection(self.deadline, &cfg).await;
                     return Err(r);
                 }
                 Err(AcquireError::Interrupted(i)) => return Err(run.stop(i)),

@@ -16,6 +16,9 @@ pub enum RejectionKind {
     RateLimited,
     /// 433 AdmissionQueueOverflow: the ticket waiter queue was full.
     QueueOverflow,
+    /// A transient overload error drawn at random (`randomRejectShare`): the 462 reply with
+    /// both overload labels, whatever `limiter.allowRetries` says.
+    Random,
     /// 50 MaxTimeMSExpired: the deadline passed while waiting or working.
     MaxTimeExpired,
     /// 279 ClientDisconnect: the client went away and `killOnClientDisconnect` is on.
@@ -58,6 +61,16 @@ impl Rejection {
             labels,
             base_backoff_ms: backoff(base_backoff_ms),
             work: Duration::ZERO,
+        }
+    }
+
+    /// A random rejection (`randomRejectShare`): mongod's 462 reply shape, always labelled
+    /// `SystemOverloadedError` and `RetryableError`, so a driver cannot tell it from an ingress
+    /// limiter rejection with retries allowed (what a transient overload looks like to it).
+    pub(crate) fn random(base_backoff_ms: u64) -> Rejection {
+        Rejection {
+            kind: RejectionKind::Random,
+            ..Rejection::rate_limited(true, base_backoff_ms)
         }
     }
 
@@ -108,12 +121,14 @@ impl Rejection {
         self.labels.iter().map(|l| l.to_string()).collect()
     }
 
-    /// The labels the server must use as they are (`Some` for 462 and 433, whose labels do not
+    /// The labels the server must use as they are (`Some` for 462, 433 and random rejections, whose labels do not
     /// follow from the code alone), or `None` when the server's usual label rules apply (50 and
     /// 279, e.g. `TransientTransactionError` inside a transaction).
     pub fn fixed_labels(&self) -> Option<Vec<String>> {
         match self.kind {
-            RejectionKind::RateLimited | RejectionKind::QueueOverflow => Some(self.labels()),
+            RejectionKind::RateLimited | RejectionKind::QueueOverflow | RejectionKind::Random => {
+                Some(self.labels())
+            }
             RejectionKind::MaxTimeExpired | RejectionKind::ClientDisconnected => None,
         }
     }
@@ -173,6 +188,22 @@ mod tests {
             &vec![Bson::from("SystemOverloadedError")]
         );
         assert_eq!(d.get("baseBackoffMS"), Some(&Bson::Int64(250)));
+    }
+
+    #[test]
+    fn random_rejection_is_a_retryable_462() {
+        let r = Rejection::random(0);
+        assert_eq!(r.kind, RejectionKind::Random);
+        assert_eq!(
+            r.to_document(),
+            Rejection::rate_limited(true, 0).to_document()
+        );
+        assert_eq!(
+            r.fixed_labels(),
+            Some(vec![SYSTEM_OVERLOADED.to_string(), RETRYABLE.to_string()])
+        );
+        let d = Rejection::random(40).to_document();
+        assert_eq!(d.get("baseBackoffMS"), Some(&Bson::Int64(40)));
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub(crate) struct Counters {
     pub(crate) admitted: AtomicU64,
     pub(crate) rejected: AtomicU64,
     pub(crate) shed: AtomicU64,
+    pub(crate) random_rejections: AtomicU64,
     pub(crate) completed: AtomicU64,
     pub(crate) expired: AtomicU64,
     pub(crate) killed: AtomicU64,
@@ -27,6 +28,7 @@ pub(crate) struct Counters {
     pub(crate) useful_ns: AtomicU64,
     pub(crate) busy_ns: AtomicU64,
     pub(crate) overhead_ns: AtomicU64,
+    pub(crate) rejection_ns: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -50,6 +52,9 @@ pub struct CounterSnapshot {
     pub rejected: u64,
     /// 433 rejections by a full ticket waiter queue.
     pub shed: u64,
+    /// Data requests rejected at random (`randomRejectShare`; 462 with both overload labels).
+    /// Not included in `rejected`.
+    pub random_rejections: u64,
     /// Requests that did all their work (including orphaned ones).
     pub completed: u64,
     /// 50 MaxTimeMSExpired, at any wait or yield.
@@ -72,6 +77,9 @@ pub struct CounterSnapshot {
     pub overhead_work_ms: f64,
     /// All core time used (ms).
     pub busy_core_ms: f64,
+    /// Core time spent rejecting requests (`costs.rejectionMs` for every 462, 433 and random
+    /// rejection), ms; part of both `wastedWorkMs` and `busyCoreMs`.
+    pub rejection_work_ms: f64,
 }
 
 impl Counters {
@@ -82,6 +90,7 @@ impl Counters {
             admitted: g(&self.admitted),
             rejected: g(&self.rejected),
             shed: g(&self.shed),
+            random_rejections: g(&self.random_rejections),
             completed: g(&self.completed),
             expired: g(&self.expired),
             killed: g(&self.killed),
@@ -92,6 +101,7 @@ impl Counters {
             useful_work_ms: ms(&self.useful_ns),
             overhead_work_ms: ms(&self.overhead_ns),
             busy_core_ms: ms(&self.busy_ns),
+            rejection_work_ms: ms(&self.rejection_ns),
         }
     }
 }
@@ -102,6 +112,7 @@ impl CounterSnapshot {
             admitted: self.admitted.saturating_sub(o.admitted),
             rejected: self.rejected.saturating_sub(o.rejected),
             shed: self.shed.saturating_sub(o.shed),
+            random_rejections: self.random_rejections.saturating_sub(o.random_rejections),
             completed: self.completed.saturating_sub(o.completed),
             expired: self.expired.saturating_sub(o.expired),
             killed: self.killed.saturating_sub(o.killed),
@@ -112,6 +123,7 @@ impl CounterSnapshot {
             useful_work_ms: (self.useful_work_ms - o.useful_work_ms).max(0.0),
             overhead_work_ms: (self.overhead_work_ms - o.overhead_work_ms).max(0.0),
             busy_core_ms: (self.busy_core_ms - o.busy_core_ms).max(0.0),
+            rejection_work_ms: (self.rejection_work_ms - o.rejection_work_ms).max(0.0),
         }
     }
 }
