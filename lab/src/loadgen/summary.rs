@@ -94,6 +94,9 @@ pub struct RunSummary {
     pub has_burst: bool,
     /// Server work wasted as a share of busy server work (`None`: no server model figures).
     pub wasted_share: Option<f64>,
+    /// Server core time spent rejecting requests ÷ all server core time
+    /// (`rejectionWorkMs ÷ busyCoreMs`; `None` without the model's figures).
+    pub rejection_share: Option<f64>,
     /// Server counter deltas over the run (`serverStatus.labOverload.counters`).
     pub server: Option<BTreeMap<String, f64>>,
     /// Schedule lag p99 / max in ms.
@@ -245,6 +248,11 @@ pub fn summarize(
         recovery_secs,
         has_burst: scenario.burst.is_some(),
         wasted_share,
+        rejection_share: server.and_then(|s| {
+            let rejecting = s.get("rejectionWorkMs")?;
+            let busy = s.get("busyCoreMs")?;
+            (*busy > 0.0).then(|| rejecting / busy)
+        }),
         server: server.cloned(),
         lag_p99_ms,
         lag_max_ms,

@@ -87,6 +87,8 @@ pub struct VariantVerdict {
     pub tries_per_request: Option<Spread>,
     /// Server core time wasted ÷ all server core time.
     pub wasted_share: Option<Spread>,
+    /// Server core time spent rejecting ÷ all server core time.
+    pub rejection_share: Option<Spread>,
     /// Seconds after the burst until goodput stays ≥ 95 % of offered (recovered runs only).
     pub recovery_secs: Option<Spread>,
     /// Runs that never recovered.
@@ -231,6 +233,7 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
                 attempts_per_request: spread(&runs, |r| r.attempts_per_request),
                 tries_per_request: spread(&runs, |r| r.tries_per_request),
                 wasted_share: spread(&runs, |r| r.wasted_share),
+                rejection_share: spread(&runs, |r| r.rejection_share),
                 recovery_secs: spread(&runs, |r| r.recovery_secs.map(|s| s as f64)),
                 not_recovered: runs
                     .iter()
@@ -331,8 +334,8 @@ pub fn markdown(v: &Verdict) -> String {
     let _ = writeln!(
         s,
         "Figures: median [min–max] over the repetitions. Goodput and burst goodput ÷ \
-         capacity; attempts and tries per request; wasted work ÷ server core time (%); \
-         recovery in seconds; success share (%) of requests offered; throughput ratio to \
+         capacity; attempts and tries per request; wasted work and rejecting ÷ server core \
+         time (%); recovery in seconds; success share (%) of requests offered; throughput ratio to \
          `{RATIO_BASE}` in the same repetition.\n"
     );
     for sc in &v.scenarios {
@@ -349,9 +352,9 @@ pub fn markdown(v: &Verdict) -> String {
         );
         let _ = writeln!(
             s,
-            "| variant | goodput ÷ cap | burst ÷ cap | ops/s | attempts/req | tries/req | wasted % | recovery s | success % | ratio to {RATIO_BASE} | p99 ms |"
+            "| variant | goodput ÷ cap | burst ÷ cap | ops/s | attempts/req | tries/req | wasted % | rejecting % | recovery s | success % | ratio to {RATIO_BASE} | p99 ms |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         for x in &sc.variants {
             let mut rec = cell(&x.recovery_secs, 0, 1.0);
             if x.not_recovered > 0 {
@@ -364,7 +367,7 @@ pub fn markdown(v: &Verdict) -> String {
             };
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 name,
                 cell(&x.goodput_share, 2, 1.0),
                 cell(&x.burst_goodput_share, 2, 1.0),
@@ -372,6 +375,7 @@ pub fn markdown(v: &Verdict) -> String {
                 cell(&x.attempts_per_request, 2, 1.0),
                 cell(&x.tries_per_request, 2, 1.0),
                 cell(&x.wasted_share, 1, 100.0),
+                cell(&x.rejection_share, 1, 100.0),
                 rec,
                 cell(&x.success_share, 1, 100.0),
                 cell(&x.throughput_ratio, 3, 1.0),
