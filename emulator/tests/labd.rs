@@ -55,3 +55,88 @@ async fn labd_serves_and_stops_on_sigint() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn labd_configures_each_members_model_from_json() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_labd"))
+        .args([
+            "--topology",
+            "sharded",
+            "--members",
+            "2",
+            "--port",
+            "0",
+            "--random-reject-share",
+            "0.05",
+            "--model-json",
+            r#"{"enabled": true, "costs": {"rejectionMs": 0.25}}"#,
+            "--member-model-json",
+            r#"1={"cores": 3}"#,
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("labd starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let first = line
+        .trim()
+        .trim_start_matches("mongodb://")
+        .split(['/', ','])
+        .next()
+        .unwrap()
+        .to_string();
+    let mut raw = common::RawClient::connect(first.parse().unwrap()).await;
+    let r = raw
+        .command(&doc! { "getParameter": 1, "labOverloadMembers": 1, "$db": "admin" })
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let members = r.get_document("labOverloadMembers").unwrap();
+    let cores: Vec<i64> = ["0", "1"]
+        .iter()
+        .map(|i| members.get_document(i).unwrap().get_i64("cores").unwrap())
+        .collect();
+    assert_eq!(cores, [2, 3], "{r}");
+    for i in ["0", "1"] {
+        let m = members.get_document(i).unwrap();
+        assert_eq!(m.get_bool("enabled"), Ok(true), "{m}");
+        assert_eq!(m.get_f64("randomRejectShare"), Ok(0.05), "{m}");
+        let costs = m.get_document("costs").unwrap();
+        assert_eq!(costs.get_f64("rejectionMs"), Ok(0.25), "{m}");
+    }
+}
+
+#[test]
+fn labd_refuses_bad_model_settings() {
+    for args in [
+        vec!["--random-reject-share", "1.5"],
+        vec!["--model-json", "{not json"],
+        vec!["--model-json", r#"{"cores": 0}"#],
+        vec!["--member-model-json", r#"x={"cores": 1}"#],
+        vec!["--member-model-json", r#"{"cores": 1}"#],
+        vec![
+            "--topology",
+            "sharded",
+            "--members",
+            "2",
+            "--member-model-json",
+            r#"5={}"#,
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_labd"))
+            .args(["--port", "0"])
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("labd runs");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("labd:"), "{args:?}: {err}");
+    }
+}

@@ -61,6 +61,83 @@ struct Args {
     /// Overload model: number of virtual cores.
     #[arg(long)]
     cores: Option<u32>,
+    /// Overload model: share of data requests rejected at random with a retryable 462 (0 to 1).
+    #[arg(long)]
+    random_reject_share: Option<f64>,
+    /// Overload model of every member: a JSON object of `labOverload` settings, merged over the
+    /// options above (e.g. '{"enabled": true, "costs": {"rejectionMs": 0.05}}').
+    #[arg(long, value_name = "JSON")]
+    model_json: Option<String>,
+    /// Overload model of one member: INDEX=JSON, merged over every member's model (repeatable;
+    /// 0 is the first member), e.g. '1={"cores": 1}'.
+    #[arg(long, value_name = "INDEX=JSON")]
+    member_model_json: Vec<String>,
+}
+
+/// Parses a JSON object of `labOverload` settings.
+fn json_document(text: &str) -> Result<bson::Document, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    match bson::Bson::try_from(value) {
+        Ok(bson::Bson::Document(d)) => Ok(d),
+        Ok(_) => Err("not a JSON object".to_string()),
+        Err(e) => Err(format!("not a BSON document: {e}")),
+    }
+}
+
+/// The model of every member and the per-member models.
+type Models = (
+    emulator::model::ModelConfig,
+    std::collections::BTreeMap<usize, emulator::model::ModelConfig>,
+);
+
+/// The model of every member (from the flags) and the per-member overrides.
+fn models(args: &Args) -> Result<Models, String> {
+    let mut overload = emulator::model::ModelConfig {
+        enabled: args.overload,
+        ..Default::default()
+    };
+    if let Some(rate) = args.ingress_rate {
+        overload.limiter.enabled = true;
+        overload.limiter.rate_per_sec = rate;
+    }
+    if let Some(b) = args.ingress_burst_secs {
+        overload.limiter.burst_capacity_secs = b;
+    }
+    if let Some(q) = args.ingress_queue {
+        overload.limiter.max_queue_depth = q;
+    }
+    if let Some(c) = args.cores {
+        overload.cores = c;
+    }
+    if let Some(share) = args.random_reject_share {
+        overload.random_reject_share = share;
+    }
+    if let Some(text) = &args.model_json {
+        let changes = json_document(text).map_err(|e| format!("--model-json: {e}"))?;
+        overload = overload
+            .merged(&changes)
+            .map_err(|e| format!("--model-json: {e}"))?;
+    }
+    overload.validate().map_err(|e| e.to_string())?;
+    let mut members = std::collections::BTreeMap::new();
+    for spec in &args.member_model_json {
+        let (index, text) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("--member-model-json {spec}: expected INDEX=JSON"))?;
+        let index: usize = index
+            .trim()
+            .parse()
+            .map_err(|_| format!("--member-model-json {spec}: {index:?} is not a member index"))?;
+        let changes =
+            json_document(text).map_err(|e| format!("--member-model-json {index}: {e}"))?;
+        let base = members.get(&index).unwrap_or(&overload);
+        let model = base
+            .merged(&changes)
+            .map_err(|e| format!("--member-model-json {index}: {e}"))?;
+        members.insert(index, model);
+    }
+    Ok((overload, members))
 }
 
 #[tokio::main]
@@ -83,23 +160,13 @@ async fn main() -> std::process::ExitCode {
             routers: args.members.max(1),
         },
     };
-    let mut overload = emulator::model::ModelConfig {
-        enabled: args.overload,
-        ..Default::default()
+    let (overload, member_overload) = match models(&args) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("labd: {e}");
+            return std::process::ExitCode::from(2);
+        }
     };
-    if let Some(rate) = args.ingress_rate {
-        overload.limiter.enabled = true;
-        overload.limiter.rate_per_sec = rate;
-    }
-    if let Some(b) = args.ingress_burst_secs {
-        overload.limiter.burst_capacity_secs = b;
-    }
-    if let Some(q) = args.ingress_queue {
-        overload.limiter.max_queue_depth = q;
-    }
-    if let Some(c) = args.cores {
-        overload.cores = c;
-    }
     let config = EmulatorConfig {
         topology,
         server_version: args.server_version,
@@ -114,6 +181,7 @@ async fn main() -> std::process::ExitCode {
         cursor_timeout: std::time::Duration::from_millis(args.cursor_timeout_ms.max(1)),
         base_backoff_ms: args.base_backoff_ms.max(0),
         overload,
+        member_overload,
         ..Default::default()
     };
     let emulator = match Emulator::start(config).await {

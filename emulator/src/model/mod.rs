@@ -32,7 +32,9 @@
 //!
 //! # Where the server calls it
 //!
-//! `server::Shared` owns one `Arc<Model>` built from `EmulatorConfig::overload`.
+//! Every `server::Member` owns an `Arc<Model>` of its own, built from
+//! `EmulatorConfig::member_overload[index]` or else `EmulatorConfig::overload`
+//! ([`Model::for_member`], so members sharing a seed draw different random sequences).
 //! `server::conn::serve` takes each request's arrival time right after reading it and passes a
 //! disconnect future (the idle reader hitting EOF). `server::commands::handle` calls
 //! [`Model::admit`] once the command name is known (before failCommand, like mongod's ingress
@@ -41,9 +43,10 @@
 //! with [`Rejection::fixed_labels`]: fixed labels for 462 and 433, the server's usual label rules
 //! for 50 and 279 (so a transaction statement still gets `TransientTransactionError`). A request
 //! that never reaches `execute` (failCommand answered, a parse error) just drops its
-//! [`Admission`]. `serverStatus.labOverload` is [`Model::snapshot`]; `setParameter` /
-//! `getParameter` of `labOverload` use [`Model::set_parameters`] (partial documents merge into
-//! the current configuration) and [`Model::config`].
+//! [`Admission`]. `serverStatus.labOverload` is the receiving member's [`Model::snapshot`]
+//! (`labOverloadMembers` every member's); `setParameter` / `getParameter` of `labOverload` use
+//! the receiving member's [`Model::set_parameters`] (partial documents merge into the current
+//! configuration) and [`Model::config`], `labOverloadMembers` any member's.
 
 mod config;
 mod cores;
@@ -311,6 +314,9 @@ pub struct Model {
     /// Draws random rejections (`randomRejectShare`); seeded from `seed`, so a run with the same
     /// arrival order rejects the same requests.
     rejector: Mutex<StdRng>,
+    /// Mixed into every seed, so that members built from one configuration draw different
+    /// sequences (0 for member 0 and for [`Model::new`]: seeds exactly as configured).
+    stream_salt: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -321,10 +327,23 @@ const WRITE_SEED_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
 /// Keeps the random-rejection draws independent of the ticket pools' wake-up draws.
 const REJECT_SEED_SALT: u64 = 0x5851_f42d_4c95_7f2d;
 
+/// The salt of member `index`'s random streams (0 for member 0).
+fn stream_salt(index: usize) -> u64 {
+    (index as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+}
+
 impl Model {
     /// A model with a validated configuration.
     pub fn new(config: ModelConfig) -> Result<Arc<Model>, ConfigError> {
+        Model::for_member(config, 0)
+    }
+
+    /// The model of member `index` of a deployment: as [`Model::new`], except that its random
+    /// draws (ticket wake-ups, random rejections) are salted with the index, so members sharing
+    /// one configuration and seed do not draw in lockstep. Member 0's model is `Model::new`'s.
+    pub fn for_member(config: ModelConfig, index: usize) -> Result<Arc<Model>, ConfigError> {
         config.validate()?;
+        let salt = stream_salt(index);
         let now = Instant::now();
         let (r, w) = match config.tickets.mode {
             TicketMode::Fixed => (config.tickets.read, config.tickets.write),
@@ -335,15 +354,16 @@ impl Model {
         Ok(Arc::new(Model {
             start: now,
             bucket: Mutex::new(Bucket::new(config.burst_tokens(), now)),
-            read: TicketPool::new(r, mw, config.seed, fifo),
-            write: TicketPool::new(w, mw, config.seed ^ WRITE_SEED_SALT, fifo),
+            read: TicketPool::new(r, mw, config.seed ^ salt, fifo),
+            write: TicketPool::new(w, mw, config.seed ^ salt ^ WRITE_SEED_SALT, fifo),
             cores: Cores::new(config.cores),
             counters: Counters::default(),
             queue_waits: WaitHistogram::default(),
             in_flight: AtomicU64::new(0),
             prober: Mutex::new(Prober::new(config.probing_initial(), now, 0)),
             series: Mutex::new(Series::new(config.series_capacity_secs as usize)),
-            rejector: Mutex::new(StdRng::seed_from_u64(config.seed ^ REJECT_SEED_SALT)),
+            rejector: Mutex::new(StdRng::seed_from_u64(config.seed ^ salt ^ REJECT_SEED_SALT)),
+            stream_salt: salt,
             cfg: RwLock::new(Arc::new(config)),
             reconfiguring: Mutex::new(()),
         }))
@@ -394,9 +414,10 @@ impl Model {
         self.read.set_fifo(fifo);
         self.write.set_fifo(fifo);
         if new.seed != old.seed {
-            self.read.reseed(new.seed);
-            self.write.reseed(new.seed ^ WRITE_SEED_SALT);
-            *lock(&self.rejector) = StdRng::seed_from_u64(new.seed ^ REJECT_SEED_SALT);
+            let seed = new.seed ^ self.stream_salt;
+            self.read.reseed(seed);
+            self.write.reseed(seed ^ WRITE_SEED_SALT);
+            *lock(&self.rejector) = StdRng::seed_from_u64(seed ^ REJECT_SEED_SALT);
         }
         self.cores.resize(new.cores);
         lock(&self.series).set_capacity(new.series_capacity_secs as usize);

@@ -180,7 +180,7 @@ pub(crate) async fn handle(
 
     // Overload model, step 1: the ingress rate limiter (before failCommand, like mongod's).
     let info = CommandInfo::from_command(&body, arrival);
-    let admission = match shared.model.admit(&info).await {
+    let admission = match member.model.admit(&info).await {
         Ok(a) => a,
         Err(r) => return rejected(shared, member, &r, label_ctx),
     };
@@ -274,7 +274,7 @@ pub(crate) async fn handle(
         &mut close_after,
     );
     if result.is_err() {
-        shared.model.record_failed(&ran);
+        member.model.record_failed(&ran);
     }
     if close_after {
         return Outcome::Close;
@@ -445,10 +445,10 @@ fn execute(
     match name {
         "ping" => Ok(ok()),
         "buildInfo" | "buildinfo" => Ok(build_info(shared)),
-        "getParameter" => get_parameter(shared, body),
+        "getParameter" => get_parameter(shared, member, body),
         "setParameter" => {
             admin_only(name)?;
-            set_parameter(shared, body)
+            set_parameter(shared, member, body)
         }
         "serverStatus" => Ok(server_status(shared, member)),
         "configureFailPoint" => {
@@ -1011,10 +1011,32 @@ fn build_info(shared: &Shared) -> Document {
     }
 }
 
-/// The parameter holding the overload model's configuration.
+/// The parameter holding the receiving member's overload model configuration.
 const LAB_OVERLOAD: &str = "labOverload";
+/// The parameter addressing every member's overload model by index (lab-only).
+const LAB_OVERLOAD_MEMBERS: &str = "labOverloadMembers";
+/// The key of `labOverloadMembers` that addresses every member.
+const ALL_MEMBERS: &str = "all";
 
-fn get_parameter(shared: &Shared, body: &Document) -> Result<Document, CommandError> {
+/// `{"0": <config>, "1": <config>, ...}`: every member's model configuration.
+fn member_configs(shared: &Shared) -> Document {
+    shared
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.index.to_string(),
+                Bson::Document(m.model.config().to_document()),
+            )
+        })
+        .collect()
+}
+
+fn get_parameter(
+    shared: &Shared,
+    member: &Member,
+    body: &Document,
+) -> Result<Document, CommandError> {
     let st = shared.state();
     let params = &st.params.values;
     let all = matches!(body.get("getParameter"), Some(Bson::String(s)) if s == "*")
@@ -1024,14 +1046,19 @@ fn get_parameter(shared: &Shared, body: &Document) -> Result<Document, CommandEr
         for (k, v) in params {
             r.insert(k.clone(), v.clone());
         }
-        r.insert(LAB_OVERLOAD, shared.model.config().to_document());
+        r.insert(LAB_OVERLOAD, member.model.config().to_document());
+        r.insert(LAB_OVERLOAD_MEMBERS, member_configs(shared));
     } else {
         for (k, _) in body.iter().skip(1) {
             if data::GENERIC_FIELDS.contains(&k.as_str()) {
                 continue;
             }
             if k == LAB_OVERLOAD {
-                r.insert(k.clone(), shared.model.config().to_document());
+                r.insert(k.clone(), member.model.config().to_document());
+                continue;
+            }
+            if k == LAB_OVERLOAD_MEMBERS {
+                r.insert(k.clone(), member_configs(shared));
                 continue;
             }
             match params.get(k) {
@@ -1057,7 +1084,66 @@ fn get_parameter(shared: &Shared, body: &Document) -> Result<Document, CommandEr
     Ok(r)
 }
 
-fn set_parameter(shared: &Shared, body: &Document) -> Result<Document, CommandError> {
+/// Applies `labOverloadMembers: {"<index>" | "all": {<partial labOverload>}, ...}` in document
+/// order (so `{all: {...}, "1": {...}}` sets every member, then member 1). Every entry is
+/// checked against the configuration it will merge into before any is applied, so a bad entry
+/// changes nothing. Returns the configurations before, by member index.
+fn set_member_models(shared: &Shared, value: &Bson) -> Result<Document, CommandError> {
+    let Bson::Document(entries) = value else {
+        return Err(CommandError::type_mismatch(format!(
+            "{LAB_OVERLOAD_MEMBERS} must be a document of member index (or \"{ALL_MEMBERS}\") to labOverload settings"
+        )));
+    };
+    let mut plan: Vec<(&Member, &Document)> = Vec::new();
+    for (key, changes) in entries {
+        let Bson::Document(changes) = changes else {
+            return Err(CommandError::type_mismatch(format!(
+                "{LAB_OVERLOAD_MEMBERS}.{key} must be a document"
+            )));
+        };
+        let targets: Vec<&Member> = if key == ALL_MEMBERS {
+            shared.members.iter().map(|m| &**m).collect()
+        } else {
+            let member = key
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| shared.members.get(i))
+                .ok_or_else(|| {
+                    CommandError::bad_value(format!(
+                        "{LAB_OVERLOAD_MEMBERS}: no member {key:?} (members are 0 to {}, or \"{ALL_MEMBERS}\")",
+                        shared.members.len().saturating_sub(1)
+                    ))
+                })?;
+            vec![&**member]
+        };
+        for m in targets {
+            plan.push((m, changes));
+        }
+    }
+    // Dry run: each member's entries merged in order must give a valid configuration.
+    for m in &shared.members {
+        let mut cfg = (*m.model.config()).clone();
+        for (_, changes) in plan.iter().filter(|(t, _)| t.index == m.index) {
+            cfg = cfg.merged(changes).map_err(|e| {
+                CommandError::bad_value(format!("{LAB_OVERLOAD_MEMBERS}.{}: {e}", m.index))
+            })?;
+        }
+    }
+    let before = member_configs(shared);
+    for (m, changes) in plan {
+        m.model.set_parameters(changes).map_err(|e| {
+            CommandError::bad_value(format!("{LAB_OVERLOAD_MEMBERS}.{}: {e}", m.index))
+        })?;
+        tracing::info!(parameter = LAB_OVERLOAD_MEMBERS, member = m.index, value = %changes, "setParameter");
+    }
+    Ok(before)
+}
+
+fn set_parameter(
+    shared: &Shared,
+    member: &Member,
+    body: &Document,
+) -> Result<Document, CommandError> {
     let mut st = shared.state();
     let mut was = None;
     let mut changed = Vec::new();
@@ -1072,12 +1158,17 @@ fn set_parameter(shared: &Shared, body: &Document) -> Result<Document, CommandEr
                     "{LAB_OVERLOAD} must be a document"
                 )));
             };
-            let before = shared.model.config().to_document();
-            shared
+            let before = member.model.config().to_document();
+            member
                 .model
                 .set_parameters(changes)
                 .map_err(|e| CommandError::bad_value(format!("{LAB_OVERLOAD}: {e}")))?;
             tracing::info!(parameter = LAB_OVERLOAD, value = %changes, "setParameter");
+            was.get_or_insert(Bson::Document(before));
+            continue;
+        }
+        if k == LAB_OVERLOAD_MEMBERS {
+            let before = set_member_models(shared, v)?;
             was.get_or_insert(Bson::Document(before));
             continue;
         }
@@ -1162,9 +1253,24 @@ fn server_status(shared: &Shared, member: &Member) -> Document {
         },
         "metrics": { "cursor": { "open": { "total": cursors } } },
         "logicalSessionRecordCache": { "activeSessionsCount": sessions },
-        "labOverload": overload_status(&shared.model),
+        "labOverload": overload_status(&member.model),
+        "labOverloadMembers": member_statuses(shared),
         "ok": 1.0,
     }
+}
+
+/// `serverStatus.labOverloadMembers`: every member's model snapshot (without the series), in
+/// member order, each with `member` (index) and `host`.
+fn member_statuses(shared: &Shared) -> Vec<Bson> {
+    shared
+        .members
+        .iter()
+        .map(|m| {
+            let mut d = doc! { "member": m.index as i64, "host": m.host.clone() };
+            d.extend(m.model.snapshot().to_document());
+            Bson::Document(d)
+        })
+        .collect()
 }
 
 /// Seconds of the overload model's per-second series that `serverStatus` returns.

@@ -3,7 +3,8 @@
 //!
 //! Every member of the emulated deployment listens on its own loopback port; all members share
 //! one document [`Store`], one session table and one cursor table, so
-//! "replication" is instantaneous. Fail points are per member, like mongod's.
+//! "replication" is instantaneous. Fail points and overload models are per member, like
+//! mongod's resources.
 //!
 //! # Request path
 //!
@@ -119,9 +120,17 @@ pub struct EmulatorConfig {
     /// Initial value of the `externalClientBaseBackoffMS` server parameter (0: no
     /// `baseBackoffMS` on overload errors).
     pub base_backoff_ms: i32,
-    /// The load-shedding model (ingress limiter, tickets, virtual cores); off by default.
-    /// Changeable at run time with `setParameter: {labOverload: {...}}`.
+    /// The load-shedding model (ingress limiter, tickets, virtual cores) of every member
+    /// without an entry in `member_overload`; off by default. Each member runs a model of its
+    /// own (its own cores, tickets, limiter and counters), as each mongod or mongos process has
+    /// its own resources. Changeable at run time per member with
+    /// `setParameter: {labOverload: {...}}` sent to that member, or for several members with
+    /// `setParameter: {labOverloadMembers: {"<index>" | "all": {...}}}` sent to any.
     pub overload: crate::model::ModelConfig,
+    /// Per-member models by member index (0 = the first member: the primary of a replica set,
+    /// the first router), replacing `overload` for that member. An index beyond the deployment's
+    /// members makes [`Emulator::start`] fail.
+    pub member_overload: std::collections::BTreeMap<usize, crate::model::ModelConfig>,
 }
 
 impl Default for EmulatorConfig {
@@ -145,6 +154,7 @@ impl Default for EmulatorConfig {
             max_transactions: 1000,
             transaction_lifetime: Duration::from_secs(60),
             overload: crate::model::ModelConfig::default(),
+            member_overload: std::collections::BTreeMap::new(),
             base_backoff_ms: 0,
         }
     }
@@ -174,6 +184,8 @@ pub(crate) struct Member {
     /// Wakes pending awaitable hellos early (after errors that make drivers mark the member
     /// unknown).
     pub(crate) wake: tokio::sync::Notify,
+    /// This member's overload model: every command it receives goes through it.
+    pub(crate) model: Arc<crate::model::Model>,
 }
 
 /// Server parameters readable with getParameter and settable with setParameter.
@@ -240,8 +252,6 @@ pub(crate) struct Shared {
     pub(crate) election_id: ObjectId,
     pub(crate) started: Instant,
     pub(crate) shutdown: watch::Receiver<bool>,
-    /// The overload model shared by all members (one emulated process's resources).
-    pub(crate) model: Arc<crate::model::Model>,
     /// Signalled when change events were recorded (wakes waiting change-stream getMores).
     pub(crate) changes_notify: tokio::sync::Notify,
 }
@@ -335,8 +345,32 @@ impl Emulator {
         } else {
             config.bind
         };
+        if let Some(index) = config
+            .member_overload
+            .keys()
+            .find(|i| **i >= listeners.len())
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "member_overload names member {index}, but the deployment has {} member(s)",
+                    listeners.len()
+                ),
+            ));
+        }
         let mut members = Vec::new();
         for (index, (listener, role)) in listeners.iter().zip(roles).enumerate() {
+            let model_config = config
+                .member_overload
+                .get(&index)
+                .unwrap_or(&config.overload)
+                .clone();
+            let model = crate::model::Model::for_member(model_config, index).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("overload model of member {index}: {e}"),
+                )
+            })?;
             let addr = listener.local_addr()?;
             let host = SocketAddr::new(advertised_ip, addr.port()).to_string();
             members.push(Arc::new(Member {
@@ -348,14 +382,9 @@ impl Emulator {
                 fail_point: Mutex::new(FailPoint::default()),
                 primary_write_fail_point: Mutex::new(FailPoint::default()),
                 wake: tokio::sync::Notify::new(),
+                model,
             }));
         }
-        let model = crate::model::Model::new(config.overload.clone()).map_err(|e| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("overload model: {e}"),
-            )
-        })?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut params = default_params();
         params.insert(
@@ -393,7 +422,6 @@ impl Emulator {
             started: Instant::now(),
             shutdown: shutdown_rx,
             changes_notify: tokio::sync::Notify::new(),
-            model,
             config,
         });
         let mut tasks = JoinSet::new();
@@ -425,12 +453,33 @@ impl Emulator {
         lock(&self.shared.metadata).iter().cloned().collect()
     }
 
-    /// The overload model shared by all members: [`Model::snapshot`](crate::model::Model::snapshot)
-    /// for counters, gauges and queue waits, [`Model::series`](crate::model::Model::series) for
-    /// the per-second samples, [`Model::set_parameters`](crate::model::Model::set_parameters) to
-    /// change it (the same as `serverStatus` / `setParameter` of `labOverload`).
+    /// The overload model of the first member (the standalone, the replica set's primary, the
+    /// first router): [`Model::snapshot`](crate::model::Model::snapshot) for counters, gauges
+    /// and queue waits, [`Model::series`](crate::model::Model::series) for the per-second
+    /// samples, [`Model::set_parameters`](crate::model::Model::set_parameters) to change it (the
+    /// same as `serverStatus` / `setParameter` of `labOverload` on that member). Other members'
+    /// models: [`Emulator::member_overload`].
     pub fn overload(&self) -> Arc<crate::model::Model> {
-        self.shared.model.clone()
+        // start() always creates at least one member.
+        match self.shared.members.first() {
+            Some(m) => m.model.clone(),
+            None => crate::model::Model::disabled(),
+        }
+    }
+
+    /// The overload model of member `index` (in [`Emulator::addresses`] order), or `None` past
+    /// the last member.
+    pub fn member_overload(&self, index: usize) -> Option<Arc<crate::model::Model>> {
+        self.shared.members.get(index).map(|m| m.model.clone())
+    }
+
+    /// Every member's overload model, in member order.
+    pub fn overload_models(&self) -> Vec<Arc<crate::model::Model>> {
+        self.shared
+            .members
+            .iter()
+            .map(|m| m.model.clone())
+            .collect()
     }
 
     /// Closes the listeners and all connections and waits for every task to finish.
