@@ -181,3 +181,45 @@ async fn application_retries_multiply_attempts() {
     // Without driver retries every driver call is one command.
     assert!((attempts - tries).abs() < 1e-9, "{s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_hot_member_sheds() {
+    // Capacity 45 ops/s = three members like the hot one (15 ops/s each: one core at a mean
+    // of about 67 ms per read); the others have three cores. 150 % of that is about 22 ops/s
+    // per member: the hot member's limiter (13.5/s) rejects a third of what reaches it, the
+    // others' (40.5/s) see about half their rate.
+    let base = LabConfig {
+        model_overrides: Some(serde_json::json!({
+            "costs": { "pointReadMs": 60, "rangeReadMs": 130 }
+        })),
+        ..small(45.0, &["upstream-no-retries"])
+    };
+    let cfg = scenario(
+        ScenarioName::HotMember,
+        base,
+        &ScenarioParams::default(),
+        vec![Phase::new("hot", 1.5, 4.0)],
+    );
+    assert_eq!(cfg.members, 3);
+    assert!(cfg.client_options.contains("readPreference=nearest"));
+    let run = run(&cfg).await;
+    let s = of(&run, "upstream-no-retries");
+    let server = s.server.as_ref().expect("server counters");
+    let member = |i: usize, k: &str| {
+        server
+            .get(&format!("member{i}.{k}"))
+            .copied()
+            .unwrap_or_else(|| panic!("member{i}.{k} missing: {server:?}"))
+    };
+    // Every member served reads.
+    for i in 0..3 {
+        assert!(member(i, "admitted") > 10.0, "member {i}: {server:?}");
+    }
+    assert!(member(1, "rejected") > 10.0, "{server:?}");
+    assert_eq!(member(0, "rejected"), 0.0, "{server:?}");
+    assert_eq!(member(2, "rejected"), 0.0, "{server:?}");
+    // The deployment's totals add the members up.
+    let total: f64 = (0..3).map(|i| member(i, "rejected")).sum();
+    assert_eq!(server.get("rejected").copied(), Some(total));
+    assert!(s.errors["overload"] > 0, "{s:?}");
+}

@@ -434,6 +434,19 @@ pub enum Load {
     },
 }
 
+/// One replica-set member whose server model is smaller than the others' (`hot-member`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HotMember {
+    /// The member's index (0 is the primary).
+    pub index: usize,
+    /// Its virtual cores (the others have the model's `cores`).
+    pub cores: f64,
+    /// Its capacity as a share of the run's capacity: its limiter admits
+    /// `limiter_share × share × capacity` per second.
+    pub share: f64,
+}
+
 /// Everything a run needs.
 #[derive(Debug, Clone, Serialize)]
 pub struct LabConfig {
@@ -492,6 +505,10 @@ pub struct LabConfig {
     pub random_reject_share: f64,
     /// Open or closed loop.
     pub load: Load,
+    /// Replica-set members (persona `replicaset`); each runs a server model of its own.
+    pub members: usize,
+    /// A member with a smaller model than the others, if any.
+    pub hot_member: Option<HotMember>,
     /// Whether a closed-loop run saturating the process's CPU is the intent (`fast-path`):
     /// then CPU saturation is reported but does not make the run invalid.
     pub saturation_expected: bool,
@@ -524,6 +541,8 @@ impl Default for LabConfig {
             app_retries: 0,
             random_reject_share: 0.0,
             load: Load::Open,
+            members: 1,
+            hot_member: None,
             saturation_expected: false,
         }
     }

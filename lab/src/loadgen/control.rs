@@ -57,6 +57,21 @@ fn merge(base: &mut Document, over: &Document) {
     }
 }
 
+/// The per-member settings of a run over its [`model_document`]: the hot member's cores and
+/// limiter rate (`limiter_share × share × capacity`).
+pub fn member_documents(cfg: &LabConfig, capacity: f64) -> Vec<(usize, Document)> {
+    match cfg.hot_member {
+        Some(h) => vec![(
+            h.index,
+            doc! {
+                "cores": h.cores,
+                "limiter": { "ratePerSec": (capacity * h.share * cfg.limiter_share).max(1.0) },
+            },
+        )],
+        None => Vec::new(),
+    }
+}
+
 /// Numeric fields of a document, flattened to dotted keys.
 pub fn flatten_numbers(d: &Document) -> BTreeMap<String, f64> {
     fn walk(prefix: &str, d: &Document, out: &mut BTreeMap<String, f64>) {
@@ -86,19 +101,64 @@ pub fn flatten_numbers(d: &Document) -> BTreeMap<String, f64> {
     out
 }
 
-/// Deltas of the `counters.*` figures between two flattened snapshots.
+/// The name a counter's delta goes by: `counters.X` → `X`, a member's
+/// `memberN.counters.X` → `memberN.X`; `None` for figures that are not counters.
+fn counter_name(key: &str) -> Option<String> {
+    if let Some(rest) = key.strip_prefix("counters.") {
+        return Some(rest.to_string());
+    }
+    let (member, rest) = key.split_once(".counters.")?;
+    let index = member.strip_prefix("member")?;
+    (!index.is_empty() && index.chars().all(|c| c.is_ascii_digit()))
+        .then(|| format!("{member}.{rest}"))
+}
+
+/// Deltas of the counters (`counters.*`, and each member's `memberN.counters.*`) between two
+/// flattened snapshots.
 pub fn counter_deltas(
     before: &BTreeMap<String, f64>,
     after: &BTreeMap<String, f64>,
 ) -> BTreeMap<String, f64> {
     after
         .iter()
-        .filter(|(k, _)| k.starts_with("counters."))
-        .map(|(k, v)| {
+        .filter_map(|(k, v)| {
+            let name = counter_name(k)?;
             let d = v - before.get(k).copied().unwrap_or(0.0);
-            (k.trim_start_matches("counters.").to_string(), d.max(0.0))
+            Some((name, d.max(0.0)))
         })
         .collect()
+}
+
+/// The flattened `labOverload` figures of a deployment: with one member, its
+/// `serverStatus.labOverload`; with several, `counters.*` and `gauges.*` summed over the
+/// members (so the run's totals cover the whole deployment), each member's own counters as
+/// `memberN.counters.*`, and the other figures (queue-wait percentiles) of the member that
+/// answered (the primary).
+pub fn deployment_status(status: &Document) -> Option<BTreeMap<String, f64>> {
+    let mut out = flatten_numbers(status.get_document("labOverload").ok()?);
+    let members: Vec<&Document> = status
+        .get_array("labOverloadMembers")
+        .map(|a| a.iter().filter_map(|m| m.as_document()).collect())
+        .unwrap_or_default();
+    if members.len() > 1 {
+        out.retain(|k, _| !k.starts_with("counters.") && !k.starts_with("gauges."));
+        for (i, m) in members.iter().enumerate() {
+            let index = m
+                .get_i64("member")
+                .ok()
+                .and_then(|x| usize::try_from(x).ok())
+                .unwrap_or(i);
+            for (k, v) in flatten_numbers(m) {
+                if k.starts_with("counters.") || k.starts_with("gauges.") {
+                    *out.entry(k.clone()).or_insert(0.0) += v;
+                }
+                if k.starts_with("counters.") {
+                    out.insert(format!("member{index}.{k}"), v);
+                }
+            }
+        }
+    }
+    Some(out)
 }
 
 /// The control connection to the emulator (the fork, without lab event handlers).
@@ -141,7 +201,7 @@ impl Control {
     /// `serverStatus.labOverload`, flattened; `None` when the server has no model section.
     pub(crate) async fn overload_status(&self) -> Option<BTreeMap<String, f64>> {
         let st = self.admin(doc! { "serverStatus": 1 }).await.ok()?;
-        st.get_document("labOverload").ok().map(flatten_numbers)
+        deployment_status(&st)
     }
 
     /// Waits (at most `limit`) until the server model has no request in flight, so that one
@@ -149,6 +209,7 @@ impl Control {
     pub(crate) async fn wait_idle(&self, limit: Duration) -> bool {
         let until = Instant::now() + limit;
         loop {
+            // With several members `gauges.inFlight` is their sum.
             let busy = self
                 .overload_status()
                 .await
@@ -164,11 +225,21 @@ impl Control {
         }
     }
 
-    pub(crate) async fn set_model(&self, model: &Document) -> Result<(), String> {
-        self.admin(doc! { "setParameter": 1, "labOverload": { "enabled": false } })
+    /// Switches every member's model off (which resets its figures), then sets `model` on
+    /// every member and each `(index, settings)` of `members` over it.
+    pub(crate) async fn set_model(
+        &self,
+        model: &Document,
+        members: &[(usize, Document)],
+    ) -> Result<(), String> {
+        let mut all = doc! { "all": model.clone() };
+        for (i, m) in members {
+            all.insert(i.to_string(), m.clone());
+        }
+        self.admin(doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": false } } })
             .await
             .and(
-                self.admin(doc! { "setParameter": 1, "labOverload": model.clone() })
+                self.admin(doc! { "setParameter": 1, "labOverloadMembers": all })
                     .await,
             )
             .map(|_| ())

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::calibrate::calibrate;
 use super::client::{self, LabClient, Sink};
 use super::config::{with_options, LabConfig, Load, Persona, ServerMode, Variant};
-use super::control::{counter_deltas, model_document, Control, COLL, DB};
+use super::control::{counter_deltas, member_documents, model_document, Control, COLL, DB};
 use super::drive::{drive_all, drive_closed, ClosedLoop, DriveStats, RequestOpts};
 use super::emulator_thread::EmulatorThread;
 use super::failpoint_limiter::failpoint_controller;
@@ -66,7 +66,7 @@ pub async fn run(cfg: &LabConfig, progress: &ProgressBar) -> Result<LabRun, Stri
     let topology = match cfg.persona {
         Persona::Replicaset => Topology::ReplicaSet {
             name: "lab".into(),
-            members: 1,
+            members: cfg.members.max(1),
         },
         Persona::Standalone => Topology::Standalone,
     };
@@ -117,7 +117,9 @@ async fn run_against(
             }
             // Nor random rejections: capacity is what the cores complete.
             unlimited.remove("randomRejectShare");
-            control.set_model(&unlimited).await?;
+            control
+                .set_model(&unlimited, &member_documents(cfg, capacity))
+                .await?;
             if cfg.capacity <= 0.0 {
                 progress.set_message("calibrating the server model's capacity");
                 let measured = calibrate(cfg, uri).await?;
@@ -130,8 +132,9 @@ async fn run_against(
                 }
             }
             let d = model_document(cfg, capacity)?;
-            control.set_model(&d).await?;
-            Some(d)
+            let members = member_documents(cfg, capacity);
+            control.set_model(&d, &members).await?;
+            Some((d, members))
         }
         _ => None,
     };
@@ -155,7 +158,7 @@ async fn run_against(
                     variant.name
                 ));
                 control.wait_idle(Duration::from_secs(10)).await;
-                control.set_model(m).await?;
+                control.set_model(&m.0, &m.1).await?;
             }
             let server_before = control.overload_status().await;
             let label = if cfg.repeats > 1 {
@@ -211,11 +214,11 @@ async fn run_against(
     }
     if model.is_some() {
         let _ = control
-            .admin(doc! { "setParameter": 1, "labOverload": { "enabled": false } })
+            .admin(doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": false } } })
             .await;
     }
     control.client.clone().shutdown().immediate(true).await;
-    Ok((model, runs, capacity, capacity_note))
+    Ok((model.map(|m| m.0), runs, capacity, capacity_note))
 }
 
 #[allow(clippy::too_many_arguments)]

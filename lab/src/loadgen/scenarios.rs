@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::config::{LabConfig, Length, Load, ServerMode, Variant};
+use super::config::{Driver, HotMember, LabConfig, Length, Load, ServerMode, Variant};
 
 /// A named scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -25,11 +25,14 @@ pub enum ScenarioName {
     NoLimiter,
     /// No overload model, closed loop: what each driver costs when nothing is overloaded.
     FastPath,
+    /// A three-member replica set serving reads from every member, one of which has a third of
+    /// the others' capacity: it gets 150 % of its capacity, the others 50 %.
+    HotMember,
 }
 
 impl ScenarioName {
     /// Every scenario, in the suite's order.
-    pub const ALL: [ScenarioName; 7] = [
+    pub const ALL: [ScenarioName; 8] = [
         ScenarioName::Burst,
         ScenarioName::Sustained,
         ScenarioName::Transient,
@@ -37,6 +40,7 @@ impl ScenarioName {
         ScenarioName::Flood,
         ScenarioName::NoLimiter,
         ScenarioName::FastPath,
+        ScenarioName::HotMember,
     ];
 
     /// The name on the command line and in `verdict.json`.
@@ -49,6 +53,7 @@ impl ScenarioName {
             ScenarioName::Flood => "flood",
             ScenarioName::NoLimiter => "no-limiter",
             ScenarioName::FastPath => "fast-path",
+            ScenarioName::HotMember => "hot-member",
         }
     }
 
@@ -81,6 +86,20 @@ pub const FLOOD_REJECTION_MS: f64 = 0.1;
 pub const FLOOD_CORES: f64 = 1.0;
 /// Closed-loop workers of `fast-path` (all instances together).
 pub const FAST_PATH_WORKERS: usize = 32;
+/// Replica-set members of `hot-member`.
+pub const HOT_MEMBERS: usize = 3;
+/// The hot member's index: a secondary, so the primary's writes never meet its model.
+pub const HOT_INDEX: usize = 1;
+/// Virtual cores of `hot-member`'s other members; the hot one has a third of them.
+pub const COLD_CORES: f64 = 3.0;
+/// Offered load of `hot-member` as a multiple of its capacity (three times the hot member's):
+/// each member gets a third, 150 % of the hot member's capacity and 50 % of the others'.
+pub const HOT_LOAD: f64 = 1.5;
+/// Operation mix of `hot-member`: reads only, so every member serves the same share.
+pub const HOT_MIX: &str = "point=90,range=10";
+/// `hot-member`'s costs: twice the lab's, so 150 % of the hot member stays near the burst's
+/// request rate.
+pub const HOT_COSTS_MS: (f64, f64) = (4.0, 10.0);
 
 /// The scenarios' parameters; [`Default`] holds the documented defaults.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -179,6 +198,37 @@ impl ScenarioName {
                 cfg.scenario = s;
                 cfg.limiter_share = 0.0;
             }
+            ScenarioName::HotMember => {
+                cfg.scenario = Scenario::steady("hot-member", "hot", HOT_LOAD, steady);
+                cfg.persona = super::config::Persona::Replicaset;
+                cfg.members = HOT_MEMBERS;
+                cfg.hot_member = Some(HotMember {
+                    index: HOT_INDEX,
+                    cores: COLD_CORES / 3.0,
+                    share: 1.0 / 3.0,
+                });
+                // Every member serves reads; without this the primary would serve them all.
+                cfg.client_options = if cfg.client_options.is_empty() {
+                    "readPreference=nearest".into()
+                } else {
+                    format!("readPreference=nearest&{}", cfg.client_options)
+                };
+                // `OpMix::parse` accepts this constant.
+                if let Ok(mix) = super::config::OpMix::parse(HOT_MIX) {
+                    cfg.mix = mix;
+                }
+                model = serde_json::json!({
+                    "cores": COLD_CORES,
+                    "costs": { "pointReadMs": HOT_COSTS_MS.0, "rangeReadMs": HOT_COSTS_MS.1 },
+                });
+                // Capacity: three members like the hot one (its cores at these costs), not
+                // calibrated (calibration reads from the primary only).
+                if cfg.capacity <= 0.0 {
+                    let mean_ms = cfg.mix.share(super::config::OpKind::PointRead) * HOT_COSTS_MS.0
+                        + cfg.mix.share(super::config::OpKind::RangeRead) * HOT_COSTS_MS.1;
+                    cfg.capacity = 3.0 * (COLD_CORES / 3.0) * 1000.0 / mean_ms;
+                }
+            }
             ScenarioName::FastPath => {
                 let mut s = Scenario::steady("fast-path", "closed", 1.0, steady);
                 // A closed loop has no burst to recover from.
@@ -198,7 +248,23 @@ impl ScenarioName {
 
     /// The variants this scenario runs when none are named.
     pub fn default_variants(self) -> Vec<Variant> {
-        Variant::defaults()
+        match self {
+            ScenarioName::HotMember => vec![
+                Variant::new("upstream-default", Driver::Upstream, ""),
+                Variant::new(
+                    "upstream-retargeting",
+                    Driver::Upstream,
+                    "enableOverloadRetargeting=true",
+                ),
+                Variant::new("fork-default", Driver::Fork, ""),
+                Variant::new(
+                    "fork-retargeting",
+                    Driver::Fork,
+                    "enableOverloadRetargeting=true",
+                ),
+            ],
+            _ => Variant::defaults(),
+        }
     }
 }
 
