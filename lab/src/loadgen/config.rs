@@ -347,6 +347,16 @@ impl Variant {
             ),
             Variant::new("fork-default", Driver::Fork, ""),
             Variant::new("fork-no-retries", Driver::Fork, "maxAdaptiveRetries=0"),
+            Variant::new(
+                "upstream-retargeting",
+                Driver::Upstream,
+                "enableOverloadRetargeting=true",
+            ),
+            Variant::new(
+                "fork-retargeting",
+                Driver::Fork,
+                "enableOverloadRetargeting=true",
+            ),
         ]
     }
 

@@ -266,3 +266,48 @@ impl Control {
         self.admin(cmd).await.map(|_| ())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_members_add_up_and_keep_their_own_counters() {
+        let member = |i: i64, rejected: i64, in_flight: i64| {
+            doc! {
+                "member": i,
+                "host": format!("h:{i}"),
+                "counters": { "rejected": rejected, "busyCoreMs": 10.0 },
+                "gauges": { "inFlight": in_flight },
+            }
+        };
+        let status = doc! {
+            "labOverload": {
+                "counters": { "rejected": 1i64, "busyCoreMs": 10.0 },
+                "gauges": { "inFlight": 0i64 },
+                "queueWaitMs": { "p99": 3.0 },
+            },
+            "labOverloadMembers": [member(0, 1, 0), member(1, 7, 2), member(2, 0, 1)],
+        };
+        let flat = deployment_status(&status).expect("status");
+        assert_eq!(flat.get("counters.rejected"), Some(&8.0));
+        assert_eq!(flat.get("counters.busyCoreMs"), Some(&30.0));
+        assert_eq!(flat.get("gauges.inFlight"), Some(&3.0));
+        assert_eq!(flat.get("member1.counters.rejected"), Some(&7.0));
+        assert_eq!(flat.get("queueWaitMs.p99"), Some(&3.0));
+        let zero = BTreeMap::new();
+        let deltas = counter_deltas(&zero, &flat);
+        assert_eq!(deltas.get("rejected"), Some(&8.0));
+        assert_eq!(deltas.get("member1.rejected"), Some(&7.0));
+        assert!(!deltas.contains_key("inFlight"));
+        // One member: its own section, as before.
+        let one = doc! {
+            "labOverload": { "counters": { "rejected": 2i64 } },
+            "labOverloadMembers": [member(0, 2, 0)],
+        };
+        let flat = deployment_status(&one).expect("status");
+        assert_eq!(flat.get("counters.rejected"), Some(&2.0));
+        assert!(!flat.contains_key("member0.counters.rejected"));
+        assert_eq!(counter_name("memberx.counters.a"), None);
+    }
+}

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::config::{Driver, HotMember, LabConfig, Length, Load, ServerMode, Variant};
+use super::config::{HotMember, LabConfig, Length, Load, ServerMode, Variant};
 
 /// A named scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -249,20 +249,15 @@ impl ScenarioName {
     /// The variants this scenario runs when none are named.
     pub fn default_variants(self) -> Vec<Variant> {
         match self {
-            ScenarioName::HotMember => vec![
-                Variant::new("upstream-default", Driver::Upstream, ""),
-                Variant::new(
-                    "upstream-retargeting",
-                    Driver::Upstream,
-                    "enableOverloadRetargeting=true",
-                ),
-                Variant::new("fork-default", Driver::Fork, ""),
-                Variant::new(
-                    "fork-retargeting",
-                    Driver::Fork,
-                    "enableOverloadRetargeting=true",
-                ),
-            ],
+            ScenarioName::HotMember => [
+                "upstream-default",
+                "upstream-retargeting",
+                "fork-default",
+                "fork-retargeting",
+            ]
+            .iter()
+            .filter_map(|name| Variant::parse(name).ok())
+            .collect(),
             _ => Variant::defaults(),
         }
     }
@@ -308,6 +303,21 @@ mod tests {
         ScenarioName::FastPath.apply(&mut cfg, Length::Suite, &p);
         assert_eq!(cfg.server_mode, ServerMode::None);
         assert_eq!(cfg.load, Load::Closed { workers: 32 });
+
+        let mut cfg = LabConfig::default();
+        ScenarioName::HotMember.apply(&mut cfg, Length::Suite, &p);
+        assert_eq!(cfg.members, 3);
+        let hot = cfg.hot_member.expect("a hot member");
+        assert_eq!((hot.index, hot.cores), (1, 1.0));
+        // Three members like the hot one: 1 core at 0.9 × 4 + 0.1 × 10 = 4.6 ms per read.
+        assert!((cfg.capacity - 3000.0 / 4.6).abs() < 1e-6, "{}", cfg.capacity);
+        let names: Vec<String> = ScenarioName::HotMember
+            .default_variants()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        assert!(names.iter().any(|n| n == "fork-retargeting"));
 
         let mut cfg = LabConfig::default();
         ScenarioName::AppRetries.apply(&mut cfg, Length::Suite, &p);
