@@ -94,7 +94,10 @@ async fn transient_rejections_are_what_default_retries_recover() {
         retried.good,
         single.good
     );
-    assert!(retried.attempts_per_request.is_some_and(|a| a > 1.1), "{retried:?}");
+    assert!(
+        retried.attempts_per_request.is_some_and(|a| a > 1.1),
+        "{retried:?}"
+    );
     // The verdict ranks transient by success share.
     let v = verdict::scenario_verdict(&run);
     assert_eq!(v.primary, verdict::Primary::SuccessShare);
@@ -133,7 +136,9 @@ async fn without_a_limiter_overload_is_queueing_not_errors() {
     let queue = s.server_queue.expect("the model publishes queue waits");
     // Requests waited in the server's ticket queue longer than the application's deadline.
     assert!(
-        queue.p99.is_some_and(|p| p > cfg.deadline.as_millis() as f64),
+        queue
+            .p99
+            .is_some_and(|p| p > cfg.deadline.as_millis() as f64),
         "{queue:?}"
     );
     let server = s.server.as_ref().expect("server counters");

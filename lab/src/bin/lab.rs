@@ -310,7 +310,8 @@ async fn suite(a: RunArgs) -> Result<bool, String> {
     let total: u64 = configs
         .iter()
         .map(|c| {
-            c.scenario.duration().as_secs_f64().ceil() as u64 * (c.variants.len() * c.repeats) as u64
+            c.scenario.duration().as_secs_f64().ceil() as u64
+                * (c.variants.len() * c.repeats) as u64
         })
         .sum();
     println!(

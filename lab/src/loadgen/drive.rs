@@ -207,9 +207,8 @@ async fn app_call(
     for tried in 0..=retries {
         let r = client.run(op.clone()).await;
         tally.add(&r);
-        let retry = r.outcome == Err(ErrorClass::Overload)
-            && tried < retries
-            && Instant::now() < give_up;
+        let retry =
+            r.outcome == Err(ErrorClass::Overload) && tried < retries && Instant::now() < give_up;
         if !retry {
             return tally.report(r.outcome);
         }

@@ -214,7 +214,9 @@ async fn run_against(
     }
     if model.is_some() {
         let _ = control
-            .admin(doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": false } } })
+            .admin(
+                doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": false } } },
+            )
             .await;
     }
     control.client.clone().shutdown().immediate(true).await;

@@ -310,7 +310,11 @@ mod tests {
         let hot = cfg.hot_member.expect("a hot member");
         assert_eq!((hot.index, hot.cores), (1, 1.0));
         // Three members like the hot one: 1 core at 0.9 × 4 + 0.1 × 10 = 4.6 ms per read.
-        assert!((cfg.capacity - 3000.0 / 4.6).abs() < 1e-6, "{}", cfg.capacity);
+        assert!(
+            (cfg.capacity - 3000.0 / 4.6).abs() < 1e-6,
+            "{}",
+            cfg.capacity
+        );
         let names: Vec<String> = ScenarioName::HotMember
             .default_variants()
             .into_iter()

@@ -212,8 +212,11 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
         .variants
         .iter()
         .map(|v| {
-            let runs: Vec<&RunSummary> =
-                all.iter().copied().filter(|r| r.variant == v.name).collect();
+            let runs: Vec<&RunSummary> = all
+                .iter()
+                .copied()
+                .filter(|r| r.variant == v.name)
+                .collect();
             let share = |x: f64| (cap > 0.0).then(|| x / cap);
             let mut errors = std::collections::BTreeMap::new();
             for class in runs.first().map(|r| r.errors.keys()).into_iter().flatten() {
