@@ -189,10 +189,10 @@ async fn application_retries_multiply_attempts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_hot_member_sheds() {
-    // Capacity 45 ops/s = three members like the hot one (15 ops/s each: one core at a mean
-    // of about 67 ms per read); the others have three cores. 150 % of that is about 22 ops/s
-    // per member: the hot member's limiter (13.5/s) rejects a third of what reaches it, the
-    // others' (40.5/s) see about half their rate.
+    // Capacity 45 ops/s (each member's three cores at a mean of about 67 ms per read), and the
+    // hot member admits a third of it. 150 % of 15 ops/s is about 22 ops/s per member: the hot
+    // member's limiter (13.5/s) rejects a third of what reaches it, the others' (40.5/s) see
+    // about half their rate.
     let base = LabConfig {
         model_overrides: Some(serde_json::json!({
             "costs": { "pointReadMs": 60, "rangeReadMs": 130 }

@@ -450,8 +450,8 @@ pub enum Load {
 pub struct HotMember {
     /// The member's index (0 is the primary).
     pub index: usize,
-    /// Its virtual cores (the others have the model's `cores`).
-    pub cores: f64,
+    /// Its virtual cores (`None`: the model's `cores`, like the others).
+    pub cores: Option<f64>,
     /// Its capacity as a share of the run's capacity: its limiter admits
     /// `limiter_share × share × capacity` per second.
     pub share: f64,

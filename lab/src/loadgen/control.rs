@@ -57,17 +57,19 @@ fn merge(base: &mut Document, over: &Document) {
     }
 }
 
-/// The per-member settings of a run over its [`model_document`]: the hot member's cores and
-/// limiter rate (`limiter_share × share × capacity`).
+/// The per-member settings of a run over its [`model_document`]: the hot member's limiter
+/// rate (`limiter_share × share × capacity`) and cores, if it has its own.
 pub fn member_documents(cfg: &LabConfig, capacity: f64) -> Vec<(usize, Document)> {
     match cfg.hot_member {
-        Some(h) => vec![(
-            h.index,
-            doc! {
-                "cores": h.cores,
+        Some(h) => {
+            let mut d = doc! {
                 "limiter": { "ratePerSec": (capacity * h.share * cfg.limiter_share).max(1.0) },
-            },
-        )],
+            };
+            if let Some(cores) = h.cores {
+                d.insert("cores", cores);
+            }
+            vec![(h.index, d)]
+        }
         None => Vec::new(),
     }
 }
