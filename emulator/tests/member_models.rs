@@ -265,3 +265,43 @@ async fn member_overrides_are_checked_at_start() {
         .to_string();
     assert!(err.contains("member 1") && err.contains("cores"), "{err}");
 }
+
+#[tokio::test]
+async fn new_connections_are_charged_to_their_members_model() {
+    // Member 1 charges 2 ms of core time per accepted connection; member 0 charges nothing.
+    let emu = Emulator::start(EmulatorConfig {
+        topology: Topology::Sharded { routers: 2 },
+        member_overload: BTreeMap::from([(
+            1,
+            ModelConfig {
+                enabled: true,
+                costs: emulator::model::CostConfig {
+                    connection_ms: 2.0,
+                    ..emulator::model::CostConfig::default()
+                },
+                ..ModelConfig::default()
+            },
+        )]),
+        ..EmulatorConfig::default()
+    })
+    .await
+    .unwrap();
+    let addrs = emu.addresses();
+    for _ in 0..3 {
+        let mut raw = common::RawClient::connect(addrs[1]).await;
+        // The first reply comes after the connection's cost was charged.
+        let r = admin(&mut raw, doc! { "ping": 1 }).await;
+        assert_eq!(r.get_f64("ok"), Ok(1.0));
+        let mut other = common::RawClient::connect(addrs[0]).await;
+        let r = admin(&mut other, doc! { "ping": 1 }).await;
+        assert_eq!(r.get_f64("ok"), Ok(1.0));
+    }
+    let charged = emu.member_overload(1).unwrap().snapshot().counters;
+    // Three connections at 2 ms each (real timers may charge a little more, never less).
+    assert!(
+        charged.overhead_work_ms >= 6.0 - 0.01 && charged.overhead_work_ms < 12.0,
+        "{charged:?}"
+    );
+    assert_eq!(emu.overload().snapshot().counters.overhead_work_ms, 0.0);
+    emu.shutdown().await;
+}

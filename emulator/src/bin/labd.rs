@@ -65,7 +65,7 @@ struct Args {
     #[arg(long)]
     random_reject_share: Option<f64>,
     /// Overload model of every member: a JSON object of `labOverload` settings, merged over the
-    /// options above (e.g. '{"enabled": true, "costs": {"rejectionMs": 0.05}}').
+    /// options above (e.g. '{"enabled": true, "costs": {"rejectionMs": 0.3}}').
     #[arg(long, value_name = "JSON")]
     model_json: Option<String>,
     /// Overload model of one member: INDEX=JSON, merged over every member's model (repeatable;

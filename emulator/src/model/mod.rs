@@ -547,7 +547,13 @@ impl Model {
             let Ok(core) = tokio::time::timeout_at(deadline, self.cores.acquire()).await else {
                 break;
             };
-            let charged = self.quantum(remaining.min(quantum), remaining, cfg).await;
+            let slice = remaining.min(quantum);
+            // Work outside requests is usually far shorter than a timer tick (a rejection
+            // costs a fraction of a millisecond), and a sleep lasts at least until the next
+            // tick: without paying it from the bank in full, every rejection would hold its core
+            // for a whole tick while being charged its cost, and a flood of rejections would
+            // occupy the cores several times longer than `busyCoreMs` says.
+            let charged = self.quantum(slice, remaining, cfg, slice).await;
             drop(core);
             used += charged;
             remaining -= charged;
@@ -556,12 +562,21 @@ impl Model {
     }
 
     /// Sleeps one quantum of `slice` on a core the caller holds and returns the work to charge
-    /// (at most `remaining`). Earlier timer lateness is paid back with at most half of the
-    /// quantum, and lateness beyond `remaining` is banked (see `cores`).
-    async fn quantum(&self, slice: Duration, remaining: Duration, cfg: &ModelConfig) -> Duration {
+    /// (at most `remaining`). Earlier timer lateness is paid back with at most `max_repay` of the
+    /// slice (requests: half, so every quantum still takes time and requests interleave), and
+    /// lateness beyond `remaining` is banked (see `cores`).
+    async fn quantum(
+        &self,
+        slice: Duration,
+        remaining: Duration,
+        cfg: &ModelConfig,
+        max_repay: Duration,
+    ) -> Duration {
         let t0 = Instant::now();
-        let repaid = self.cores.repay(slice / 2);
-        tokio::time::sleep(slice - repaid).await;
+        let repaid = self.cores.repay(max_repay.min(slice));
+        if repaid < slice {
+            tokio::time::sleep(slice - repaid).await;
+        }
         let used = Instant::now() - t0;
         let progress = (used + repaid).max(slice);
         let charged = progress.min(remaining);
@@ -819,7 +834,7 @@ impl Admission {
                     slice = slice.min(to_yield);
                 }
             }
-            let charged = model.quantum(slice, remaining, &cfg).await;
+            let charged = model.quantum(slice, remaining, &cfg, slice / 2).await;
             drop(core);
             run.work += charged;
             remaining -= charged;

@@ -35,6 +35,14 @@ pub(crate) async fn serve(
         .fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
     tracing::debug!(member = member.index, conn = connection_id, %peer, "connection accepted");
+    // The overload model's price of a new connection (`costs.connectionMs`: mongod's thread,
+    // TCP and TLS set-up), on this member's cores before the first request is read, so the
+    // handshake waits for it as in mongod. Zero by default: no wait at all.
+    let mut shutdown = shared.shutdown.clone();
+    tokio::select! {
+        _ = member.model.connection_opened() => {}
+        _ = shutdown.changed() => {}
+    }
     let mut ctx = ConnCtx {
         serial,
         connection_id,
@@ -44,7 +52,6 @@ pub(crate) async fn serve(
     };
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
-    let mut shutdown = shared.shutdown.clone();
     let mut next_reply_id: i32 = 1;
     let reason: String = loop {
         let msg = tokio::select! {
