@@ -148,7 +148,7 @@ async fn without_a_limiter_overload_is_queueing_not_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_rejections_costs_server_core_time() {
     // 500 % of 60 ops/s against a limiter at 54/s: most requests are rejected, each costing
-    // the default 0.1 ms of the one core.
+    // the default 0.3 ms of the one core.
     let cfg = scenario(
         ScenarioName::Flood,
         small(60.0, &["upstream-no-retries"]),
@@ -160,9 +160,9 @@ async fn a_flood_of_rejections_costs_server_core_time() {
     let server = s.server.as_ref().expect("server counters");
     let rejected = server.get("rejected").copied().unwrap_or(0.0);
     assert!(rejected > 0.5 * s.offered as f64, "{server:?}");
-    // About 250 rejections/s × 0.1 ms against about 130 ms/s of admitted work: some 15 %.
+    // About 250 rejections/s × 0.3 ms against about 130 ms/s of admitted work: over a third.
     let share = s.rejection_share.expect("rejection work share");
-    assert!(share > 0.05, "{share}: {server:?}");
+    assert!(share > 0.1, "{share}: {server:?}");
     let v = verdict::scenario_verdict(&run);
     assert!(v.variants[0].rejection_share.is_some());
 }

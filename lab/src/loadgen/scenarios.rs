@@ -75,12 +75,10 @@ pub const TRANSIENT_REJECT_SHARE: f64 = 0.05;
 pub const APP_RETRIES: u32 = 2;
 /// Offered load of `flood`, as a multiple of capacity.
 pub const FLOOD_LOAD: f64 = 5.0;
-/// Core time per rejection in `flood` (ms). A placeholder, justified in `docs/lab.md`: the
-/// lab's costs are mongod's scaled up about fivefold (a 2 ms point read against mongod's
-/// 0.3–0.5 ms of core time per operation at 4,400 ops/s on 2 cores, seed 004), and a rejection
-/// that reads the message, parses the command and writes an error reply costs a few percent
-/// of a point read: 0.1 ms here.
-pub const FLOOD_REJECTION_MS: f64 = 0.1;
+/// Core time per rejection in `flood` (ms): 0.15 × the lab's 2 ms point read, the value
+/// `docs/emulator.md` ("What a rejection costs") derives from seed 004's mongod figures and
+/// SERVER-131908, with 0.05–0.6 × a point read as its plausible range.
+pub const FLOOD_REJECTION_MS: f64 = 0.3;
 /// Virtual cores of the `flood` scenario's server: one, so that 500 % of its capacity stays a
 /// load the generator's two real cores can send.
 pub const FLOOD_CORES: f64 = 1.0;
@@ -296,7 +294,7 @@ mod tests {
         ScenarioName::Flood.apply(&mut cfg, Length::Suite, &p);
         assert!(cfg.scenario.phases[0].load >= 5.0);
         let m = cfg.model_overrides.expect("flood sets the model");
-        assert_eq!(m["costs"]["rejectionMs"], 0.1);
+        assert_eq!(m["costs"]["rejectionMs"], 0.3);
         // The user's settings are kept beside the scenario's.
         assert_eq!(m["costs"]["writeMs"], 4);
 
