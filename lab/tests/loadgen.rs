@@ -32,6 +32,7 @@ impl LabClient for SlowClient {
                 attempts: 1,
                 conn_wait: Duration::ZERO,
                 service: delay,
+                tries: 1,
             }
         })
     }
@@ -79,12 +80,7 @@ async fn open_loop_keeps_its_schedule_whatever_the_client_does() {
         &[client],
         &schedules,
         recorder.clone(),
-        RequestOpts {
-            deadline: Duration::from_millis(100),
-            drain: Duration::from_secs(1),
-            range_len: 5,
-            max_time: None,
-        },
+        RequestOpts::new(Duration::from_millis(100), Duration::from_secs(1), 5),
     )
     .await;
     assert_eq!(
@@ -349,4 +345,139 @@ async fn work_finished_after_the_application_gave_up_is_wasted() {
     // nanoseconds of work, per quantum and per request).
     assert!(s.wasted_share.is_some_and(|w| w > 0.8 && w <= 1.0), "{s:?}");
     assert_eq!(s.good, 0, "{s:?}");
+}
+
+/// A client whose calls take `delay`, counting calls that ran to the end and calls dropped
+/// before it.
+struct CountingClient {
+    delay: Duration,
+    finished: Arc<std::sync::atomic::AtomicU64>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+struct DropCounter(Arc<std::sync::atomic::AtomicU64>, bool);
+
+impl Drop for DropCounter {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl LabClient for CountingClient {
+    fn run(&self, _op: OpSpec) -> BoxFut<AttemptReport> {
+        let (delay, finished) = (self.delay, self.finished.clone());
+        let guard = DropCounter(self.dropped.clone(), false);
+        Box::pin(async move {
+            // Moves the whole guard into the future (a field assignment alone would capture
+            // only the field).
+            let mut guard = guard;
+            tokio::time::sleep(delay).await;
+            guard.1 = true;
+            finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            AttemptReport {
+                outcome: Ok(()),
+                attempts: 1,
+                conn_wait: Duration::ZERO,
+                service: delay,
+                tries: 1,
+            }
+        })
+    }
+
+    fn warm_up(&self) -> BoxFut<Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn shutdown(&self) -> BoxFut<()> {
+        Box::pin(async {})
+    }
+
+    fn forget(&self, _req: u64) -> u32 {
+        // The call had sent its one command when it was dropped.
+        1
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_deadline_drop_cancels_the_driver_call_and_continue_lets_it_finish() {
+    use lab::loadgen::config::OnDeadline;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let scenario = one_phase(1.0, 0.5);
+    let mix = OpMix::default();
+    let schedules = schedule::build(&ScheduleSpec {
+        scenario: &scenario,
+        capacity: 100.0,
+        instances: 1,
+        arrivals: Arrivals::Fixed,
+        mix: &mix,
+        docs: 10,
+        seed: 1,
+    });
+    let n = schedules[0].len() as u64;
+    assert_eq!(n, 50);
+    for mode in [OnDeadline::Continue, OnDeadline::Drop] {
+        let (finished, dropped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        // Every call takes 200 ms against a 50 ms deadline.
+        let client: Arc<dyn LabClient> = Arc::new(CountingClient {
+            delay: Duration::from_millis(200),
+            finished: finished.clone(),
+            dropped: dropped.clone(),
+        });
+        let recorder = Arc::new(Recorder::new(Instant::now() + Duration::from_millis(20)));
+        let opts = RequestOpts {
+            on_deadline: mode,
+            ..RequestOpts::new(Duration::from_millis(50), Duration::from_secs(1), 5)
+        };
+        let stats = drive_all(&[client], &schedules, recorder.clone(), opts).await;
+        assert_eq!(stats.unfinished, 0, "{mode:?}");
+        let secs = recorder.take(1);
+        let sum = |f: fn(&Second) -> u64| secs.iter().map(f).sum::<u64>();
+        let timed_out = sum(|s| s.error(lab::loadgen::ErrorClass::ClientDeadline));
+        assert_eq!(timed_out, n, "{mode:?}");
+        // Every request reports its one attempt either way.
+        assert_eq!((sum(|s| s.reported), sum(|s| s.reported_attempts)), (n, n));
+        match mode {
+            OnDeadline::Continue => {
+                assert_eq!(finished.load(Ordering::Relaxed), n);
+                assert_eq!(dropped.load(Ordering::Relaxed), 0);
+                assert_eq!(sum(|s| s.late_ok), n);
+            }
+            OnDeadline::Drop => {
+                assert_eq!(finished.load(Ordering::Relaxed), 0);
+                assert_eq!(dropped.load(Ordering::Relaxed), n);
+                assert_eq!(sum(|s| s.late_ok), 0);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_loop_sends_the_next_request_when_the_previous_returned() {
+    use lab::loadgen::drive::{drive_closed, ClosedLoop};
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let client: Arc<dyn LabClient> = Arc::new(SlowClient {
+        delay: Duration::from_millis(50),
+        calls: calls.clone(),
+    });
+    let recorder = Arc::new(Recorder::new(Instant::now() + Duration::from_millis(20)));
+    let spec = ClosedLoop {
+        workers: 4,
+        length: Duration::from_secs(1),
+        mix: OpMix::default(),
+        docs: 10,
+        seed: 3,
+    };
+    let opts = RequestOpts::new(Duration::from_millis(500), Duration::from_secs(1), 5);
+    let stats = drive_closed(&[client], &spec, recorder.clone(), opts).await;
+    // Four workers, 50 ms per request, one second: at most 4 × 20 requests, and a loaded
+    // machine's timer slack only makes fewer.
+    assert!(stats.sent <= 84 && stats.sent >= 40, "{stats:?}");
+    assert_eq!(stats.unfinished, 0);
+    assert_eq!(calls.lock().unwrap().len() as u64, stats.sent);
+    let secs = recorder.take(1);
+    let good: u64 = goodput(&secs).iter().sum();
+    assert_eq!(good, stats.sent);
+    assert_eq!(secs.iter().map(|s| s.offered).sum::<u64>(), stats.sent);
 }

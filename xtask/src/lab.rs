@@ -8,7 +8,8 @@ use crate::fork::Workspace;
 
 impl Workspace {
     /// Runs `lab run <args>`: the load generator against its in-process emulator, upstream and
-    /// the fork side by side.
+    /// the fork side by side (`--scenario NAME` for one scenario, `--suite` for all of them and
+    /// the verdict; `docs/lab.md`).
     pub fn run_lab(&self, args: &[String]) -> Result<ExitStatus> {
         crate::project::cargo_command()
             .args([

@@ -5,12 +5,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use lab::loadgen::config::{
-    Arrivals, LabConfig, Length, OpMix, Persona, Scenario, ServerMode, Variant,
+    Arrivals, LabConfig, Length, OnDeadline, OpMix, Persona, Scenario, ServerMode, Variant,
 };
-use lab::loadgen::{report, runner};
+use lab::loadgen::scenarios::{ScenarioName, ScenarioParams};
+use lab::loadgen::{report, runner, verdict};
 
 #[derive(Parser)]
 #[command(
@@ -30,20 +31,20 @@ enum Command {
     Variants,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum ScenarioName {
-    /// 50 % of capacity, 130 % burst, 50 %.
-    Burst,
-    /// 200 % of capacity throughout.
-    Sustained,
-}
-
 #[derive(Args)]
 struct RunArgs {
-    /// Scenario.
+    /// Scenario (docs/lab.md describes each).
     #[arg(long, value_enum, default_value = "burst")]
     scenario: ScenarioName,
-    /// Custom phases `LOAD%:SECONDS,...` (e.g. `50:10,130:15,50:20`); overrides --scenario.
+    /// Runs every scenario with its variants at the suite's lengths, `--repeats` times
+    /// (default 3), and writes verdict.md and verdict.json.
+    #[arg(long, conflicts_with_all = ["phases", "full"])]
+    suite: bool,
+    /// With --suite: only these scenarios (comma-separated names).
+    #[arg(long, value_delimiter = ',', requires = "suite")]
+    scenarios: Vec<String>,
+    /// Custom phases `LOAD%:SECONDS,...` (e.g. `50:10,130:15,50:20`); replaces the
+    /// scenario's schedule.
     #[arg(long)]
     phases: Option<String>,
     /// Short phases (about 12 s per variant).
@@ -104,9 +105,29 @@ struct RunArgs {
     /// Documents in the collection.
     #[arg(long, default_value_t = 1000)]
     docs: i64,
-    /// The server model's ingress limiter rate as a share of capacity (0 turns it off).
-    #[arg(long, default_value_t = 0.9)]
-    limiter_share: f64,
+    /// The server model's ingress limiter rate as a share of capacity (0 turns it off);
+    /// default 0.9, 0 in no-limiter.
+    #[arg(long)]
+    limiter_share: Option<f64>,
+    /// What the application does at its deadline: `continue` lets the spawned driver call go
+    /// on; `drop` drops the driver's future.
+    #[arg(long, value_enum, default_value = "continue")]
+    on_deadline: OnDeadline,
+    /// transient: share of admitted data requests the server rejects at random.
+    #[arg(long, default_value_t = lab::loadgen::scenarios::TRANSIENT_REJECT_SHARE)]
+    reject_share: f64,
+    /// app-retries: times the application retries an overload error within its deadline.
+    #[arg(long, default_value_t = lab::loadgen::scenarios::APP_RETRIES)]
+    app_retries: u32,
+    /// flood: offered load in percent of capacity (at least 500).
+    #[arg(long, default_value_t = lab::loadgen::scenarios::FLOOD_LOAD * 100.0)]
+    flood_load: f64,
+    /// flood: server core time per rejection (ms).
+    #[arg(long, default_value_t = lab::loadgen::scenarios::FLOOD_REJECTION_MS)]
+    rejection_ms: f64,
+    /// fast-path: closed-loop workers in all.
+    #[arg(long, default_value_t = lab::loadgen::scenarios::FAST_PATH_WORKERS)]
+    workers: usize,
     /// Extra server model settings (JSON object merged into `labOverload`).
     #[arg(long)]
     model_json: Option<String>,
@@ -118,27 +139,33 @@ struct RunArgs {
     drain_secs: f64,
 }
 
-fn config(a: &RunArgs) -> Result<LabConfig, String> {
-    let len = if a.quick {
+fn length(a: &RunArgs) -> Length {
+    if a.quick {
         Length::Quick
     } else if a.long {
         Length::Long
+    } else if a.suite {
+        Length::Suite
     } else {
         Length::Default
+    }
+}
+
+fn params(a: &RunArgs) -> Result<ScenarioParams, String> {
+    let p = ScenarioParams {
+        reject_share: a.reject_share,
+        app_retries: a.app_retries,
+        flood_load: a.flood_load / 100.0,
+        rejection_ms: a.rejection_ms,
+        workers: a.workers,
     };
-    let scenario = match (&a.phases, a.scenario) {
-        (Some(p), _) => Scenario::parse_custom(p)?,
-        (None, ScenarioName::Burst) => Scenario::burst(len),
-        (None, ScenarioName::Sustained) => Scenario::sustained(len),
-    };
-    let variants = if a.variants.is_empty() {
-        Variant::defaults()
-    } else {
-        a.variants
-            .iter()
-            .map(|v| Variant::parse(v))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    p.check()?;
+    Ok(p)
+}
+
+/// The configuration of scenario `name`: the run's options, then the scenario's settings,
+/// then the options that replace a scenario's own (phases, limiter share, variants).
+fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
     let model_overrides = match &a.model_json {
         Some(j) => Some(serde_json::from_str(j).map_err(|e| format!("--model-json: {e}"))?),
         None => None,
@@ -155,13 +182,11 @@ fn config(a: &RunArgs) -> Result<LabConfig, String> {
     if a.deadline_ms == 0 {
         return Err("--deadline-ms must be positive".into());
     }
-    if !(a.limiter_share.is_finite() && (0.0..=10.0).contains(&a.limiter_share)) {
-        return Err("--limiter-share must be between 0 and 10".into());
-    }
-    Ok(LabConfig {
-        scenario,
-        variants,
-        repeats: a.repeats.unwrap_or(if a.full { 3 } else { 1 }).max(1),
+    let mut cfg = LabConfig {
+        repeats: a
+            .repeats
+            .unwrap_or(if a.full || a.suite { 3 } else { 1 })
+            .max(1),
         capacity: match a.capacity {
             Some(c) if c.is_finite() && c > 0.0 => c,
             Some(_) => return Err("--capacity must be positive".into()),
@@ -183,10 +208,33 @@ fn config(a: &RunArgs) -> Result<LabConfig, String> {
         seed: a.seed,
         server_mode: a.server,
         persona: a.persona,
-        limiter_share: a.limiter_share,
         model_overrides,
         max_lag_p99: Duration::from_secs_f64(a.max_lag_ms / 1000.0),
-    })
+        on_deadline: a.on_deadline,
+        ..LabConfig::default()
+    };
+    name.apply(&mut cfg, length(a), &params(a)?);
+    if let Some(p) = &a.phases {
+        cfg.scenario = Scenario {
+            name: cfg.scenario.name.clone(),
+            ..Scenario::parse_custom(p)?
+        };
+    }
+    if let Some(share) = a.limiter_share {
+        if !(share.is_finite() && (0.0..=10.0).contains(&share)) {
+            return Err("--limiter-share must be between 0 and 10".into());
+        }
+        cfg.limiter_share = share;
+    }
+    cfg.variants = if a.variants.is_empty() {
+        name.default_variants()
+    } else {
+        a.variants
+            .iter()
+            .map(|v| Variant::parse(v))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    Ok(cfg)
 }
 
 fn default_out() -> PathBuf {
@@ -203,7 +251,10 @@ fn default_out() -> PathBuf {
 }
 
 async fn run(a: RunArgs) -> Result<bool, String> {
-    let cfg = config(&a)?;
+    if a.suite {
+        return suite(a).await;
+    }
+    let cfg = config(&a, a.scenario)?;
     let out = a.out.clone().unwrap_or_else(default_out);
     let total = cfg.scenario.duration().as_secs_f64().ceil() as u64
         * (cfg.variants.len() * cfg.repeats) as u64;
@@ -232,11 +283,74 @@ async fn run(a: RunArgs) -> Result<bool, String> {
     if invalid {
         println!("INVALID: the generator missed its schedule (lag p99 > limit) in some runs.");
     }
-    if run.runs.iter().any(|r| r.summary.saturated) {
+    if cfg.saturation_expected {
+        println!("(this scenario saturates the client on purpose: CPU saturation is expected)");
+    } else if run.runs.iter().any(|r| r.summary.saturated) {
         println!("CPU SATURATED in some runs: the machine, not the driver, may limit them.");
     }
     println!("report: {}", out.join("report.md").display());
     Ok(!invalid)
+}
+
+/// `--suite`: every scenario (or those named) with its variants, then the verdict.
+async fn suite(a: RunArgs) -> Result<bool, String> {
+    let names = if a.scenarios.is_empty() {
+        ScenarioName::ALL.to_vec()
+    } else {
+        a.scenarios
+            .iter()
+            .map(|n| ScenarioName::parse(n))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let configs = names
+        .iter()
+        .map(|n| config(&a, *n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let out = a.out.clone().unwrap_or_else(default_out);
+    let total: u64 = configs
+        .iter()
+        .map(|c| {
+            c.scenario.duration().as_secs_f64().ceil() as u64
+                * (c.variants.len() * c.repeats) as u64
+        })
+        .sum();
+    println!(
+        "suite: {} scenario(s), {} s of schedules (plus calibration and set-up) → {}",
+        configs.len(),
+        total,
+        out.display()
+    );
+    let wall = std::time::Instant::now();
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len}s {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let mut runs = Vec::new();
+    for cfg in &configs {
+        bar.set_message(format!("{}: starting", cfg.scenario.name));
+        let run = runner::run(cfg, &bar).await;
+        let run = match run {
+            Ok(r) => r,
+            Err(e) => {
+                bar.finish_and_clear();
+                return Err(format!("scenario {}: {e}", cfg.scenario.name));
+            }
+        };
+        report::write_all(&run, &out.join(&cfg.scenario.name))?;
+        runs.push(run);
+    }
+    bar.finish_and_clear();
+    let v = verdict::verdict(&runs, wall.elapsed().as_secs_f64());
+    verdict::write(&v, &out)?;
+    println!("\n{}", verdict::markdown(&v));
+    println!("verdict: {}", out.join("verdict.md").display());
+    if !v.valid {
+        println!("INVALID runs in some scenarios (see the verdict).");
+    }
+    Ok(v.valid)
 }
 
 fn main() -> ExitCode {

@@ -56,6 +56,12 @@ pub trait LabClient: Send + Sync + 'static {
     fn warm_up(&self) -> BoxFut<Result<(), String>>;
     /// Closes the client.
     fn shutdown(&self) -> BoxFut<()>;
+    /// Called when the application dropped the call of request `req` before it returned:
+    /// forgets its figures and returns the attempts it had started (0 when not tracked).
+    fn forget(&self, req: u64) -> u32 {
+        let _ = req;
+        0
+    }
 }
 
 /// Per-request accumulation of attempt figures.
@@ -142,7 +148,14 @@ impl Sink {
             attempts: acc.attempts,
             conn_wait: acc.conn_wait,
             service: acc.service,
+            tries: 1,
         }
+    }
+
+    /// Forgets request `req` (its driver call was dropped) and returns the attempts it had
+    /// started.
+    pub fn forget(&self, req: u64) -> u32 {
+        lock(&self.reqs).remove(&req).map_or(0, |a| a.attempts)
     }
 }
 
@@ -311,6 +324,10 @@ macro_rules! lab_driver {
                 fn shutdown(&self) -> BoxFut<()> {
                     let client = self.inner.client.clone();
                     Box::pin(async move { client.shutdown().immediate(true).await })
+                }
+
+                fn forget(&self, req: u64) -> u32 {
+                    self.inner.sink.forget(req)
                 }
             }
         }

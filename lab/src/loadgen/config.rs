@@ -48,6 +48,9 @@ pub struct Scenario {
 /// How long the runs are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Length {
+    /// The suite's lengths (`lab run --suite`): the shortest runs that still show each
+    /// scenario's effect, so that every scenario, variant and repetition fits 15 minutes.
+    Suite,
     /// A short smoke run (about 12 s per variant).
     Quick,
     /// The default: fits three variants in three minutes on two cores.
@@ -60,6 +63,7 @@ impl Scenario {
     /// The `burst` scenario: 50 % → 130 % → 50 % of capacity.
     pub fn burst(len: Length) -> Scenario {
         let (a, b, c) = match len {
+            Length::Suite => (1.0, 4.0, 3.0),
             Length::Quick => (2.0, 6.0, 4.0),
             Length::Default => (5.0, 15.0, 10.0),
             Length::Long => (10.0, 15.0, 20.0),
@@ -77,15 +81,25 @@ impl Scenario {
 
     /// The `sustained` scenario: 200 % of capacity throughout.
     pub fn sustained(len: Length) -> Scenario {
-        let secs = match len {
+        Scenario::steady("sustained", "overload", 2.0, Scenario::steady_secs(len))
+    }
+
+    /// One phase of constant load: `name` is the scenario's, `phase` the phase's.
+    pub fn steady(name: &str, phase: &str, load: f64, secs: f64) -> Scenario {
+        Scenario {
+            name: name.into(),
+            phases: vec![Phase::new(phase, load, secs)],
+            burst: None,
+        }
+    }
+
+    /// Length of a one-phase scenario (`sustained` and the others of constant load).
+    pub fn steady_secs(len: Length) -> f64 {
+        match len {
+            Length::Suite => 5.0,
             Length::Quick => 8.0,
             Length::Default => 20.0,
             Length::Long => 30.0,
-        };
-        Scenario {
-            name: "sustained".into(),
-            phases: vec![Phase::new("overload", 2.0, secs)],
-            burst: None,
         }
     }
 
@@ -333,6 +347,16 @@ impl Variant {
             ),
             Variant::new("fork-default", Driver::Fork, ""),
             Variant::new("fork-no-retries", Driver::Fork, "maxAdaptiveRetries=0"),
+            Variant::new(
+                "upstream-retargeting",
+                Driver::Upstream,
+                "enableOverloadRetargeting=true",
+            ),
+            Variant::new(
+                "fork-retargeting",
+                Driver::Fork,
+                "enableOverloadRetargeting=true",
+            ),
         ]
     }
 
@@ -393,6 +417,46 @@ pub enum Persona {
     Standalone,
 }
 
+/// What the application does when its deadline passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDeadline {
+    /// Upstream's advice: the driver call runs in a spawned task and the application stops
+    /// waiting on its handle, so the call goes on (retries and all) after the deadline.
+    Continue,
+    /// The application drops the driver's future (`tokio::time::timeout` around the call),
+    /// which upstream warns about; closest to a client that cancels through a context.
+    Drop,
+}
+
+/// How requests are issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Load {
+    /// Open loop: the schedule of the scenario's phases, whatever comes back.
+    Open,
+    /// Closed loop: `workers` tasks (spread over the instances), each sending its next
+    /// request when the previous one finished, for the scenario's length. Offered load is
+    /// whatever they achieve; the phases' loads are ignored.
+    Closed {
+        /// Workers in all.
+        workers: usize,
+    },
+}
+
+/// One replica-set member whose server model is smaller than the others' (`hot-member`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HotMember {
+    /// The member's index (0 is the primary).
+    pub index: usize,
+    /// Its virtual cores (`None`: the model's `cores`, like the others).
+    pub cores: Option<f64>,
+    /// Its capacity as a share of the run's capacity: its limiter admits
+    /// `limiter_share × share × capacity` per second.
+    pub share: f64,
+}
+
 /// Everything a run needs.
 #[derive(Debug, Clone, Serialize)]
 pub struct LabConfig {
@@ -441,6 +505,23 @@ pub struct LabConfig {
     /// Schedule-lag p99 above which a run is INVALID.
     #[serde(serialize_with = "ser_secs")]
     pub max_lag_p99: Duration,
+    /// What the application does at its deadline.
+    pub on_deadline: OnDeadline,
+    /// Times the application retries an operation that failed with an overload error, while
+    /// its deadline has not passed (0: the application does not retry).
+    pub app_retries: u32,
+    /// Share of otherwise admitted data requests the server model rejects at random with
+    /// both overload labels (`randomRejectShare`; 0: none, and the field is not sent).
+    pub random_reject_share: f64,
+    /// Open or closed loop.
+    pub load: Load,
+    /// Replica-set members (persona `replicaset`); each runs a server model of its own.
+    pub members: usize,
+    /// A member with a smaller model than the others, if any.
+    pub hot_member: Option<HotMember>,
+    /// Whether a closed-loop run saturating the process's CPU is the intent (`fast-path`):
+    /// then CPU saturation is reported but does not make the run invalid.
+    pub saturation_expected: bool,
 }
 
 impl Default for LabConfig {
@@ -466,6 +547,13 @@ impl Default for LabConfig {
             limiter_share: 0.9,
             model_overrides: None,
             max_lag_p99: Duration::from_millis(5),
+            on_deadline: OnDeadline::Continue,
+            app_retries: 0,
+            random_reject_share: 0.0,
+            load: Load::Open,
+            members: 1,
+            hot_member: None,
+            saturation_expected: false,
         }
     }
 }

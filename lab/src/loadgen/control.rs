@@ -33,6 +33,9 @@ pub fn model_document(cfg: &LabConfig, capacity: f64) -> Result<Document, String
             "maxQueueDepth": 0i64,
         },
     };
+    if cfg.random_reject_share > 0.0 {
+        d.insert("randomRejectShare", cfg.random_reject_share);
+    }
     if let Some(v) = &cfg.model_overrides {
         let over = bson::to_bson(v).map_err(|e| format!("--model-json: {e}"))?;
         match over {
@@ -51,6 +54,23 @@ fn merge(base: &mut Document, over: &Document) {
                 base.insert(k.clone(), v.clone());
             }
         }
+    }
+}
+
+/// The per-member settings of a run over its [`model_document`]: the hot member's limiter
+/// rate (`limiter_share × share × capacity`) and cores, if it has its own.
+pub fn member_documents(cfg: &LabConfig, capacity: f64) -> Vec<(usize, Document)> {
+    match cfg.hot_member {
+        Some(h) => {
+            let mut d = doc! {
+                "limiter": { "ratePerSec": (capacity * h.share * cfg.limiter_share).max(1.0) },
+            };
+            if let Some(cores) = h.cores {
+                d.insert("cores", cores);
+            }
+            vec![(h.index, d)]
+        }
+        None => Vec::new(),
     }
 }
 
@@ -83,19 +103,64 @@ pub fn flatten_numbers(d: &Document) -> BTreeMap<String, f64> {
     out
 }
 
-/// Deltas of the `counters.*` figures between two flattened snapshots.
+/// The name a counter's delta goes by: `counters.X` → `X`, a member's
+/// `memberN.counters.X` → `memberN.X`; `None` for figures that are not counters.
+fn counter_name(key: &str) -> Option<String> {
+    if let Some(rest) = key.strip_prefix("counters.") {
+        return Some(rest.to_string());
+    }
+    let (member, rest) = key.split_once(".counters.")?;
+    let index = member.strip_prefix("member")?;
+    (!index.is_empty() && index.chars().all(|c| c.is_ascii_digit()))
+        .then(|| format!("{member}.{rest}"))
+}
+
+/// Deltas of the counters (`counters.*`, and each member's `memberN.counters.*`) between two
+/// flattened snapshots.
 pub fn counter_deltas(
     before: &BTreeMap<String, f64>,
     after: &BTreeMap<String, f64>,
 ) -> BTreeMap<String, f64> {
     after
         .iter()
-        .filter(|(k, _)| k.starts_with("counters."))
-        .map(|(k, v)| {
+        .filter_map(|(k, v)| {
+            let name = counter_name(k)?;
             let d = v - before.get(k).copied().unwrap_or(0.0);
-            (k.trim_start_matches("counters.").to_string(), d.max(0.0))
+            Some((name, d.max(0.0)))
         })
         .collect()
+}
+
+/// The flattened `labOverload` figures of a deployment: with one member, its
+/// `serverStatus.labOverload`; with several, `counters.*` and `gauges.*` summed over the
+/// members (so the run's totals cover the whole deployment), each member's own counters as
+/// `memberN.counters.*`, and the other figures (queue-wait percentiles) of the member that
+/// answered (the primary).
+pub fn deployment_status(status: &Document) -> Option<BTreeMap<String, f64>> {
+    let mut out = flatten_numbers(status.get_document("labOverload").ok()?);
+    let members: Vec<&Document> = status
+        .get_array("labOverloadMembers")
+        .map(|a| a.iter().filter_map(|m| m.as_document()).collect())
+        .unwrap_or_default();
+    if members.len() > 1 {
+        out.retain(|k, _| !k.starts_with("counters.") && !k.starts_with("gauges."));
+        for (i, m) in members.iter().enumerate() {
+            let index = m
+                .get_i64("member")
+                .ok()
+                .and_then(|x| usize::try_from(x).ok())
+                .unwrap_or(i);
+            for (k, v) in flatten_numbers(m) {
+                if k.starts_with("counters.") || k.starts_with("gauges.") {
+                    *out.entry(k.clone()).or_insert(0.0) += v;
+                }
+                if k.starts_with("counters.") {
+                    out.insert(format!("member{index}.{k}"), v);
+                }
+            }
+        }
+    }
+    Some(out)
 }
 
 /// The control connection to the emulator (the fork, without lab event handlers).
@@ -138,7 +203,7 @@ impl Control {
     /// `serverStatus.labOverload`, flattened; `None` when the server has no model section.
     pub(crate) async fn overload_status(&self) -> Option<BTreeMap<String, f64>> {
         let st = self.admin(doc! { "serverStatus": 1 }).await.ok()?;
-        st.get_document("labOverload").ok().map(flatten_numbers)
+        deployment_status(&st)
     }
 
     /// Waits (at most `limit`) until the server model has no request in flight, so that one
@@ -146,6 +211,7 @@ impl Control {
     pub(crate) async fn wait_idle(&self, limit: Duration) -> bool {
         let until = Instant::now() + limit;
         loop {
+            // With several members `gauges.inFlight` is their sum.
             let busy = self
                 .overload_status()
                 .await
@@ -161,11 +227,21 @@ impl Control {
         }
     }
 
-    pub(crate) async fn set_model(&self, model: &Document) -> Result<(), String> {
-        self.admin(doc! { "setParameter": 1, "labOverload": { "enabled": false } })
+    /// Switches every member's model off (which resets its figures), then sets `model` on
+    /// every member and each `(index, settings)` of `members` over it.
+    pub(crate) async fn set_model(
+        &self,
+        model: &Document,
+        members: &[(usize, Document)],
+    ) -> Result<(), String> {
+        let mut all = doc! { "all": model.clone() };
+        for (i, m) in members {
+            all.insert(i.to_string(), m.clone());
+        }
+        self.admin(doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": false } } })
             .await
             .and(
-                self.admin(doc! { "setParameter": 1, "labOverload": model.clone() })
+                self.admin(doc! { "setParameter": 1, "labOverloadMembers": all })
                     .await,
             )
             .map(|_| ())
@@ -190,5 +266,50 @@ impl Control {
             }
         };
         self.admin(cmd).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn several_members_add_up_and_keep_their_own_counters() {
+        let member = |i: i64, rejected: i64, in_flight: i64| {
+            doc! {
+                "member": i,
+                "host": format!("h:{i}"),
+                "counters": { "rejected": rejected, "busyCoreMs": 10.0 },
+                "gauges": { "inFlight": in_flight },
+            }
+        };
+        let status = doc! {
+            "labOverload": {
+                "counters": { "rejected": 1i64, "busyCoreMs": 10.0 },
+                "gauges": { "inFlight": 0i64 },
+                "queueWaitMs": { "p99": 3.0 },
+            },
+            "labOverloadMembers": [member(0, 1, 0), member(1, 7, 2), member(2, 0, 1)],
+        };
+        let flat = deployment_status(&status).expect("status");
+        assert_eq!(flat.get("counters.rejected"), Some(&8.0));
+        assert_eq!(flat.get("counters.busyCoreMs"), Some(&30.0));
+        assert_eq!(flat.get("gauges.inFlight"), Some(&3.0));
+        assert_eq!(flat.get("member1.counters.rejected"), Some(&7.0));
+        assert_eq!(flat.get("queueWaitMs.p99"), Some(&3.0));
+        let zero = BTreeMap::new();
+        let deltas = counter_deltas(&zero, &flat);
+        assert_eq!(deltas.get("rejected"), Some(&8.0));
+        assert_eq!(deltas.get("member1.rejected"), Some(&7.0));
+        assert!(!deltas.contains_key("inFlight"));
+        // One member: its own section, as before.
+        let one = doc! {
+            "labOverload": { "counters": { "rejected": 2i64 } },
+            "labOverloadMembers": [member(0, 2, 0)],
+        };
+        let flat = deployment_status(&one).expect("status");
+        assert_eq!(flat.get("counters.rejected"), Some(&2.0));
+        assert!(!flat.contains_key("member0.counters.rejected"));
+        assert_eq!(counter_name("memberx.counters.a"), None);
     }
 }

@@ -1,13 +1,16 @@
 //! Driving: walks the arrival schedules open-loop and books every request's outcome.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use rand::{Rng, SeedableRng};
+
 use super::client::{LabClient, OpSpec};
+use super::config::{OnDeadline, OpMix};
 use super::metrics::{new_hist, rec, AttemptReport, ErrorClass, Recorder};
 use super::schedule::{self, Arrival};
 
@@ -22,6 +25,25 @@ pub struct RequestOpts {
     pub range_len: i64,
     /// `maxTimeMS` sent on reads.
     pub max_time: Option<Duration>,
+    /// What the application does at its deadline.
+    pub on_deadline: OnDeadline,
+    /// Times the application retries an overload error before its deadline.
+    pub app_retries: u32,
+}
+
+impl RequestOpts {
+    /// Options with the application's defaults: it waits `deadline`, lets the driver call go
+    /// on after it (`continue`) and does not retry itself.
+    pub fn new(deadline: Duration, drain: Duration, range_len: i64) -> RequestOpts {
+        RequestOpts {
+            deadline,
+            drain,
+            range_len,
+            max_time: None,
+            on_deadline: OnDeadline::Continue,
+            app_retries: 0,
+        }
+    }
 }
 
 /// What [`drive_all`] saw besides the recorder's figures.
@@ -111,7 +133,7 @@ async fn drive_on(
                     give_up_at: None,
                 };
                 requests.spawn_on(
-                    request(client.clone(), op, when, recorder.clone(), opts.deadline),
+                    request(client.clone(), op, when, recorder.clone(), opts),
                     &handle,
                 );
             })
@@ -140,34 +162,189 @@ async fn drive_on(
     stats
 }
 
+/// What the application's driver calls for one request added up to, shared with the task
+/// that makes them so that a call the application dropped still leaves its count.
+#[derive(Debug, Default)]
+struct Tally {
+    attempts: AtomicU32,
+    tries: AtomicU32,
+    conn_wait_us: AtomicU64,
+    service_us: AtomicU64,
+}
+
+impl Tally {
+    fn add(&self, r: &AttemptReport) {
+        self.attempts.fetch_add(r.attempts, Ordering::Relaxed);
+        self.tries.fetch_add(1, Ordering::Relaxed);
+        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.conn_wait_us
+            .fetch_add(us(r.conn_wait), Ordering::Relaxed);
+        self.service_us.fetch_add(us(r.service), Ordering::Relaxed);
+    }
+
+    fn report(&self, outcome: Result<(), ErrorClass>) -> AttemptReport {
+        AttemptReport {
+            outcome,
+            attempts: self.attempts.load(Ordering::Relaxed),
+            conn_wait: Duration::from_micros(self.conn_wait_us.load(Ordering::Relaxed)),
+            service: Duration::from_micros(self.service_us.load(Ordering::Relaxed)),
+            tries: self.tries.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The application's side of one request: calls the driver, and while the call failed with an
+/// overload error, the application's deadline (`give_up`) has not passed and it has retries
+/// left, calls it again at once (as applications that retry "a few times" do).
+async fn app_call(
+    client: Arc<dyn LabClient>,
+    op: OpSpec,
+    give_up: Instant,
+    retries: u32,
+    tally: Arc<Tally>,
+) -> AttemptReport {
+    // Bounded: at most `retries + 1` driver calls.
+    for tried in 0..=retries {
+        let r = client.run(op.clone()).await;
+        tally.add(&r);
+        let retry =
+            r.outcome == Err(ErrorClass::Overload) && tried < retries && Instant::now() < give_up;
+        if !retry {
+            return tally.report(r.outcome);
+        }
+    }
+    tally.report(Err(ErrorClass::Overload))
+}
+
 async fn request(
     client: Arc<dyn LabClient>,
     op: OpSpec,
     scheduled: Instant,
     recorder: Arc<Recorder>,
-    deadline: Duration,
+    opts: RequestOpts,
 ) {
+    let deadline = opts.deadline;
     let begun = Instant::now();
     let op = OpSpec {
         give_up_at: SystemTime::now().checked_add(deadline),
         ..op
     };
-    let mut call = tokio::spawn(client.run(op));
-    let failed = |_| AttemptReport {
-        outcome: Err(ErrorClass::Other),
-        attempts: 0,
-        conn_wait: Duration::ZERO,
-        service: Duration::ZERO,
-    };
-    match tokio::time::timeout(deadline, &mut call).await {
-        Ok(r) => {
-            let report = r.unwrap_or_else(failed);
-            recorder.in_time(scheduled, begun.elapsed(), &report);
+    let req = op.req;
+    let tally = Arc::new(Tally::default());
+    let call = app_call(
+        client.clone(),
+        op,
+        begun + deadline,
+        opts.app_retries,
+        tally.clone(),
+    );
+    match opts.on_deadline {
+        OnDeadline::Continue => {
+            let mut call = tokio::spawn(call);
+            let failed = |_| AttemptReport {
+                outcome: Err(ErrorClass::Other),
+                attempts: 0,
+                conn_wait: Duration::ZERO,
+                service: Duration::ZERO,
+                tries: 0,
+            };
+            match tokio::time::timeout(deadline, &mut call).await {
+                Ok(r) => {
+                    let report = r.unwrap_or_else(failed);
+                    recorder.in_time(scheduled, begun.elapsed(), &report);
+                }
+                Err(_) => {
+                    recorder.timed_out(scheduled, deadline);
+                    let report = call.await.unwrap_or_else(failed);
+                    recorder.late(scheduled, &report);
+                }
+            }
         }
-        Err(_) => {
-            recorder.timed_out(scheduled, deadline);
-            let report = call.await.unwrap_or_else(failed);
-            recorder.late(scheduled, &report);
-        }
+        OnDeadline::Drop => match tokio::time::timeout(deadline, call).await {
+            Ok(report) => recorder.in_time(scheduled, begun.elapsed(), &report),
+            Err(_) => {
+                // The driver's future is gone; the call in flight counts its attempts so far.
+                recorder.timed_out(scheduled, deadline);
+                let in_flight = client.forget(req);
+                recorder.dropped(
+                    scheduled,
+                    tally.attempts.load(Ordering::Relaxed) + in_flight,
+                    tally.tries.load(Ordering::Relaxed) + 1,
+                );
+            }
+        },
     }
+}
+
+/// What a closed loop runs: `workers` tasks spread over the clients, each sending its next
+/// request when the previous one finished, from `recorder.start()` for `length`.
+#[derive(Debug, Clone)]
+pub struct ClosedLoop {
+    /// Workers in all.
+    pub workers: usize,
+    /// How long.
+    pub length: Duration,
+    /// Operation mix.
+    pub mix: OpMix,
+    /// Keys are drawn uniformly from `0..docs`.
+    pub docs: i64,
+    /// RNG seed; worker `w` uses `seed + w`.
+    pub seed: u64,
+}
+
+/// Drives a closed loop (`fast-path`): every request is booked as offered in the second it
+/// left, with no schedule lag (a closed loop has no schedule to miss). Returns once every
+/// worker stopped, at most `deadline + drain` after the end.
+pub async fn drive_closed(
+    clients: &[Arc<dyn LabClient>],
+    spec: &ClosedLoop,
+    recorder: Arc<Recorder>,
+    opts: RequestOpts,
+) -> DriveStats {
+    let start = recorder.start();
+    let end = start + spec.length;
+    let next_req = Arc::new(AtomicU64::new(1));
+    let mut workers = JoinSet::new();
+    for w in 0..spec.workers.max(1) {
+        let client = clients[w % clients.len().max(1)].clone();
+        let (recorder, next_req, mix) = (recorder.clone(), next_req.clone(), spec.mix.clone());
+        let (docs, seed) = (spec.docs.max(1), spec.seed.wrapping_add(w as u64));
+        workers.spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut sent = 0u64;
+            tokio::time::sleep_until(start).await;
+            // Bounded by the clock: each pass takes at least one request's round trip, and
+            // the loop ends at `end`.
+            loop {
+                let now = Instant::now();
+                if now >= end {
+                    break;
+                }
+                recorder.offered(now, Duration::ZERO);
+                sent += 1;
+                let op = OpSpec {
+                    req: next_req.fetch_add(1, Ordering::Relaxed),
+                    kind: mix.pick(rng.random::<f64>()),
+                    key: rng.random_range(0..docs),
+                    range_len: opts.range_len,
+                    max_time: opts.max_time,
+                    give_up_at: None,
+                };
+                request(client.clone(), op, now, recorder.clone(), opts).await;
+            }
+            sent
+        });
+    }
+    let mut stats = DriveStats::default();
+    let joined = tokio::time::timeout_at(end + opts.deadline + opts.drain, async {
+        while let Some(r) = workers.join_next().await {
+            stats.sent += r.unwrap_or(0);
+        }
+    })
+    .await;
+    if joined.is_err() {
+        stats.unfinished = workers.len() as u64;
+        workers.abort_all();
+    }
+    stats
 }

@@ -98,6 +98,8 @@ pub struct AttemptReport {
     pub conn_wait: Duration,
     /// Time from command start to reply, summed over attempts.
     pub service: Duration,
+    /// Times the application called the driver for this request (1 unless it retried).
+    pub tries: u32,
 }
 
 const HIST_MAX_US: u64 = 600_000_000;
@@ -144,6 +146,8 @@ pub struct Second {
     pub reported: u64,
     /// Attempts of those requests.
     pub reported_attempts: u64,
+    /// Application tries (driver calls) of those requests.
+    pub reported_tries: u64,
     /// Connections created / closed in this second.
     pub conns_opened: u64,
     /// Connections closed in this second.
@@ -174,6 +178,7 @@ impl Default for Second {
             late_err: 0,
             reported: 0,
             reported_attempts: 0,
+            reported_tries: 0,
             conns_opened: 0,
             conns_closed: 0,
             latency: new_hist(),
@@ -335,9 +340,21 @@ impl Recorder {
         });
     }
 
+    /// The application dropped the driver call of a request scheduled at `scheduled` at its
+    /// deadline (`--on-deadline drop`), after `attempts` commands over `tries` driver calls;
+    /// the request has no late outcome.
+    pub fn dropped(&self, scheduled: Instant, attempts: u32, tries: u32) {
+        self.with_at(scheduled, |s| {
+            s.reported += 1;
+            s.reported_attempts += u64::from(attempts);
+            s.reported_tries += u64::from(tries);
+        });
+    }
+
     fn book_report(s: &mut Second, r: &AttemptReport) {
         s.reported += 1;
         s.reported_attempts += u64::from(r.attempts);
+        s.reported_tries += u64::from(r.tries);
         if r.attempts > 0 {
             rec(&mut s.conn_wait, r.conn_wait);
             rec(&mut s.service, r.service);
@@ -455,6 +472,7 @@ mod tests {
             attempts: 1,
             conn_wait: Duration::from_millis(1),
             service: Duration::from_millis(2),
+            tries: 1,
         };
         r.in_time(t1, Duration::from_millis(3), &ok);
         r.timed_out(t1, Duration::from_millis(100));

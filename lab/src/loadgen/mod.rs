@@ -19,9 +19,11 @@ pub mod metrics;
 pub mod report;
 pub mod runner;
 mod sampler;
+pub mod scenarios;
 pub mod schedule;
 pub mod summary;
 pub mod sys;
+pub mod verdict;
 
 pub use client::{LabClient, OpSpec};
 pub use config::{LabConfig, Scenario, Variant};

@@ -15,9 +15,9 @@ use tokio::time::Instant;
 
 use super::calibrate::calibrate;
 use super::client::{self, LabClient, Sink};
-use super::config::{with_options, LabConfig, Persona, ServerMode, Variant};
-use super::control::{counter_deltas, model_document, Control, COLL, DB};
-use super::drive::{drive_all, DriveStats, RequestOpts};
+use super::config::{with_options, LabConfig, Load, Persona, ServerMode, Variant};
+use super::control::{counter_deltas, member_documents, model_document, Control, COLL, DB};
+use super::drive::{drive_all, drive_closed, ClosedLoop, DriveStats, RequestOpts};
 use super::emulator_thread::EmulatorThread;
 use super::failpoint_limiter::failpoint_controller;
 use super::metrics::{Recorder, Second};
@@ -66,7 +66,7 @@ pub async fn run(cfg: &LabConfig, progress: &ProgressBar) -> Result<LabRun, Stri
     let topology = match cfg.persona {
         Persona::Replicaset => Topology::ReplicaSet {
             name: "lab".into(),
-            members: 1,
+            members: cfg.members.max(1),
         },
         Persona::Standalone => Topology::Standalone,
     };
@@ -115,7 +115,11 @@ async fn run_against(
             if let Ok(limiter) = unlimited.get_document_mut("limiter") {
                 limiter.insert("enabled", false);
             }
-            control.set_model(&unlimited).await?;
+            // Nor random rejections: capacity is what the cores complete.
+            unlimited.remove("randomRejectShare");
+            control
+                .set_model(&unlimited, &member_documents(cfg, capacity))
+                .await?;
             if cfg.capacity <= 0.0 {
                 progress.set_message("calibrating the server model's capacity");
                 let measured = calibrate(cfg, uri).await?;
@@ -128,8 +132,9 @@ async fn run_against(
                 }
             }
             let d = model_document(cfg, capacity)?;
-            control.set_model(&d).await?;
-            Some(d)
+            let members = member_documents(cfg, capacity);
+            control.set_model(&d, &members).await?;
+            Some((d, members))
         }
         _ => None,
     };
@@ -153,7 +158,7 @@ async fn run_against(
                     variant.name
                 ));
                 control.wait_idle(Duration::from_secs(10)).await;
-                control.set_model(m).await?;
+                control.set_model(&m.0, &m.1).await?;
             }
             let server_before = control.overload_status().await;
             let label = if cfg.repeats > 1 {
@@ -163,7 +168,14 @@ async fn run_against(
             };
             progress.set_message(format!("{label}: connecting"));
             let run = run_variant(
-                cfg, capacity, uri, variant, &schedules, &control, progress, &label,
+                cfg,
+                capacity,
+                uri,
+                variant,
+                (&schedules, rep as u64 * 1000),
+                &control,
+                progress,
+                &label,
             )
             .await?;
             let server_after = control.overload_status().await;
@@ -202,11 +214,13 @@ async fn run_against(
     }
     if model.is_some() {
         let _ = control
-            .admin(doc! { "setParameter": 1, "labOverload": { "enabled": false } })
+            .admin(
+                doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": false } } },
+            )
             .await;
     }
     control.client.clone().shutdown().immediate(true).await;
-    Ok((model, runs, capacity, capacity_note))
+    Ok((model.map(|m| m.0), runs, capacity, capacity_note))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -215,7 +229,7 @@ async fn run_variant(
     capacity: f64,
     uri: &str,
     variant: &Variant,
-    schedules: &[Vec<Arrival>],
+    (schedules, rep_seed): (&[Vec<Arrival>], u64),
     control: &Arc<Control>,
     progress: &ProgressBar,
     label: &str,
@@ -269,8 +283,22 @@ async fn run_variant(
         drain: cfg.drain,
         range_len: cfg.mix.range_len,
         max_time: cfg.max_time_ms.then_some(cfg.deadline),
+        on_deadline: cfg.on_deadline,
+        app_retries: cfg.app_retries,
     };
-    let stats = drive_all(&clients, schedules, recorder.clone(), opts).await;
+    let stats = match cfg.load {
+        Load::Open => drive_all(&clients, schedules, recorder.clone(), opts).await,
+        Load::Closed { workers } => {
+            let spec = ClosedLoop {
+                workers,
+                length: cfg.scenario.duration(),
+                mix: cfg.mix.clone(),
+                docs: cfg.docs,
+                seed: cfg.seed.wrapping_add(rep_seed),
+            };
+            drive_closed(&clients, &spec, recorder.clone(), opts).await
+        }
+    };
     let cpu_end = super::sys::process_cpu();
     let wall = Instant::now()
         .saturating_duration_since(start)

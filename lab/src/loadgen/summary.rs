@@ -58,8 +58,13 @@ pub struct RunSummary {
     pub burst_offered: Option<f64>,
     /// Commands started (all attempts).
     pub attempts: u64,
-    /// Attempts per request (requests that reported, in time or late).
+    /// Attempts per request (requests that reported, in time or late; an application's
+    /// retries included).
     pub attempts_per_request: Option<f64>,
+    /// Driver calls per request (above 1 when the application retries itself).
+    pub tries_per_request: Option<f64>,
+    /// Requests that succeeded within their deadline ÷ requests offered.
+    pub success_share: Option<f64>,
     /// Request errors by class.
     pub errors: BTreeMap<String, u64>,
     /// Attempt errors by class.
@@ -89,6 +94,9 @@ pub struct RunSummary {
     pub has_burst: bool,
     /// Server work wasted as a share of busy server work (`None`: no server model figures).
     pub wasted_share: Option<f64>,
+    /// Server core time spent rejecting requests ÷ all server core time
+    /// (`rejectionWorkMs ÷ busyCoreMs`; `None` without the model's figures).
+    pub rejection_share: Option<f64>,
     /// Server counter deltas over the run (`serverStatus.labOverload.counters`).
     pub server: Option<BTreeMap<String, f64>>,
     /// Schedule lag p99 / max in ms.
@@ -109,6 +117,23 @@ impl RunSummary {
     /// Total request errors.
     pub fn total_errors(&self) -> u64 {
         self.errors.values().sum()
+    }
+
+    /// Why this run's figures cannot be trusted (empty: valid): the generator missed its
+    /// schedule, the machine was saturated (unless `saturation_expected`, as in a closed loop
+    /// meant to saturate the client), or requests were still running after the drain.
+    pub fn invalid_reasons(&self, saturation_expected: bool) -> Vec<&'static str> {
+        let mut why = Vec::new();
+        if self.invalid {
+            why.push("schedule lag");
+        }
+        if self.saturated && !saturation_expected {
+            why.push("CPU saturated");
+        }
+        if self.unfinished > 0 {
+            why.push("unfinished requests");
+        }
+        why
     }
 }
 
@@ -144,6 +169,7 @@ pub fn summarize(
     }
     let reported: u64 = seconds.iter().map(|s| s.reported).sum();
     let reported_attempts: u64 = seconds.iter().map(|s| s.reported_attempts).sum();
+    let reported_tries: u64 = seconds.iter().map(|s| s.reported_tries).sum();
     let burst = scenario.burst.or(if scenario.phases.len() == 1 {
         Some(0)
     } else {
@@ -198,6 +224,8 @@ pub fn summarize(
         burst_offered,
         attempts: seconds.iter().map(|s| s.attempts).sum(),
         attempts_per_request: (reported > 0).then(|| reported_attempts as f64 / reported as f64),
+        tries_per_request: (reported > 0).then(|| reported_tries as f64 / reported as f64),
+        success_share: (offered > 0).then(|| good as f64 / offered as f64),
         errors,
         attempt_errors,
         late_ok: seconds.iter().map(|s| s.late_ok).sum(),
@@ -220,6 +248,11 @@ pub fn summarize(
         recovery_secs,
         has_burst: scenario.burst.is_some(),
         wasted_share,
+        rejection_share: server.and_then(|s| {
+            let rejecting = s.get("rejectionWorkMs")?;
+            let busy = s.get("busyCoreMs")?;
+            (*busy > 0.0).then(|| rejecting / busy)
+        }),
         server: server.cloned(),
         lag_p99_ms,
         lag_max_ms,

@@ -1,0 +1,437 @@
+//! The suite's verdict (`lab run --suite`): per scenario, each variant's headline figures
+//! (median and spread over the repetitions), the best upstream configuration and each fork
+//! variant's ratio to it, written as `verdict.json` (keys documented in `docs/lab.md`, stable)
+//! and `verdict.md`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::config::Driver;
+use super::runner::LabRun;
+use super::summary::{RunSummary, Spread};
+
+/// Version of `verdict.json`'s layout; raised when a key changes meaning or goes away.
+pub const VERDICT_SCHEMA: u32 = 1;
+
+/// The variant whose throughput the `throughputRatio` figures divide by.
+pub const RATIO_BASE: &str = "upstream-default";
+
+/// Which figure ranks the variants of a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Primary {
+    /// Goodput ÷ capacity (overload scenarios).
+    GoodputShare,
+    /// Requests that succeeded within the deadline ÷ requests offered (`transient`).
+    SuccessShare,
+    /// Requests completed per second in a closed loop (`fast-path`).
+    Throughput,
+}
+
+impl Primary {
+    /// The primary figure of a scenario.
+    pub fn of(scenario: &str) -> Primary {
+        match scenario {
+            "transient" => Primary::SuccessShare,
+            "fast-path" => Primary::Throughput,
+            _ => Primary::GoodputShare,
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Primary::GoodputShare => "goodputShare",
+            Primary::SuccessShare => "successShare",
+            Primary::Throughput => "throughput",
+        }
+    }
+}
+
+/// A run that does not count.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InvalidRun {
+    /// Variant.
+    pub variant: String,
+    /// Repetition, 1-based.
+    pub run: usize,
+    /// Why (schedule lag, CPU saturated, unfinished requests).
+    pub reasons: Vec<String>,
+}
+
+/// One variant's headline figures over its repetitions (`None` = not applicable or no sample).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VariantVerdict {
+    /// Variant name.
+    pub name: String,
+    /// `fork` or `upstream`.
+    pub driver: String,
+    /// The variant's own URI options.
+    pub uri_options: String,
+    /// Runs.
+    pub runs: usize,
+    /// Runs that do not count (see the scenario's `invalidRuns`).
+    pub invalid_runs: usize,
+    /// Goodput ÷ capacity over the whole schedule.
+    pub goodput_share: Option<Spread>,
+    /// Goodput ÷ capacity during the burst or overload phase.
+    pub burst_goodput_share: Option<Spread>,
+    /// Requests completed within the deadline per second.
+    pub throughput: Option<Spread>,
+    /// Commands per request (driver retries and application retries).
+    pub attempts_per_request: Option<Spread>,
+    /// Driver calls per request (application retries).
+    pub tries_per_request: Option<Spread>,
+    /// Server core time wasted ÷ all server core time.
+    pub wasted_share: Option<Spread>,
+    /// Server core time spent rejecting ÷ all server core time.
+    pub rejection_share: Option<Spread>,
+    /// Seconds after the burst until goodput stays ≥ 95 % of offered (recovered runs only).
+    pub recovery_secs: Option<Spread>,
+    /// Runs that never recovered.
+    pub not_recovered: usize,
+    /// Successes within the deadline ÷ requests offered.
+    pub success_share: Option<Spread>,
+    /// Throughput ÷ `upstream-default`'s in the same repetition (`fast-path`; `None` without
+    /// `upstream-default`).
+    pub throughput_ratio: Option<Spread>,
+    /// End-to-end latency p99 (ms).
+    pub p99_ms: Option<Spread>,
+    /// Request errors by class, median over the runs.
+    pub errors: std::collections::BTreeMap<String, f64>,
+}
+
+/// The best upstream variant of a scenario by its primary figure.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Best {
+    /// Variant.
+    pub variant: String,
+    /// Median of the primary figure.
+    pub value: f64,
+}
+
+/// A fork variant against the best upstream variant.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkRatio {
+    /// Variant.
+    pub variant: String,
+    /// Its median primary figure.
+    pub value: f64,
+    /// `value` ÷ the best upstream value.
+    pub ratio: Option<f64>,
+}
+
+/// One scenario of the verdict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScenarioVerdict {
+    /// Scenario name.
+    pub name: String,
+    /// Capacity (ops/s) and how it was found.
+    pub capacity: f64,
+    /// How the capacity was found.
+    pub capacity_note: String,
+    /// Phases as `LOAD%×SECONDS`.
+    pub phases: Vec<String>,
+    /// Repetitions per variant.
+    pub repeats: usize,
+    /// Wall time of the scenario (s).
+    pub wall_secs: f64,
+    /// Every run counted.
+    pub valid: bool,
+    /// Runs that did not count, and why.
+    pub invalid_runs: Vec<InvalidRun>,
+    /// The figure that ranks variants.
+    pub primary: Primary,
+    /// Per variant.
+    pub variants: Vec<VariantVerdict>,
+    /// The upstream variant with the best primary figure.
+    pub best_upstream: Option<Best>,
+    /// Each fork variant's primary figure against the best upstream one.
+    pub fork_ratios: Vec<ForkRatio>,
+}
+
+/// The whole verdict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verdict {
+    /// [`VERDICT_SCHEMA`].
+    pub schema: u32,
+    /// Wall time of the suite (s).
+    pub wall_secs: f64,
+    /// Every run of every scenario counted.
+    pub valid: bool,
+    /// Per scenario, in the order run.
+    pub scenarios: Vec<ScenarioVerdict>,
+}
+
+fn spread(runs: &[&RunSummary], f: impl Fn(&RunSummary) -> Option<f64>) -> Option<Spread> {
+    Spread::of(runs.iter().map(|r| f(r)))
+}
+
+fn primary_value(v: &VariantVerdict, p: Primary) -> Option<f64> {
+    match p {
+        Primary::GoodputShare => v.goodput_share,
+        Primary::SuccessShare => v.success_share,
+        Primary::Throughput => v.throughput,
+    }
+    .map(|s| s.median)
+}
+
+/// The verdict of one scenario's run.
+pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
+    let cfg = &run.config;
+    let name = cfg.scenario.name.clone();
+    let primary = Primary::of(&name);
+    let cap = run.capacity;
+    let all: Vec<&RunSummary> = run.runs.iter().map(|r| &r.summary).collect();
+    let invalid_runs: Vec<InvalidRun> = all
+        .iter()
+        .filter_map(|r| {
+            let why = r.invalid_reasons(cfg.saturation_expected);
+            (!why.is_empty()).then(|| InvalidRun {
+                variant: r.variant.clone(),
+                run: r.rep + 1,
+                reasons: why.into_iter().map(str::to_string).collect(),
+            })
+        })
+        .collect();
+    // Throughput of the ratio base in each repetition.
+    let base = |rep: usize| {
+        all.iter()
+            .find(|r| r.variant == RATIO_BASE && r.rep == rep)
+            .map(|r| r.goodput)
+            .filter(|g| *g > 0.0)
+    };
+    let variants: Vec<VariantVerdict> = cfg
+        .variants
+        .iter()
+        .map(|v| {
+            let runs: Vec<&RunSummary> = all
+                .iter()
+                .copied()
+                .filter(|r| r.variant == v.name)
+                .collect();
+            let share = |x: f64| (cap > 0.0).then(|| x / cap);
+            let mut errors = std::collections::BTreeMap::new();
+            for class in runs.first().map(|r| r.errors.keys()).into_iter().flatten() {
+                if let Some(s) = spread(&runs, |r| r.errors.get(class).map(|n| *n as f64)) {
+                    errors.insert(class.clone(), s.median);
+                }
+            }
+            VariantVerdict {
+                name: v.name.clone(),
+                driver: v.driver.to_string(),
+                uri_options: v.uri_options.clone(),
+                runs: runs.len(),
+                invalid_runs: invalid_runs.iter().filter(|i| i.variant == v.name).count(),
+                goodput_share: spread(&runs, |r| share(r.goodput)),
+                burst_goodput_share: spread(&runs, |r| r.burst_goodput.and_then(share)),
+                throughput: spread(&runs, |r| Some(r.goodput)),
+                attempts_per_request: spread(&runs, |r| r.attempts_per_request),
+                tries_per_request: spread(&runs, |r| r.tries_per_request),
+                wasted_share: spread(&runs, |r| r.wasted_share),
+                rejection_share: spread(&runs, |r| r.rejection_share),
+                recovery_secs: spread(&runs, |r| r.recovery_secs.map(|s| s as f64)),
+                not_recovered: runs
+                    .iter()
+                    .filter(|r| r.has_burst && r.recovery_secs.is_none())
+                    .count(),
+                success_share: spread(&runs, |r| r.success_share),
+                throughput_ratio: spread(&runs, |r| base(r.rep).map(|b| r.goodput / b)),
+                p99_ms: spread(&runs, |r| r.latency.p99),
+                errors,
+            }
+        })
+        .collect();
+    let best_upstream = variants
+        .iter()
+        .filter(|v| v.driver == Driver::Upstream.to_string())
+        .filter_map(|v| primary_value(v, primary).map(|x| (v, x)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(v, x)| Best {
+            variant: v.name.clone(),
+            value: x,
+        });
+    let fork_ratios = variants
+        .iter()
+        .filter(|v| v.driver == Driver::Fork.to_string())
+        .filter_map(|v| {
+            let value = primary_value(v, primary)?;
+            let ratio = best_upstream
+                .as_ref()
+                .and_then(|b| (b.value > 0.0).then(|| value / b.value));
+            Some(ForkRatio {
+                variant: v.name.clone(),
+                value,
+                ratio,
+            })
+        })
+        .collect();
+    ScenarioVerdict {
+        name,
+        capacity: cap,
+        capacity_note: run.capacity_note.clone(),
+        phases: cfg
+            .scenario
+            .phases
+            .iter()
+            .map(|p| format!("{:.0}%×{:.0}", p.load * 100.0, p.duration.as_secs_f64()))
+            .collect(),
+        repeats: cfg.repeats,
+        wall_secs: run.wall.as_secs_f64(),
+        valid: invalid_runs.is_empty(),
+        invalid_runs,
+        primary,
+        variants,
+        best_upstream,
+        fork_ratios,
+    }
+}
+
+/// The verdict of a suite.
+pub fn verdict(runs: &[LabRun], wall_secs: f64) -> Verdict {
+    let scenarios: Vec<ScenarioVerdict> = runs.iter().map(scenario_verdict).collect();
+    Verdict {
+        schema: VERDICT_SCHEMA,
+        wall_secs,
+        valid: scenarios.iter().all(|s| s.valid),
+        scenarios,
+    }
+}
+
+fn cell(s: &Option<Spread>, digits: usize, scale: f64) -> String {
+    match s {
+        Some(s) if s.n > 1 => format!(
+            "{:.d$} [{:.d$}–{:.d$}]",
+            s.median * scale,
+            s.min * scale,
+            s.max * scale,
+            d = digits
+        ),
+        Some(s) => format!("{:.d$}", s.median * scale, d = digits),
+        None => "–".into(),
+    }
+}
+
+/// `verdict.md`.
+pub fn markdown(v: &Verdict) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Overload lab verdict\n");
+    let _ = writeln!(
+        s,
+        "Suite wall time {:.0} s. {}\n",
+        v.wall_secs,
+        if v.valid {
+            "Every run is valid."
+        } else {
+            "**INVALID runs** are listed per scenario; their scenario's figures are not \
+             trustworthy."
+        }
+    );
+    let _ = writeln!(
+        s,
+        "Figures: median [min–max] over the repetitions. Goodput and burst goodput ÷ \
+         capacity; attempts and tries per request; wasted work and rejecting ÷ server core \
+         time (%); recovery in seconds; success share (%) of requests offered; throughput ratio to \
+         `{RATIO_BASE}` in the same repetition.\n"
+    );
+    for sc in &v.scenarios {
+        let _ = writeln!(
+            s,
+            "## {}{}\n\nPhases {}, capacity {:.0} ops/s ({}), {} repetition(s), {:.0} s.\n",
+            sc.name,
+            if sc.valid { "" } else { " — INVALID" },
+            sc.phases.join(" → "),
+            sc.capacity,
+            sc.capacity_note,
+            sc.repeats,
+            sc.wall_secs
+        );
+        let _ = writeln!(
+            s,
+            "| variant | goodput ÷ cap | burst ÷ cap | ops/s | attempts/req | tries/req | wasted % | rejecting % | recovery s | success % | ratio to {RATIO_BASE} | p99 ms |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for x in &sc.variants {
+            let mut rec = cell(&x.recovery_secs, 0, 1.0);
+            if x.not_recovered > 0 {
+                rec = format!("{rec} ({} not recovered)", x.not_recovered);
+            }
+            let name = if x.invalid_runs > 0 {
+                format!("{} ({} invalid)", x.name, x.invalid_runs)
+            } else {
+                x.name.clone()
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                name,
+                cell(&x.goodput_share, 2, 1.0),
+                cell(&x.burst_goodput_share, 2, 1.0),
+                cell(&x.throughput, 0, 1.0),
+                cell(&x.attempts_per_request, 2, 1.0),
+                cell(&x.tries_per_request, 2, 1.0),
+                cell(&x.wasted_share, 1, 100.0),
+                cell(&x.rejection_share, 1, 100.0),
+                rec,
+                cell(&x.success_share, 1, 100.0),
+                cell(&x.throughput_ratio, 3, 1.0),
+                cell(&x.p99_ms, 1, 1.0),
+            );
+        }
+        let _ = writeln!(s);
+        match &sc.best_upstream {
+            Some(b) => {
+                let _ = writeln!(
+                    s,
+                    "Best upstream by {}: **{}** ({:.3}).",
+                    sc.primary.key(),
+                    b.variant,
+                    b.value
+                );
+            }
+            None => {
+                let _ = writeln!(s, "No upstream variant ran.");
+            }
+        }
+        for f in &sc.fork_ratios {
+            let _ = writeln!(
+                s,
+                "- {}: {:.3}, {} the best upstream.",
+                f.variant,
+                f.value,
+                f.ratio
+                    .map(|r| format!("{r:.3} ×"))
+                    .unwrap_or_else(|| "no ratio to".into())
+            );
+        }
+        for i in &sc.invalid_runs {
+            let _ = writeln!(
+                s,
+                "- INVALID: {} run {} ({}).",
+                i.variant,
+                i.run,
+                i.reasons.join(", ")
+            );
+        }
+        let _ = writeln!(s);
+    }
+    s
+}
+
+/// Writes `verdict.json` and `verdict.md` into `dir`.
+pub fn write(v: &Verdict, dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let json = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
+    for (name, body) in [("verdict.json", json), ("verdict.md", markdown(v))] {
+        let p = dir.join(name);
+        std::fs::write(&p, body).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! The named scenarios on small settings: each shows the effect it exists for, against the
+//! in-process emulator, in a few seconds. Rates are low (a debug build of two drivers and the
+//! emulator shares a busy 2-core machine), and each assertion leaves a wide margin.
+
+use std::time::Duration;
+
+use lab::loadgen::config::{LabConfig, Length, Phase, Scenario, Variant};
+use lab::loadgen::runner::{self, LabRun};
+use lab::loadgen::scenarios::{ScenarioName, ScenarioParams};
+use lab::loadgen::summary::RunSummary;
+use lab::loadgen::verdict;
+
+/// A configuration of `name` at `capacity` ops/s for `variants`, with the scenario's own
+/// settings applied over `base` and its schedule replaced by `phases`.
+fn scenario(
+    name: ScenarioName,
+    base: LabConfig,
+    params: &ScenarioParams,
+    phases: Vec<Phase>,
+) -> LabConfig {
+    let mut cfg = base;
+    name.apply(&mut cfg, Length::Suite, params);
+    let burst = (phases.len() == 3).then_some(1);
+    cfg.scenario = Scenario {
+        name: name.name().into(),
+        phases,
+        burst,
+    };
+    cfg
+}
+
+fn small(capacity: f64, variants: &[&str]) -> LabConfig {
+    LabConfig {
+        variants: variants
+            .iter()
+            .map(|v| Variant::parse(v).expect("built-in variant"))
+            .collect(),
+        capacity,
+        instances: 2,
+        docs: 50,
+        drain: Duration::from_millis(500),
+        ..LabConfig::default()
+    }
+}
+
+async fn run(cfg: &LabConfig) -> LabRun {
+    let bar = indicatif::ProgressBar::hidden();
+    runner::run(cfg, &bar).await.expect("lab run")
+}
+
+fn of<'a>(run: &'a LabRun, variant: &str) -> &'a RunSummary {
+    &run.runs
+        .iter()
+        .find(|r| r.variant.name == variant)
+        .expect("variant ran")
+        .summary
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_rejections_are_what_default_retries_recover() {
+    // One in five admitted requests is rejected at random (the default is one in twenty; a
+    // larger share keeps the difference far above the noise of 200 requests). The deadline is
+    // long enough for a retry's backoff, so a retried request can still succeed in time.
+    let params = ScenarioParams {
+        reject_share: 0.2,
+        ..ScenarioParams::default()
+    };
+    let base = LabConfig {
+        deadline: Duration::from_millis(1000),
+        ..small(100.0, &["upstream-default", "upstream-no-retries"])
+    };
+    let cfg = scenario(
+        ScenarioName::Transient,
+        base,
+        &params,
+        vec![Phase::new("base", 0.5, 4.0)],
+    );
+    assert_eq!(cfg.random_reject_share, 0.2);
+    let run = run(&cfg).await;
+    let retried = of(&run, "upstream-default");
+    let single = of(&run, "upstream-no-retries");
+    // Both variants got the same schedule.
+    assert_eq!(retried.offered, single.offered);
+    let offered = single.offered as f64;
+    assert!(offered > 150.0, "{single:?}");
+    // Without retries about a fifth fail with an overload error; with them almost none.
+    assert!(
+        single.errors["overload"] as f64 > 0.1 * offered,
+        "{single:?}"
+    );
+    assert!(
+        retried.good as f64 >= single.good as f64 + 0.1 * offered,
+        "default {} vs no retries {} of {offered}",
+        retried.good,
+        single.good
+    );
+    assert!(
+        retried.attempts_per_request.is_some_and(|a| a > 1.1),
+        "{retried:?}"
+    );
+    // The verdict ranks transient by success share.
+    let v = verdict::scenario_verdict(&run);
+    assert_eq!(v.primary, verdict::Primary::SuccessShare);
+    assert_eq!(
+        v.best_upstream.as_ref().map(|b| b.variant.as_str()),
+        Some("upstream-default")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_limiter_overload_is_queueing_not_errors() {
+    // Ten times the lab's costs: about 83 ops/s on the model's 2 cores, so 200 % of 80 ops/s
+    // builds a queue of seconds within the burst while the generator stays slow.
+    let base = LabConfig {
+        model_overrides: Some(serde_json::json!({
+            "costs": { "pointReadMs": 20, "rangeReadMs": 50, "writeMs": 30 }
+        })),
+        ..small(80.0, &["upstream-default"])
+    };
+    let cfg = scenario(
+        ScenarioName::NoLimiter,
+        base,
+        &ScenarioParams::default(),
+        vec![
+            Phase::new("base", 0.5, 1.0),
+            Phase::new("burst", 2.0, 3.0),
+            Phase::new("after", 0.5, 1.0),
+        ],
+    );
+    assert_eq!(cfg.limiter_share, 0.0);
+    let run = run(&cfg).await;
+    let s = of(&run, "upstream-default");
+    assert_eq!(s.errors["overload"], 0, "{s:?}");
+    assert_eq!(s.attempt_errors["overload"], 0, "{s:?}");
+    assert!(s.errors["deadline"] > 20, "{s:?}");
+    let queue = s.server_queue.expect("the model publishes queue waits");
+    // Requests waited in the server's ticket queue longer than the application's deadline.
+    assert!(
+        queue
+            .p99
+            .is_some_and(|p| p > cfg.deadline.as_millis() as f64),
+        "{queue:?}"
+    );
+    let server = s.server.as_ref().expect("server counters");
+    assert_eq!(server.get("rejected").copied(), Some(0.0), "{server:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_rejections_costs_server_core_time() {
+    // 500 % of 60 ops/s against a limiter at 54/s: most requests are rejected, each costing
+    // the default 0.3 ms of the one core.
+    let cfg = scenario(
+        ScenarioName::Flood,
+        small(60.0, &["upstream-no-retries"]),
+        &ScenarioParams::default(),
+        vec![Phase::new("flood", 5.0, 2.0)],
+    );
+    let run = run(&cfg).await;
+    let s = of(&run, "upstream-no-retries");
+    let server = s.server.as_ref().expect("server counters");
+    let rejected = server.get("rejected").copied().unwrap_or(0.0);
+    assert!(rejected > 0.5 * s.offered as f64, "{server:?}");
+    // About 250 rejections/s × 0.3 ms against about 130 ms/s of admitted work: over a third.
+    let share = s.rejection_share.expect("rejection work share");
+    assert!(share > 0.1, "{share}: {server:?}");
+    let v = verdict::scenario_verdict(&run);
+    assert!(v.variants[0].rejection_share.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_retries_multiply_attempts() {
+    // The driver does not retry; the application retries each overload error twice while its
+    // deadline allows, at 200 % of a 60 ops/s limiter.
+    let cfg = scenario(
+        ScenarioName::AppRetries,
+        small(60.0, &["upstream-no-retries"]),
+        &ScenarioParams::default(),
+        vec![Phase::new("overload", 2.0, 2.0)],
+    );
+    assert_eq!(cfg.app_retries, 2);
+    let run = run(&cfg).await;
+    let s = of(&run, "upstream-no-retries");
+    let tries = s.tries_per_request.expect("tries");
+    let attempts = s.attempts_per_request.expect("attempts");
+    assert!(tries > 1.2 && tries <= 3.0, "{s:?}");
+    // Without driver retries every driver call is one command.
+    assert!((attempts - tries).abs() < 1e-9, "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_hot_member_sheds() {
+    // Capacity 45 ops/s (each member's three cores at a mean of about 67 ms per read), and the
+    // hot member admits a third of it. 150 % of 15 ops/s is about 22 ops/s per member: the hot
+    // member's limiter (13.5/s) rejects a third of what reaches it, the others' (40.5/s) see
+    // about half their rate.
+    let base = LabConfig {
+        model_overrides: Some(serde_json::json!({
+            "costs": { "pointReadMs": 60, "rangeReadMs": 130 }
+        })),
+        ..small(45.0, &["upstream-no-retries"])
+    };
+    let cfg = scenario(
+        ScenarioName::HotMember,
+        base,
+        &ScenarioParams::default(),
+        vec![Phase::new("hot", 1.5, 4.0)],
+    );
+    assert_eq!(cfg.members, 3);
+    assert!(cfg.client_options.contains("readPreference=nearest"));
+    let run = run(&cfg).await;
+    let s = of(&run, "upstream-no-retries");
+    let server = s.server.as_ref().expect("server counters");
+    let member = |i: usize, k: &str| {
+        server
+            .get(&format!("member{i}.{k}"))
+            .copied()
+            .unwrap_or_else(|| panic!("member{i}.{k} missing: {server:?}"))
+    };
+    // Every member served reads.
+    for i in 0..3 {
+        assert!(member(i, "admitted") > 10.0, "member {i}: {server:?}");
+    }
+    assert!(member(1, "rejected") > 10.0, "{server:?}");
+    assert_eq!(member(0, "rejected"), 0.0, "{server:?}");
+    assert_eq!(member(2, "rejected"), 0.0, "{server:?}");
+    // The deployment's totals add the members up.
+    let total: f64 = (0..3).map(|i| member(i, "rejected")).sum();
+    assert_eq!(server.get("rejected").copied(), Some(total));
+    assert!(s.errors["overload"] > 0, "{s:?}");
+}
