@@ -447,3 +447,33 @@ async fn adaptive_cap_covers_ordinary_retries_after_an_overload_error() {
         "one attempt and two retries"
     );
 }
+
+/// Client Backpressure, "all commands support retries on server overload": the specification
+/// names create collection explicitly, and the rule covers the other catalog commands too.
+/// Each command below is rejected twice for overload and must succeed on its third attempt.
+/// (Upstream 3.9.1 sends each once, defect B1; `defects.rs` shows both drivers side by side.)
+#[tokio::test]
+async fn catalog_commands_are_retried_on_overload() {
+    let server = Server::standalone();
+    let (client, events) = client(&server.uri).await;
+    let db = client.database("prose_catalog");
+    for command in ["create", "drop", "dropDatabase"] {
+        fail_point(
+            &client,
+            overload_fail_point(command, doc! { "times": 2 }.into(), 462),
+        )
+        .await;
+        let before = events.started(command).len();
+        let result = match command {
+            "create" => with_pinned_jitter(0.0, db.create_collection("made")).await,
+            "drop" => with_pinned_jitter(0.0, db.collection::<Document>("made").drop()).await,
+            _ => with_pinned_jitter(0.0, db.drop()).await,
+        };
+        let attempts = events.started(command).len() - before;
+        result.unwrap_or_else(|error| panic!("{command} after two overload errors: {error:?}"));
+        assert_eq!(
+            attempts, 3,
+            "{command}: one attempt and two overload retries"
+        );
+    }
+}
