@@ -362,3 +362,85 @@ async fn application_retries_draw_from_the_drivers_budget() {
     assert_eq!(stats.retries_made, 0);
     assert_eq!(stats.retries_refused, 1);
 }
+
+/// The application retry loop of `docs/options.md`: inserts `document`, running the insert again
+/// (at most twice) while it fails with an overload error and the client's retry budget admits
+/// another try.
+async fn insert_with_app_retries(
+    coll: &Collection<Document>,
+    document: Document,
+) -> Result<(), Error> {
+    let budget = coll.client().retry_budget();
+    let mut result = coll.insert_one(document.clone()).await.map(drop);
+    for _ in 0..2 {
+        let overloaded = matches!(&result, Err(e) if e.contains_label("SystemOverloadedError"));
+        // No budget (retryBudget=false): keep the loop's own cap only.
+        let admitted = budget.as_ref().is_none_or(|budget| budget.try_withdraw());
+        if !overloaded || !admitted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        result = coll.insert_one(document.clone()).await.map(drop);
+    }
+    result
+}
+
+/// Counts the `insert` commands a client starts.
+async fn insert_counting_client(uri: &str) -> (Client, Arc<AtomicUsize>) {
+    let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+    let inserts = Arc::new(AtomicUsize::new(0));
+    let sink = Arc::clone(&inserts);
+    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
+        if let CommandEvent::Started(e) = event {
+            if e.command_name == "insert" {
+                sink.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }));
+    (Client::with_options(options).expect("client"), inserts)
+}
+
+#[tokio::test]
+async fn the_documented_application_loop_stops_multiplying_retries_with_a_budget() {
+    let server = Server::standalone();
+    let fail_inserts = || async {
+        let client = Client::with_uri_str(&server.uri).await.expect("client");
+        client
+            .database("admin")
+            .run_command(doc! {
+                "configureFailPoint": "failCommand",
+                "mode": "alwaysOn",
+                "data": {
+                    "failCommands": ["insert"],
+                    "errorCode": OVERLOAD_CODE,
+                    "errorLabels": ["SystemOverloadedError", "RetryableError"],
+                },
+            })
+            .await
+            .expect("configureFailPoint");
+    };
+    fail_inserts().await;
+
+    // Without a budget, nested retries multiply: 3 application tries × 3 driver attempts.
+    let (client, inserts) = insert_counting_client(&server.uri).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let error = with_pinned_jitter(0.0, insert_with_app_retries(&coll, doc! { "x": 1 }))
+        .await
+        .expect_err("always overloaded");
+    assert_is_the_overload_error(&error);
+    assert_eq!(inserts.load(Ordering::SeqCst), 9);
+
+    // With an empty budget (no share, no floor), neither layer retries: one attempt.
+    let uri = server.uri_with("retryBudget=true&retryBudgetPercent=0&retryBudgetMinPerSec=0");
+    let (client, inserts) = insert_counting_client(&uri).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let error = with_pinned_jitter(0.0, insert_with_app_retries(&coll, doc! { "x": 1 }))
+        .await
+        .expect_err("always overloaded");
+    assert_is_the_overload_error(&error);
+    assert_eq!(inserts.load(Ordering::SeqCst), 1);
+    let stats = client.overload_stats();
+    assert_eq!(stats.retries_refused, 1);
+    assert_eq!(stats.application_retries_refused, 1);
+    fail_point_off(&server.uri).await;
+}
