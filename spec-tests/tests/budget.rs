@@ -444,3 +444,116 @@ async fn the_documented_application_loop_stops_multiplying_retries_with_a_budget
     assert_eq!(stats.application_retries_refused, 1);
     fail_point_off(&server.uri).await;
 }
+
+/// A client bulkWrite whose results need getMores, on a load-balanced connection (the cursor is
+/// pinned to it, so the getMore is retried in place, not by the executor's loop), where the first
+/// getMore fails with a retryable overload error. Returns the client, the getMores sent and the
+/// bulkWrite's result.
+async fn pinned_get_more_overloaded_once(
+    router_uri: &str,
+    budget_options: &str,
+) -> (Client, usize, Result<(), Error>) {
+    use mongodb::options::{InsertOneModel, WriteModel};
+    let uri = format!("{router_uri}&{budget_options}");
+    let mut options = ClientOptions::parse(&uri).await.expect("valid uri");
+    let get_mores = Arc::new(AtomicUsize::new(0));
+    let sink = Arc::clone(&get_mores);
+    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
+        if let CommandEvent::Started(e) = event {
+            if e.command_name == "getMore" {
+                sink.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }));
+    let client = Client::with_options(options).expect("client");
+    let admin = client.database("admin");
+    let coll = client.database("pinned").collection::<Document>("c");
+    coll.delete_many(doc! {}).await.expect("clean");
+    // One result per batch, so that the results cursor needs getMores.
+    admin
+        .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 1 })
+        .await
+        .expect("setParameter");
+    admin
+        .run_command(doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": {
+                "failCommands": ["getMore"],
+                "errorCode": OVERLOAD_CODE,
+                "errorLabels": ["SystemOverloadedError", "RetryableError"],
+            },
+        })
+        .await
+        .expect("configureFailPoint");
+    let insert = |id: i32| {
+        WriteModel::from(
+            InsertOneModel::builder()
+                .namespace(coll.namespace())
+                .document(doc! { "_id": id })
+                .build(),
+        )
+    };
+    let result = with_pinned_jitter(
+        0.0,
+        client
+            .bulk_write([insert(1), insert(2), insert(3)])
+            .verbose_results(),
+    )
+    .await
+    .map(drop);
+    admin
+        .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
+        .await
+        .expect("configureFailPoint off");
+    admin
+        .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 0 })
+        .await
+        .expect("setParameter");
+    (client, get_mores.load(Ordering::SeqCst), result)
+}
+
+#[tokio::test]
+async fn the_in_place_retry_on_a_pinned_connection_asks_the_budget() {
+    let server = Server::start(emulator::Topology::Sharded { routers: 1 });
+    let router = server
+        .uri
+        .trim_start_matches("mongodb://")
+        .split(['/', '?', ','])
+        .next()
+        .expect("a router address")
+        .to_string();
+    let uri = format!("mongodb://{router}/?loadBalanced=true&retryWrites=true&retryReads=true");
+
+    // The default budget admits the retry: the getMore is sent again and the bulkWrite succeeds.
+    let (client, get_mores, result) =
+        pinned_get_more_overloaded_once(&uri, "retryBudget=true").await;
+    result.expect("the getMore retry is admitted");
+    assert_eq!(get_mores, 2, "the failed getMore and its retry");
+    let stats = client.overload_stats();
+    assert_eq!(stats.retries_made, 1);
+    assert_eq!(stats.retries_refused, 0);
+    assert_eq!(stats.overload_errors_by_code.get(&OVERLOAD_CODE), Some(&1));
+
+    // An empty budget refuses it: the overload error comes back, labels intact.
+    let empty = "retryBudget=true&retryBudgetPercent=0&retryBudgetMinPerSec=0";
+    let (client, get_mores, result) = pinned_get_more_overloaded_once(&uri, empty).await;
+    let error = result.expect_err("the getMore retry is refused");
+    // The bulkWrite reports the getMore's overload error as its cause. (The fork's B2 fix takes
+    // the retry labels off a results getMore's error, so that the acknowledged bulkWrite is not
+    // sent again; that is the bulkWrite's doing, not the budget's.)
+    let cause = std::error::Error::source(&error)
+        // The driver keeps the cause boxed; `source()` may hand out the box or the error.
+        .and_then(|source| {
+            source
+                .downcast_ref::<Error>()
+                .or_else(|| source.downcast_ref::<Box<Error>>().map(|boxed| &**boxed))
+        })
+        .expect("the getMore's error as the cause");
+    assert_eq!(server_code(cause), Some(OVERLOAD_CODE), "{error:?}");
+    assert_eq!(get_mores, 1, "no retry of the getMore");
+    let stats = client.overload_stats();
+    assert_eq!(stats.retries_made, 0);
+    assert_eq!(stats.retries_refused, 1);
+    assert_eq!(stats.overload_errors_by_code.get(&OVERLOAD_CODE), Some(&1));
+}
