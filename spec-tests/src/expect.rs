@@ -70,16 +70,15 @@ fn codes(error: &DriverError) -> Vec<(i32, String)> {
     Vec::new()
 }
 
-/// Whether an error is a timeout, for `isTimeoutError`. The format means a timeout caused by
-/// `timeoutMS`, which this driver does not implement yet (every case that sets it is skipped),
-/// so no case that runs can truly expect `true`. Until then this is a text test, kept in this
-/// one function: when `timeoutMS` lands it must become a check of the driver's timeout error
-/// kind, and nothing else.
+/// Whether an error is a timeout, for `isTimeoutError`: the format means the error an operation
+/// ends with when its `timeoutMS` deadline passes, which the driver reports as
+/// `ErrorKind::Timeout` and nothing else (an I/O timeout under `connectTimeoutMS` is a network
+/// error, not this). Looked for along the source chain, since a wrapping error (a client bulk
+/// write's) keeps its cause as the source.
 fn is_timeout(error: &DriverError) -> bool {
-    chain(error).iter().any(|e| match e.kind.as_ref() {
-        ErrorKind::Io(io) => io.kind() == std::io::ErrorKind::TimedOut,
-        _ => e.to_string().to_lowercase().contains("timed out"),
-    })
+    chain(error)
+        .iter()
+        .any(|e| matches!(e.kind.as_ref(), ErrorKind::Timeout { .. }))
 }
 
 /// The error's messages, for `errorContains` (a match in any one satisfies it): what the server

@@ -26,9 +26,30 @@ use crate::schema::{self, EntityDef, ExpectedEvent};
 use crate::skips;
 
 /// Arguments no operation may carry here, and why (checked before anything else).
-const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[
-    ("timeoutMS", "timeoutMS not implemented"),
-    ("timeoutMode", "timeoutMS not implemented"),
+const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[("timeoutMode", skips::TIMEOUT_STAGE_2)];
+
+/// Operations whose driver action takes a per-call `timeoutMS` (`.timeout()`), in stage 1. The
+/// CRUD options structs read `timeoutMS` themselves; `runCommand`'s the runner sets. Any other
+/// operation only inherits the client's, database's or collection's value, so a case passing
+/// `timeoutMS` to it is skipped (the value would otherwise be dropped).
+const TIMEOUT_OPERATIONS: &[&str] = &[
+    "insertOne",
+    "insertMany",
+    "updateOne",
+    "updateMany",
+    "replaceOne",
+    "deleteOne",
+    "deleteMany",
+    "findOneAndDelete",
+    "findOneAndReplace",
+    "findOneAndUpdate",
+    "find",
+    "findOne",
+    "aggregate",
+    "countDocuments",
+    "estimatedDocumentCount",
+    "distinct",
+    "runCommand",
 ];
 
 /// Arguments the format allows (so they are in [`ARGUMENTS`]) that no driver options struct
@@ -440,6 +461,16 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
         if let Some((_, reason)) = SKIPPED_ARGUMENTS.iter().find(|(k, _)| k == key) {
             return Ok(Some(format!("{}.{key}: {reason}", op.name)));
         }
+        if key == "timeoutMS" {
+            if TIMEOUT_OPERATIONS.contains(&op.name.as_str()) {
+                continue;
+            }
+            return Ok(Some(format!(
+                "{}.timeoutMS: {}",
+                op.name,
+                skips::timeout_argument(&op.name)
+            )));
+        }
         if !allowed.contains(&key.as_str()) {
             return Err(format!(
                 "{path}.arguments.{key}: unknown argument for operation {:?}",
@@ -520,7 +551,8 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
 pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
     for def in defs {
         let kind = match def {
-            EntityDef::Bucket(_) => "bucket",
+            // A bucket only matters when an operation uses it: see `bucket_use_skip_reason`.
+            EntityDef::Bucket(_) => continue,
             EntityDef::ClientEncryption(_) => "clientEncryption",
             EntityDef::Client(c) => {
                 let fields = [
@@ -549,34 +581,72 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
                     .as_ref()
                     .is_some_and(|o| o.default_timeout_ms.is_some())
                 {
-                    return Some("session.defaultTimeoutMS: timeoutMS not implemented".into());
+                    return Some(format!(
+                        "session.defaultTimeoutMS: {}",
+                        skips::TIMEOUT_STAGE_3
+                    ));
                 }
                 continue;
             }
-            EntityDef::Database(d) => {
-                if d.database_options
-                    .as_ref()
-                    .is_some_and(|o| o.timeout_ms.is_some())
-                {
-                    return Some("databaseOptions.timeoutMS: timeoutMS not implemented".into());
-                }
-                continue;
-            }
-            EntityDef::Collection(c) => {
-                if c.collection_options
-                    .as_ref()
-                    .is_some_and(|o| o.timeout_ms.is_some())
-                {
-                    return Some("collectionOptions.timeoutMS: timeoutMS not implemented".into());
-                }
-                continue;
-            }
+            // `timeoutMS` in database and collection options goes to the driver's options.
+            EntityDef::Database(_) | EntityDef::Collection(_) => continue,
         };
         if let Some(reason) = skips::entity(kind) {
             return Some(format!("{kind} entity: {reason}"));
         }
     }
     None
+}
+
+/// Why a test cannot run because it uses a GridFS bucket entity, which the runner does not
+/// implement: some operation of the test (at any depth: `withTransaction` callbacks,
+/// `runOnThread`) targets a bucket that the file or the test defines. A bucket that is defined
+/// and never used is harmless (creating one sends nothing to the server), so it does not skip
+/// the test; the CSOT files define one in every case.
+pub fn bucket_use_skip_reason(
+    file_entities: Option<&[EntityDef]>,
+    operations: &[schema::Operation],
+) -> Option<String> {
+    let mut buckets: Vec<String> = Vec::new();
+    let mut collect = |defs: &[EntityDef]| {
+        for def in defs {
+            if let EntityDef::Bucket(b) = def {
+                buckets.push(b.id.clone());
+            }
+        }
+    };
+    collect(file_entities.unwrap_or_default());
+    let mut objects = Vec::new();
+    // Nesting in the format is at most a few levels; the bound keeps a malformed file finite.
+    let mut pending: Vec<(schema::Operation, usize)> =
+        operations.iter().cloned().map(|op| (op, 0)).collect();
+    while let Some((op, depth)) = pending.pop() {
+        let args = op.arguments.clone().unwrap_or_default();
+        if op.name == "createEntities" {
+            let list = args.get("entities").cloned().unwrap_or(Bson::Null);
+            if let Ok(defs) = bson::from_bson::<Vec<EntityDef>>(list) {
+                collect(&defs);
+            }
+        }
+        if depth < 8 {
+            let nested = match op.name.as_str() {
+                "withTransaction" => args.get_array("callback").cloned().unwrap_or_default(),
+                "runOnThread" => args.get("operation").cloned().into_iter().collect(),
+                _ => Vec::new(),
+            };
+            for item in nested {
+                if let Ok(inner) = bson::from_bson::<schema::Operation>(item) {
+                    pending.push((inner, depth + 1));
+                }
+            }
+        }
+        objects.push(op.object);
+    }
+    let reason = skips::entity("bucket")?;
+    objects
+        .iter()
+        .find(|o| buckets.contains(o))
+        .map(|o| format!("bucket entity {o:?}: {reason}"))
 }
 
 /// The argument names a driver options struct reads, found by asking its `Deserialize` impl:
@@ -1297,9 +1367,18 @@ async fn database_op(
                 Some(rp) => Some(read_preference_from(rp)?),
                 None => None,
             };
+            let timeout = args
+                .take("timeoutMS")
+                .map(|v| millis(v, "timeoutMS"))
+                .transpose()?;
             let action = db.run_command(command);
             let action = match read_preference {
                 Some(rp) => action.selection_criteria(SelectionCriteria::ReadPreference(rp)),
+                None => action,
+            };
+            // `RunCommandOptions` has no `Deserialize` that reads `timeoutMS`: set it directly.
+            let action = match timeout {
+                Some(t) => action.timeout(t),
                 None => action,
             };
             run!(sess, action).map(|d| value(Some(Bson::Document(d))))
@@ -2088,6 +2167,7 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                         read_preference_from(Bson::Document(rp))?,
                     ));
                 }
+                db_options.timeout = options.timeout_ms.map(Duration::from_millis);
                 Entity::Database(
                     client
                         .client
@@ -2113,6 +2193,7 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                         read_preference_from(Bson::Document(rp))?,
                     ));
                 }
+                coll_options.timeout = options.timeout_ms.map(Duration::from_millis);
                 Entity::Collection(db.collection_with_options(&c.collection_name, coll_options))
             }
             EntityDef::Session(s) => {
@@ -2141,6 +2222,13 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                 })
             }
             EntityDef::Thread(_) => Entity::Thread(Arc::default()),
+            // Buckets are not implemented, and a test that uses one is skipped before it runs
+            // (`bucket_use_skip_reason`). An unused one is checked (its database must exist)
+            // and not created: anything that refers to it later fails with "no entity named".
+            EntityDef::Bucket(b) => {
+                ctx.entities.database(&b.database)?;
+                continue;
+            }
             other => return Err(format!("entity {:?} cannot be created", other.id())),
         };
         ctx.entities.insert(def.id(), entity)?;

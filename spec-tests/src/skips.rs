@@ -1,11 +1,38 @@
 //! Every reason a case is skipped, in one place. `docs/spec-tests.md` lists the same table; keep
 //! the two in step.
 
-/// Whole specs (by directory name) whose cases are all skipped.
-pub const SKIPPED_SPECS: &[(&str, &str)] = &[(
-    "client-side-operations-timeout",
-    "timeoutMS not implemented",
-)];
+/// Whole specs (by directory name) whose cases are all skipped. None today; the table stays so a
+/// newly added suite the runner cannot run has one place to go.
+pub const SKIPPED_SPECS: &[(&str, &str)] = &[];
+
+/// `timeoutMS` is implemented in stages (`docs/timeouts.md`); these say which stage a skipped
+/// CSOT case waits for.
+pub const TIMEOUT_STAGE_2: &str = "timeoutMS stage 2 (cursors and change streams)";
+pub const TIMEOUT_STAGE_3: &str = "timeoutMS stage 3 (sessions and transactions)";
+pub const TIMEOUT_STAGE_4: &str = "timeoutMS stage 4 (GridFS)";
+/// Operations whose own `timeoutMS` belongs to a later stage, by stage.
+const TIMEOUT_LATER_STAGE_OPERATIONS: &[(&str, &str)] = &[
+    ("createChangeStream", TIMEOUT_STAGE_2),
+    ("createFindCursor", TIMEOUT_STAGE_2),
+    ("createCommandCursor", TIMEOUT_STAGE_2),
+    ("runCursorCommand", TIMEOUT_STAGE_2),
+    ("startTransaction", TIMEOUT_STAGE_3),
+    ("commitTransaction", TIMEOUT_STAGE_3),
+    ("abortTransaction", TIMEOUT_STAGE_3),
+    ("withTransaction", TIMEOUT_STAGE_3),
+    ("endSession", TIMEOUT_STAGE_3),
+];
+
+/// Why an operation's `timeoutMS` argument cannot be honoured (the caller has checked that the
+/// operation has no per-call timeout): a later stage, or no per-call override in stage 1.
+pub fn timeout_argument(operation: &str) -> &'static str {
+    lookup(TIMEOUT_LATER_STAGE_OPERATIONS, operation).unwrap_or(NO_PER_CALL_TIMEOUT)
+}
+
+/// A per-operation `timeoutMS` on an action that only inherits its timeout in stage 1.
+pub const NO_PER_CALL_TIMEOUT: &str =
+    "the driver has no per-call timeoutMS for this operation in stage 1 (it only inherits the \
+     client's, database's or collection's)";
 
 /// Operations (by `name`, any object) the runner cannot execute, and why.
 pub const UNSUPPORTED_OPERATIONS: &[(&str, &str)] = &[
@@ -69,7 +96,6 @@ pub const UNSUPPORTED_ENTITIES: &[(&str, &str)] = &[
 
 /// Client `uriOptions` the Rust driver has no setting for.
 pub const UNSUPPORTED_CLIENT_URI_OPTIONS: &[(&str, &str)] = &[
-    ("timeoutMS", "timeoutMS not implemented"),
     ("socketTimeoutMS", "the Rust driver has no socketTimeoutMS"),
     (
         "waitQueueTimeoutMS",
@@ -96,7 +122,6 @@ pub const UNSUPPORTED_CLIENT_FIELDS: &[(&str, &str)] = &[
 /// URI options (uri-options suite) with no field in the Rust `ClientOptions`, or a build feature
 /// this crate does not enable.
 pub const URI_OPTIONS_WITHOUT_FIELD: &[(&str, &str)] = &[
-    ("timeoutMS", "timeoutMS not implemented"),
     ("socketTimeoutMS", "the Rust driver has no socketTimeoutMS"),
     (
         "serverSelectionTryOnce",
@@ -154,10 +179,29 @@ pub const NO_TARGET: &str =
 
 /// Cases (`<spec>/<file-stem>/<description>`, or a `<spec>/<file-stem>` prefix) that test
 /// something the Rust driver has no API for, found only by running them.
-pub const SKIPPED_CASES: &[(&str, &str)] = &[(
-    "retryable-writes/unacknowledged-write-concern",
-    "the Rust driver rejects unacknowledged (w: 0) writes",
-)];
+pub const SKIPPED_CASES: &[(&str, &str)] = &[
+    (
+        "retryable-writes/unacknowledged-write-concern",
+        "the Rust driver rejects unacknowledged (w: 0) writes",
+    ),
+    // CSOT files for the later stages of `timeoutMS`.
+    ("client-side-operations-timeout/change-streams", TIMEOUT_STAGE_2),
+    ("client-side-operations-timeout/close-cursors", TIMEOUT_STAGE_2),
+    ("client-side-operations-timeout/cursors", TIMEOUT_STAGE_2),
+    ("client-side-operations-timeout/non-tailable-cursors", TIMEOUT_STAGE_2),
+    ("client-side-operations-timeout/tailable-awaitData", TIMEOUT_STAGE_2),
+    ("client-side-operations-timeout/tailable-non-awaitData", TIMEOUT_STAGE_2),
+    ("client-side-operations-timeout/runCursorCommand", TIMEOUT_STAGE_2),
+    ("client-side-operations-timeout/convenient-transactions", TIMEOUT_STAGE_3),
+    ("client-side-operations-timeout/sessions-inherit-timeoutMS", TIMEOUT_STAGE_3),
+    ("client-side-operations-timeout/sessions-override-operation-timeoutMS", TIMEOUT_STAGE_3),
+    ("client-side-operations-timeout/sessions-override-timeoutMS", TIMEOUT_STAGE_3),
+    ("client-side-operations-timeout/gridfs-advanced", TIMEOUT_STAGE_4),
+    ("client-side-operations-timeout/gridfs-delete", TIMEOUT_STAGE_4),
+    ("client-side-operations-timeout/gridfs-download", TIMEOUT_STAGE_4),
+    ("client-side-operations-timeout/gridfs-find", TIMEOUT_STAGE_4),
+    ("client-side-operations-timeout/gridfs-upload", TIMEOUT_STAGE_4),
+];
 
 /// Cases (`<spec>/<file-stem>/<description>`, or a `<spec>/<file-stem>` prefix) that are known to
 /// fail, with the reason. They are reported as ignored, never as passed.

@@ -253,6 +253,7 @@ fn option_value(opts: &ClientOptions, key: &str) -> Result<Option<Bson>, String>
         "serverSelectionTimeoutMS" => millis(opts.server_selection_timeout),
         "srvMaxHosts" => opts.srv_max_hosts.map(|n| Bson::Int64(n.into())),
         "srvServiceName" => opts.srv_service_name.clone().map(Bson::String),
+        "timeoutMS" => millis(opts.timeout),
         "tls" => opts
             .tls
             .as_ref()
