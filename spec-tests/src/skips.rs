@@ -207,6 +207,14 @@ pub const SKIPPED_CASES: &[(&str, &str)] = &[
 /// fail, with the reason. They are reported as ignored, never as passed.
 pub const KNOWN_FAILURES: &[(&str, &str)] = &[
     (
+        "client-side-operations-timeout/command-execution/short-circuit is not enabled with only \
+         1 RTT measurement",
+        "driver defect (inherited from upstream's monitor): the monitor's first hello is counted \
+         as two RTT samples (once when its connection is established, once as the check's \
+         duration, driver/src/sdam/monitor.rs), so the minimum RTT applies after one \
+         measurement and the second insert is refused before it is sent",
+    ),
+    (
         "uri-options/connection-pool-options/maxPoolSize=0 does not error",
         "the Rust driver rejects maxPoolSize=0 (upstream 3.9.1 behaviour; the spec reads it \
          as no limit)",
