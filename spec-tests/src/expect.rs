@@ -78,7 +78,7 @@ fn codes(error: &DriverError) -> Vec<(i32, String)> {
 fn is_timeout(error: &DriverError) -> bool {
     chain(error)
         .iter()
-        .any(|e| matches!(e.kind.as_ref(), ErrorKind::Timeout { .. }))
+        .any(|e| crate::timeouts::is_timeout(e.kind.as_ref()))
 }
 
 /// The error's messages, for `errorContains` (a match in any one satisfies it): what the server

@@ -462,6 +462,9 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
             return Ok(Some(format!("{}.{key}: {reason}", op.name)));
         }
         if key == "timeoutMS" {
+            if let Some(reason) = crate::timeouts::UNSUPPORTED {
+                return Ok(Some(format!("{}.timeoutMS: {reason}", op.name)));
+            }
             if TIMEOUT_OPERATIONS.contains(&op.name.as_str()) {
                 continue;
             }
@@ -572,6 +575,11 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
                     if let Some(reason) = skips::client_uri_option(key) {
                         return Some(format!("uriOptions.{key}: {reason}"));
                     }
+                    if let Some(reason) =
+                        crate::timeouts::UNSUPPORTED.filter(|_| key == "timeoutMS")
+                    {
+                        return Some(format!("uriOptions.{key}: {reason}"));
+                    }
                 }
                 continue;
             }
@@ -589,7 +597,24 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
                 continue;
             }
             // `timeoutMS` in database and collection options goes to the driver's options.
-            EntityDef::Database(_) | EntityDef::Collection(_) => continue,
+            EntityDef::Database(d) => {
+                let options = d.database_options.as_ref();
+                match crate::timeouts::UNSUPPORTED {
+                    Some(reason) if options.is_some_and(|o| o.timeout_ms.is_some()) => {
+                        return Some(format!("databaseOptions.timeoutMS: {reason}"));
+                    }
+                    _ => continue,
+                }
+            }
+            EntityDef::Collection(c) => {
+                let options = c.collection_options.as_ref();
+                match crate::timeouts::UNSUPPORTED {
+                    Some(reason) if options.is_some_and(|o| o.timeout_ms.is_some()) => {
+                        return Some(format!("collectionOptions.timeoutMS: {reason}"));
+                    }
+                    _ => continue,
+                }
+            }
         };
         if let Some(reason) = skips::entity(kind) {
             return Some(format!("{kind} entity: {reason}"));
@@ -1378,7 +1403,7 @@ async fn database_op(
             };
             // `RunCommandOptions` has no `Deserialize` that reads `timeoutMS`: set it directly.
             let action = match timeout {
-                Some(t) => action.timeout(t),
+                Some(t) => crate::timeouts::run_command(action, t)?,
                 None => action,
             };
             run!(sess, action).map(|d| value(Some(Bson::Document(d))))
@@ -2167,7 +2192,10 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                         read_preference_from(Bson::Document(rp))?,
                     ));
                 }
-                db_options.timeout = options.timeout_ms.map(Duration::from_millis);
+                crate::timeouts::set_database(
+                    &mut db_options,
+                    options.timeout_ms.map(Duration::from_millis),
+                )?;
                 Entity::Database(
                     client
                         .client
@@ -2193,7 +2221,10 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                         read_preference_from(Bson::Document(rp))?,
                     ));
                 }
-                coll_options.timeout = options.timeout_ms.map(Duration::from_millis);
+                crate::timeouts::set_collection(
+                    &mut coll_options,
+                    options.timeout_ms.map(Duration::from_millis),
+                )?;
                 Entity::Collection(db.collection_with_options(&c.collection_name, coll_options))
             }
             EntityDef::Session(s) => {

@@ -185,22 +185,67 @@ pub const SKIPPED_CASES: &[(&str, &str)] = &[
         "the Rust driver rejects unacknowledged (w: 0) writes",
     ),
     // CSOT files for the later stages of `timeoutMS`.
-    ("client-side-operations-timeout/change-streams", TIMEOUT_STAGE_2),
-    ("client-side-operations-timeout/close-cursors", TIMEOUT_STAGE_2),
+    (
+        "client-side-operations-timeout/change-streams",
+        TIMEOUT_STAGE_2,
+    ),
+    (
+        "client-side-operations-timeout/close-cursors",
+        TIMEOUT_STAGE_2,
+    ),
     ("client-side-operations-timeout/cursors", TIMEOUT_STAGE_2),
-    ("client-side-operations-timeout/non-tailable-cursors", TIMEOUT_STAGE_2),
-    ("client-side-operations-timeout/tailable-awaitData", TIMEOUT_STAGE_2),
-    ("client-side-operations-timeout/tailable-non-awaitData", TIMEOUT_STAGE_2),
-    ("client-side-operations-timeout/runCursorCommand", TIMEOUT_STAGE_2),
-    ("client-side-operations-timeout/convenient-transactions", TIMEOUT_STAGE_3),
-    ("client-side-operations-timeout/sessions-inherit-timeoutMS", TIMEOUT_STAGE_3),
-    ("client-side-operations-timeout/sessions-override-operation-timeoutMS", TIMEOUT_STAGE_3),
-    ("client-side-operations-timeout/sessions-override-timeoutMS", TIMEOUT_STAGE_3),
-    ("client-side-operations-timeout/gridfs-advanced", TIMEOUT_STAGE_4),
-    ("client-side-operations-timeout/gridfs-delete", TIMEOUT_STAGE_4),
-    ("client-side-operations-timeout/gridfs-download", TIMEOUT_STAGE_4),
-    ("client-side-operations-timeout/gridfs-find", TIMEOUT_STAGE_4),
-    ("client-side-operations-timeout/gridfs-upload", TIMEOUT_STAGE_4),
+    (
+        "client-side-operations-timeout/non-tailable-cursors",
+        TIMEOUT_STAGE_2,
+    ),
+    (
+        "client-side-operations-timeout/tailable-awaitData",
+        TIMEOUT_STAGE_2,
+    ),
+    (
+        "client-side-operations-timeout/tailable-non-awaitData",
+        TIMEOUT_STAGE_2,
+    ),
+    (
+        "client-side-operations-timeout/runCursorCommand",
+        TIMEOUT_STAGE_2,
+    ),
+    (
+        "client-side-operations-timeout/convenient-transactions",
+        TIMEOUT_STAGE_3,
+    ),
+    (
+        "client-side-operations-timeout/sessions-inherit-timeoutMS",
+        TIMEOUT_STAGE_3,
+    ),
+    (
+        "client-side-operations-timeout/sessions-override-operation-timeoutMS",
+        TIMEOUT_STAGE_3,
+    ),
+    (
+        "client-side-operations-timeout/sessions-override-timeoutMS",
+        TIMEOUT_STAGE_3,
+    ),
+    (
+        "client-side-operations-timeout/gridfs-advanced",
+        TIMEOUT_STAGE_4,
+    ),
+    (
+        "client-side-operations-timeout/gridfs-delete",
+        TIMEOUT_STAGE_4,
+    ),
+    (
+        "client-side-operations-timeout/gridfs-download",
+        TIMEOUT_STAGE_4,
+    ),
+    (
+        "client-side-operations-timeout/gridfs-find",
+        TIMEOUT_STAGE_4,
+    ),
+    (
+        "client-side-operations-timeout/gridfs-upload",
+        TIMEOUT_STAGE_4,
+    ),
 ];
 
 /// Cases (`<spec>/<file-stem>/<description>`, or a `<spec>/<file-stem>` prefix) that are known to
