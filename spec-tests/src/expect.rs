@@ -594,6 +594,22 @@ mod tests {
     }
 
     #[test]
+    fn is_timeout_error_is_the_timeout_kind_only() {
+        let entities = EntityMap::default();
+        let expect = |timeout: bool| ExpectedError {
+            is_timeout_error: Some(timeout),
+            ..ExpectedError::default()
+        };
+        // An I/O timeout (connectTimeoutMS, a socket) whose text says "timed out" is not one.
+        let io: DriverError =
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "connection timed out").into();
+        assert!(check_error(&expect(true), &io, &entities).is_err());
+        assert_eq!(check_error(&expect(false), &io, &entities), Ok(()));
+        // The positive case needs a driver-made `ErrorKind::Timeout` (the variant cannot be
+        // built outside the driver): the CSOT files' `isTimeoutError: true` cases are it.
+    }
+
+    #[test]
     fn error_contains_reads_the_message_only() {
         let entities = EntityMap::default();
         let contains = |text: &str| ExpectedError {

@@ -2286,6 +2286,73 @@ mod tests {
         validate(&operation(d), "t").expect("a valid operation")
     }
 
+    #[cfg(not(feature = "upstream"))]
+    #[test]
+    fn timeout_arguments_run_only_where_the_driver_takes_them() {
+        // Every operation with a per-call `.timeout()` runs with `timeoutMS`: its options struct
+        // reads it, or (runCommand) the runner sets it.
+        for (name, args) in [
+            ("insertOne", doc! {"document": {}}),
+            ("find", doc! {"filter": {}}),
+            (
+                "findOneAndUpdate",
+                doc! {"filter": {}, "update": {"$set": {"x": 1}}},
+            ),
+            ("estimatedDocumentCount", doc! {}),
+            (
+                "runCommand",
+                doc! {"command": {"ping": 1}, "commandName": "ping"},
+            ),
+        ] {
+            let mut args = args;
+            args.insert("timeoutMS", 100);
+            let object = if name == "runCommand" { "d" } else { "c" };
+            let reason = skip_reason(doc! {"name": name, "object": object, "arguments": args});
+            assert_eq!(reason, None, "{name}");
+        }
+        // One that only inherits is skipped, never run with the value dropped.
+        let reason = skip_reason(doc! {"name": "listCollections", "object": "d",
+        "arguments": {"filter": {}, "timeoutMS": 100}});
+        assert!(reason.is_some_and(|r| r.contains("no per-call timeoutMS")));
+        // Later stages say which stage.
+        let reason = skip_reason(doc! {"name": "createChangeStream", "object": "c",
+        "arguments": {"pipeline": [], "timeoutMS": 100}});
+        assert!(reason.is_some_and(|r| r.contains("timeoutMS stage 2")));
+        let reason = skip_reason(doc! {"name": "find", "object": "c",
+        "arguments": {"filter": {}, "timeoutMode": "iteration"}});
+        assert!(reason.is_some_and(|r| r.contains("timeoutMS stage 2")));
+        let reason = skip_reason(doc! {"name": "commitTransaction", "object": "s",
+        "arguments": {"timeoutMS": 100}});
+        assert!(reason.is_some_and(|r| r.contains("timeoutMS stage 3")));
+    }
+
+    #[test]
+    fn only_a_bucket_an_operation_uses_skips_the_test() {
+        let defs: Vec<EntityDef> = bson::from_bson(bson::bson!([
+            {"bucket": {"id": "bucket", "database": "d"}}
+        ]))
+        .expect("entity definitions");
+        let unused = [operation(doc! {"name": "insertOne", "object": "c",
+        "arguments": {"document": {}}})];
+        assert_eq!(bucket_use_skip_reason(Some(&defs), &unused), None);
+        let used = [operation(doc! {"name": "find", "object": "bucket",
+        "arguments": {"filter": {}}})];
+        assert!(bucket_use_skip_reason(Some(&defs), &used).is_some());
+        // A bucket defined by a createEntities operation and used inside a thread counts too.
+        let nested = [
+            operation(
+                doc! {"name": "createEntities", "object": "testRunner", "arguments": {
+                "entities": [{"bucket": {"id": "b2", "database": "d"}}]}},
+            ),
+            operation(
+                doc! {"name": "runOnThread", "object": "testRunner", "arguments": {
+                "thread": "t", "operation": {"name": "find", "object": "b2",
+                "arguments": {"filter": {}}}}},
+            ),
+        ];
+        assert!(bucket_use_skip_reason(None, &nested).is_some());
+    }
+
     #[test]
     fn the_field_probe_sees_what_serde_drops() {
         let fields = struct_fields::<FindOptions>().expect("FindOptions is a derived struct");

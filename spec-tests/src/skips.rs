@@ -353,4 +353,27 @@ mod tests {
         assert!(skipped_case(&format!("{file}/any case")).is_some());
         assert!(skipped_case(&format!("{file}-other/any case")).is_none());
     }
+
+    #[test]
+    fn csot_files_of_later_stages_skip_with_their_stage() {
+        let case = |file: &str| skipped_case(&format!("client-side-operations-timeout/{file}/x"));
+        assert_eq!(case("cursors"), Some(TIMEOUT_STAGE_2));
+        assert_eq!(case("sessions-inherit-timeoutMS"), Some(TIMEOUT_STAGE_3));
+        assert_eq!(case("gridfs-upload"), Some(TIMEOUT_STAGE_4));
+        // Stage-1 files run.
+        for file in [
+            "global-timeoutMS",
+            "override-operation-timeoutMS",
+            "retryability-timeoutMS",
+            "deprecated-options",
+            "legacy-timeouts",
+            "command-execution",
+            "error-transformations",
+            "waitQueueTimeout",
+        ] {
+            assert_eq!(case(file), None, "{file}");
+        }
+        assert_eq!(timeout_argument("listIndexes"), NO_PER_CALL_TIMEOUT);
+        assert_eq!(timeout_argument("withTransaction"), TIMEOUT_STAGE_3);
+    }
 }
