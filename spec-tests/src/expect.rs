@@ -70,16 +70,15 @@ fn codes(error: &DriverError) -> Vec<(i32, String)> {
     Vec::new()
 }
 
-/// Whether an error is a timeout, for `isTimeoutError`. The format means a timeout caused by
-/// `timeoutMS`, which this driver does not implement yet (every case that sets it is skipped),
-/// so no case that runs can truly expect `true`. Until then this is a text test, kept in this
-/// one function: when `timeoutMS` lands it must become a check of the driver's timeout error
-/// kind, and nothing else.
+/// Whether an error is a timeout, for `isTimeoutError`: the format means the error an operation
+/// ends with when its `timeoutMS` deadline passes, which the driver reports as
+/// `ErrorKind::Timeout` and nothing else (an I/O timeout under `connectTimeoutMS` is a network
+/// error, not this). Looked for along the source chain, since a wrapping error (a client bulk
+/// write's) keeps its cause as the source.
 fn is_timeout(error: &DriverError) -> bool {
-    chain(error).iter().any(|e| match e.kind.as_ref() {
-        ErrorKind::Io(io) => io.kind() == std::io::ErrorKind::TimedOut,
-        _ => e.to_string().to_lowercase().contains("timed out"),
-    })
+    chain(error)
+        .iter()
+        .any(|e| crate::timeouts::is_timeout(e.kind.as_ref()))
 }
 
 /// The error's messages, for `errorContains` (a match in any one satisfies it): what the server
@@ -592,6 +591,22 @@ mod tests {
             bson::from_document(doc! {"code": 59, "codeName": code_name, "errmsg": message})
                 .expect("a command error");
         ErrorKind::Command(error).into()
+    }
+
+    #[test]
+    fn is_timeout_error_is_the_timeout_kind_only() {
+        let entities = EntityMap::default();
+        let expect = |timeout: bool| ExpectedError {
+            is_timeout_error: Some(timeout),
+            ..ExpectedError::default()
+        };
+        // An I/O timeout (connectTimeoutMS, a socket) whose text says "timed out" is not one.
+        let io: DriverError =
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "connection timed out").into();
+        assert!(check_error(&expect(true), &io, &entities).is_err());
+        assert_eq!(check_error(&expect(false), &io, &entities), Ok(()));
+        // The positive case needs a driver-made `ErrorKind::Timeout` (the variant cannot be
+        // built outside the driver): the CSOT files' `isTimeoutError: true` cases are it.
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! matching rules, [`entities`] builds the entity map, [`operations`] runs operations, [`outcome`]
 //! is what an operation came to, [`expect`] checks results, errors, events and outcomes,
 //! [`runner`] runs one test, [`skips`] is the table of every reason a case is skipped,
+//! [`timeouts`] is the driver's `timeoutMS` API (which upstream lacks),
 //! [`uri_options`] runs the URI options tests, and [`valid_fail`] judges the format's own
 //! self-test (cases a conforming runner must fail).
 
@@ -29,5 +30,6 @@ pub mod runner;
 pub mod schema;
 pub mod skips;
 pub mod target;
+pub mod timeouts;
 pub mod uri_options;
 pub mod valid_fail;

@@ -26,9 +26,30 @@ use crate::schema::{self, EntityDef, ExpectedEvent};
 use crate::skips;
 
 /// Arguments no operation may carry here, and why (checked before anything else).
-const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[
-    ("timeoutMS", "timeoutMS not implemented"),
-    ("timeoutMode", "timeoutMS not implemented"),
+const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[("timeoutMode", skips::TIMEOUT_STAGE_2)];
+
+/// Operations whose driver action takes a per-call `timeoutMS` (`.timeout()`), in stage 1. The
+/// CRUD options structs read `timeoutMS` themselves; `runCommand`'s the runner sets. Any other
+/// operation only inherits the client's, database's or collection's value, so a case passing
+/// `timeoutMS` to it is skipped (the value would otherwise be dropped).
+const TIMEOUT_OPERATIONS: &[&str] = &[
+    "insertOne",
+    "insertMany",
+    "updateOne",
+    "updateMany",
+    "replaceOne",
+    "deleteOne",
+    "deleteMany",
+    "findOneAndDelete",
+    "findOneAndReplace",
+    "findOneAndUpdate",
+    "find",
+    "findOne",
+    "aggregate",
+    "countDocuments",
+    "estimatedDocumentCount",
+    "distinct",
+    "runCommand",
 ];
 
 /// Arguments the format allows (so they are in [`ARGUMENTS`]) that no driver options struct
@@ -440,6 +461,19 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
         if let Some((_, reason)) = SKIPPED_ARGUMENTS.iter().find(|(k, _)| k == key) {
             return Ok(Some(format!("{}.{key}: {reason}", op.name)));
         }
+        if key == "timeoutMS" {
+            if let Some(reason) = crate::timeouts::UNSUPPORTED {
+                return Ok(Some(format!("{}.timeoutMS: {reason}", op.name)));
+            }
+            if TIMEOUT_OPERATIONS.contains(&op.name.as_str()) {
+                continue;
+            }
+            return Ok(Some(format!(
+                "{}.timeoutMS: {}",
+                op.name,
+                skips::timeout_argument(&op.name)
+            )));
+        }
         if !allowed.contains(&key.as_str()) {
             return Err(format!(
                 "{path}.arguments.{key}: unknown argument for operation {:?}",
@@ -520,7 +554,8 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
 pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
     for def in defs {
         let kind = match def {
-            EntityDef::Bucket(_) => "bucket",
+            // A bucket only matters when an operation uses it: see `bucket_use_skip_reason`.
+            EntityDef::Bucket(_) => continue,
             EntityDef::ClientEncryption(_) => "clientEncryption",
             EntityDef::Client(c) => {
                 let fields = [
@@ -540,6 +575,11 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
                     if let Some(reason) = skips::client_uri_option(key) {
                         return Some(format!("uriOptions.{key}: {reason}"));
                     }
+                    if let Some(reason) =
+                        crate::timeouts::UNSUPPORTED.filter(|_| key == "timeoutMS")
+                    {
+                        return Some(format!("uriOptions.{key}: {reason}"));
+                    }
                 }
                 continue;
             }
@@ -549,27 +589,31 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
                     .as_ref()
                     .is_some_and(|o| o.default_timeout_ms.is_some())
                 {
-                    return Some("session.defaultTimeoutMS: timeoutMS not implemented".into());
+                    return Some(format!(
+                        "session.defaultTimeoutMS: {}",
+                        skips::TIMEOUT_STAGE_3
+                    ));
                 }
                 continue;
             }
+            // `timeoutMS` in database and collection options goes to the driver's options.
             EntityDef::Database(d) => {
-                if d.database_options
-                    .as_ref()
-                    .is_some_and(|o| o.timeout_ms.is_some())
-                {
-                    return Some("databaseOptions.timeoutMS: timeoutMS not implemented".into());
+                let options = d.database_options.as_ref();
+                match crate::timeouts::UNSUPPORTED {
+                    Some(reason) if options.is_some_and(|o| o.timeout_ms.is_some()) => {
+                        return Some(format!("databaseOptions.timeoutMS: {reason}"));
+                    }
+                    _ => continue,
                 }
-                continue;
             }
             EntityDef::Collection(c) => {
-                if c.collection_options
-                    .as_ref()
-                    .is_some_and(|o| o.timeout_ms.is_some())
-                {
-                    return Some("collectionOptions.timeoutMS: timeoutMS not implemented".into());
+                let options = c.collection_options.as_ref();
+                match crate::timeouts::UNSUPPORTED {
+                    Some(reason) if options.is_some_and(|o| o.timeout_ms.is_some()) => {
+                        return Some(format!("collectionOptions.timeoutMS: {reason}"));
+                    }
+                    _ => continue,
                 }
-                continue;
             }
         };
         if let Some(reason) = skips::entity(kind) {
@@ -577,6 +621,57 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
         }
     }
     None
+}
+
+/// Why a test cannot run because it uses a GridFS bucket entity, which the runner does not
+/// implement: some operation of the test (at any depth: `withTransaction` callbacks,
+/// `runOnThread`) targets a bucket that the file or the test defines. A bucket that is defined
+/// and never used is harmless (creating one sends nothing to the server), so it does not skip
+/// the test; the CSOT files define one in every case.
+pub fn bucket_use_skip_reason(
+    file_entities: Option<&[EntityDef]>,
+    operations: &[schema::Operation],
+) -> Option<String> {
+    let mut buckets: Vec<String> = Vec::new();
+    let mut collect = |defs: &[EntityDef]| {
+        for def in defs {
+            if let EntityDef::Bucket(b) = def {
+                buckets.push(b.id.clone());
+            }
+        }
+    };
+    collect(file_entities.unwrap_or_default());
+    let mut objects = Vec::new();
+    // Nesting in the format is at most a few levels; the bound keeps a malformed file finite.
+    let mut pending: Vec<(schema::Operation, usize)> =
+        operations.iter().cloned().map(|op| (op, 0)).collect();
+    while let Some((op, depth)) = pending.pop() {
+        let args = op.arguments.clone().unwrap_or_default();
+        if op.name == "createEntities" {
+            let list = args.get("entities").cloned().unwrap_or(Bson::Null);
+            if let Ok(defs) = bson::from_bson::<Vec<EntityDef>>(list) {
+                collect(&defs);
+            }
+        }
+        if depth < 8 {
+            let nested = match op.name.as_str() {
+                "withTransaction" => args.get_array("callback").cloned().unwrap_or_default(),
+                "runOnThread" => args.get("operation").cloned().into_iter().collect(),
+                _ => Vec::new(),
+            };
+            for item in nested {
+                if let Ok(inner) = bson::from_bson::<schema::Operation>(item) {
+                    pending.push((inner, depth + 1));
+                }
+            }
+        }
+        objects.push(op.object);
+    }
+    let reason = skips::entity("bucket")?;
+    objects
+        .iter()
+        .find(|o| buckets.contains(o))
+        .map(|o| format!("bucket entity {o:?}: {reason}"))
 }
 
 /// The argument names a driver options struct reads, found by asking its `Deserialize` impl:
@@ -1297,9 +1392,18 @@ async fn database_op(
                 Some(rp) => Some(read_preference_from(rp)?),
                 None => None,
             };
+            let timeout = args
+                .take("timeoutMS")
+                .map(|v| millis(v, "timeoutMS"))
+                .transpose()?;
             let action = db.run_command(command);
             let action = match read_preference {
                 Some(rp) => action.selection_criteria(SelectionCriteria::ReadPreference(rp)),
+                None => action,
+            };
+            // `RunCommandOptions` has no `Deserialize` that reads `timeoutMS`: set it directly.
+            let action = match timeout {
+                Some(t) => crate::timeouts::run_command(action, t)?,
                 None => action,
             };
             run!(sess, action).map(|d| value(Some(Bson::Document(d))))
@@ -2088,6 +2192,10 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                         read_preference_from(Bson::Document(rp))?,
                     ));
                 }
+                crate::timeouts::set_database(
+                    &mut db_options,
+                    options.timeout_ms.map(Duration::from_millis),
+                )?;
                 Entity::Database(
                     client
                         .client
@@ -2113,6 +2221,10 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                         read_preference_from(Bson::Document(rp))?,
                     ));
                 }
+                crate::timeouts::set_collection(
+                    &mut coll_options,
+                    options.timeout_ms.map(Duration::from_millis),
+                )?;
                 Entity::Collection(db.collection_with_options(&c.collection_name, coll_options))
             }
             EntityDef::Session(s) => {
@@ -2141,6 +2253,13 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                 })
             }
             EntityDef::Thread(_) => Entity::Thread(Arc::default()),
+            // Buckets are not implemented, and a test that uses one is skipped before it runs
+            // (`bucket_use_skip_reason`). An unused one is checked (its database must exist)
+            // and not created: anything that refers to it later fails with "no entity named".
+            EntityDef::Bucket(b) => {
+                ctx.entities.database(&b.database)?;
+                continue;
+            }
             other => return Err(format!("entity {:?} cannot be created", other.id())),
         };
         ctx.entities.insert(def.id(), entity)?;
@@ -2165,6 +2284,73 @@ mod tests {
     /// The skip reason `validate` gives a valid operation.
     fn skip_reason(d: Document) -> Option<String> {
         validate(&operation(d), "t").expect("a valid operation")
+    }
+
+    #[cfg(not(feature = "upstream"))]
+    #[test]
+    fn timeout_arguments_run_only_where_the_driver_takes_them() {
+        // Every operation with a per-call `.timeout()` runs with `timeoutMS`: its options struct
+        // reads it, or (runCommand) the runner sets it.
+        for (name, args) in [
+            ("insertOne", doc! {"document": {}}),
+            ("find", doc! {"filter": {}}),
+            (
+                "findOneAndUpdate",
+                doc! {"filter": {}, "update": {"$set": {"x": 1}}},
+            ),
+            ("estimatedDocumentCount", doc! {}),
+            (
+                "runCommand",
+                doc! {"command": {"ping": 1}, "commandName": "ping"},
+            ),
+        ] {
+            let mut args = args;
+            args.insert("timeoutMS", 100);
+            let object = if name == "runCommand" { "d" } else { "c" };
+            let reason = skip_reason(doc! {"name": name, "object": object, "arguments": args});
+            assert_eq!(reason, None, "{name}");
+        }
+        // One that only inherits is skipped, never run with the value dropped.
+        let reason = skip_reason(doc! {"name": "listCollections", "object": "d",
+        "arguments": {"filter": {}, "timeoutMS": 100}});
+        assert!(reason.is_some_and(|r| r.contains("no per-call timeoutMS")));
+        // Later stages say which stage.
+        let reason = skip_reason(doc! {"name": "createChangeStream", "object": "c",
+        "arguments": {"pipeline": [], "timeoutMS": 100}});
+        assert!(reason.is_some_and(|r| r.contains("timeoutMS stage 2")));
+        let reason = skip_reason(doc! {"name": "find", "object": "c",
+        "arguments": {"filter": {}, "timeoutMode": "iteration"}});
+        assert!(reason.is_some_and(|r| r.contains("timeoutMS stage 2")));
+        let reason = skip_reason(doc! {"name": "commitTransaction", "object": "s",
+        "arguments": {"timeoutMS": 100}});
+        assert!(reason.is_some_and(|r| r.contains("timeoutMS stage 3")));
+    }
+
+    #[test]
+    fn only_a_bucket_an_operation_uses_skips_the_test() {
+        let defs: Vec<EntityDef> = bson::from_bson(bson::bson!([
+            {"bucket": {"id": "bucket", "database": "d"}}
+        ]))
+        .expect("entity definitions");
+        let unused = [operation(doc! {"name": "insertOne", "object": "c",
+        "arguments": {"document": {}}})];
+        assert_eq!(bucket_use_skip_reason(Some(&defs), &unused), None);
+        let used = [operation(doc! {"name": "find", "object": "bucket",
+        "arguments": {"filter": {}}})];
+        assert!(bucket_use_skip_reason(Some(&defs), &used).is_some());
+        // A bucket defined by a createEntities operation and used inside a thread counts too.
+        let nested = [
+            operation(
+                doc! {"name": "createEntities", "object": "testRunner", "arguments": {
+                "entities": [{"bucket": {"id": "b2", "database": "d"}}]}},
+            ),
+            operation(
+                doc! {"name": "runOnThread", "object": "testRunner", "arguments": {
+                "thread": "t", "operation": {"name": "find", "object": "b2",
+                "arguments": {"filter": {}}}}},
+            ),
+        ];
+        assert!(bucket_use_skip_reason(None, &nested).is_some());
     }
 
     #[test]

@@ -88,7 +88,11 @@ pub fn plan_file(
         if *n > 1 {
             name = format!("{name} [{n}]");
         }
+        // A case listed by name is a deliberate decision about that case (or file), so its
+        // reason wins over any reason found in the case's contents.
         let skip = if let Some(reason) = spec_skip {
+            Some(reason.to_string())
+        } else if let Some(reason) = skips::skipped_case(&name) {
             Some(reason.to_string())
         } else if let Some(reason) = &test.skip_reason {
             Some(format!("skipReason in the file: {reason}"))
@@ -96,6 +100,10 @@ pub fn plan_file(
             Some(reason.clone())
         } else if let Some(reason) = &op_skips[index] {
             Some(reason.clone())
+        } else if let Some(reason) =
+            operations::bucket_use_skip_reason(parsed.create_entities.as_deref(), &test.operations)
+        {
+            Some(reason)
         } else {
             match &target_info {
                 None => Some(match mode {
@@ -117,7 +125,6 @@ pub fn plan_file(
             }
         };
         let skip = skip
-            .or_else(|| skips::skipped_case(&name).map(str::to_string))
             .or_else(|| skips::known_failure(&name).map(|r| format!("known failure: {r}")))
             .or_else(|| {
                 (matches!(mode, Mode::Emulator) && !target::emulator_available())

@@ -59,6 +59,16 @@ pub fn skip_reason(case: &UriCase, name: &str) -> Option<String> {
     if let Some(reason) = skips::known_failure(name) {
         return Some(format!("known failure: {reason}"));
     }
+    if let Some(reason) = crate::timeouts::UNSUPPORTED {
+        let query = case.uri.split_once('?').map_or("", |(_, q)| q);
+        let sets_timeout = query.split('&').any(|pair| {
+            let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+            key.eq_ignore_ascii_case("timeoutMS")
+        });
+        if sets_timeout {
+            return Some(format!("option timeoutMS: {reason}"));
+        }
+    }
     let options = case.options.as_ref()?;
     for key in options.keys() {
         if let Some(reason) = skips::uri_option_without_field(key) {
@@ -253,6 +263,7 @@ fn option_value(opts: &ClientOptions, key: &str) -> Result<Option<Bson>, String>
         "serverSelectionTimeoutMS" => millis(opts.server_selection_timeout),
         "srvMaxHosts" => opts.srv_max_hosts.map(|n| Bson::Int64(n.into())),
         "srvServiceName" => opts.srv_service_name.clone().map(Bson::String),
+        "timeoutMS" => millis(crate::timeouts::client_timeout(opts)),
         "tls" => opts
             .tls
             .as_ref()

@@ -1,0 +1,96 @@
+//! The driver's `timeoutMS` API, in one place. The fork has it (stage 1, `docs/timeouts.md`);
+//! upstream 3.9.1 has none, so in upstream mode every case that sets `timeoutMS` anywhere is
+//! skipped with [`UNSUPPORTED`] before anything here would be asked to set it.
+
+use std::time::Duration;
+
+use crate::mongodb::action::RunCommand;
+use crate::mongodb::error::ErrorKind;
+use crate::mongodb::options::{ClientOptions, CollectionOptions, DatabaseOptions};
+
+/// Why `timeoutMS` cannot be honoured by the driver under test, if it cannot.
+#[cfg(not(feature = "upstream"))]
+pub const UNSUPPORTED: Option<&str> = None;
+#[cfg(feature = "upstream")]
+pub const UNSUPPORTED: Option<&str> = Some("upstream 3.9.1 has no timeoutMS");
+
+#[cfg(not(feature = "upstream"))]
+mod driver {
+    use super::*;
+
+    pub fn set_database(
+        options: &mut DatabaseOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        options.timeout = timeout;
+        Ok(())
+    }
+
+    pub fn set_collection(
+        options: &mut CollectionOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        options.timeout = timeout;
+        Ok(())
+    }
+
+    pub fn run_command(
+        action: RunCommand<'_>,
+        timeout: Duration,
+    ) -> Result<RunCommand<'_>, String> {
+        Ok(action.timeout(timeout))
+    }
+
+    pub fn is_timeout(kind: &ErrorKind) -> bool {
+        matches!(kind, ErrorKind::Timeout { .. })
+    }
+
+    pub fn client_timeout(options: &ClientOptions) -> Option<Duration> {
+        options.timeout
+    }
+}
+
+/// Upstream: nothing can be set. Reaching a setter with a value is a runner bug (the case
+/// should have been skipped), reported as an error rather than dropping the value.
+#[cfg(feature = "upstream")]
+mod driver {
+    use super::*;
+
+    fn refuse() -> String {
+        format!("timeoutMS: {}", UNSUPPORTED.unwrap_or_default())
+    }
+
+    pub fn set_database(_: &mut DatabaseOptions, timeout: Option<Duration>) -> Result<(), String> {
+        timeout.map_or(Ok(()), |_| Err(refuse()))
+    }
+
+    pub fn set_collection(
+        _: &mut CollectionOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        timeout.map_or(Ok(()), |_| Err(refuse()))
+    }
+
+    pub fn run_command(_: RunCommand<'_>, _: Duration) -> Result<RunCommand<'_>, String> {
+        Err(refuse())
+    }
+
+    pub fn is_timeout(_: &ErrorKind) -> bool {
+        false
+    }
+
+    pub fn client_timeout(_: &ClientOptions) -> Option<Duration> {
+        None
+    }
+}
+
+/// The client's `timeoutMS` as parsed from a connection string.
+pub use driver::client_timeout;
+/// Whether an error kind is the driver's `timeoutMS` expiry (`ErrorKind::Timeout`).
+pub use driver::is_timeout;
+/// Gives a `runCommand` its per-call `timeoutMS` (`RunCommandOptions` cannot be deserialized).
+pub use driver::run_command;
+/// Sets a collection's own `timeoutMS`.
+pub use driver::set_collection;
+/// Sets a database's own `timeoutMS`.
+pub use driver::set_database;
