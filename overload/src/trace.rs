@@ -87,16 +87,14 @@ pub fn retry_attempts_enabled() -> bool {
     tracing::enabled!(target: TARGET, tracing::Level::DEBUG)
 }
 
+/// Captures what tracing events format, for the crate's tests of its log events.
 #[cfg(test)]
-mod tests {
+pub(crate) mod capture {
     use std::io;
     use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    use super::*;
 
     /// Runs `f` with a subscriber that keeps what it formats, at `level`, and returns the text.
-    fn captured(level: tracing::Level, f: impl FnOnce()) -> String {
+    pub(crate) fn captured(level: tracing::Level, f: impl FnOnce()) -> String {
         #[derive(Clone, Default)]
         struct Buffer(Arc<Mutex<Vec<u8>>>);
         impl io::Write for Buffer {
@@ -119,6 +117,14 @@ mod tests {
         let bytes = buffer.0.lock().unwrap().clone();
         String::from_utf8(bytes).unwrap()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::capture::captured;
+    use super::*;
 
     fn sample_attempt<'a>(labels: &'a [&'a str]) -> RetryAttempt<'a> {
         RetryAttempt {

@@ -516,14 +516,7 @@ async fn pinned_get_more_overloaded_once(
 #[tokio::test]
 async fn the_in_place_retry_on_a_pinned_connection_asks_the_budget() {
     let server = Server::start(emulator::Topology::Sharded { routers: 1 });
-    let router = server
-        .uri
-        .trim_start_matches("mongodb://")
-        .split(['/', '?', ','])
-        .next()
-        .expect("a router address")
-        .to_string();
-    let uri = format!("mongodb://{router}/?loadBalanced=true&retryWrites=true&retryReads=true");
+    let uri = server.load_balanced_uri();
 
     // The default budget admits the retry: the getMore is sent again and the bulkWrite succeeds.
     let (client, get_mores, result) =

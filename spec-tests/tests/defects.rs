@@ -913,14 +913,7 @@ async fn b2_acknowledged_bulk_write_is_never_sent_again() {
 #[tokio::test]
 async fn b1_load_balanced_bulk_write_results_get_more_is_retried() {
     let server = Server::start(emulator::Topology::Sharded { routers: 1 });
-    let router = server
-        .uri
-        .trim_start_matches("mongodb://")
-        .split(['/', '?', ','])
-        .next()
-        .expect("a router address")
-        .to_string();
-    let uri = format!("mongodb://{router}/?loadBalanced=true&retryWrites=true&retryReads=true");
+    let uri = server.load_balanced_uri();
     let (bulk_writes, get_mores, ok) =
         upstream::load_balanced_bulk_write_get_more_overloaded_once(&uri).await;
     // Upstream does not retry the pinned getMore; the overload labels on its error make the

@@ -151,8 +151,6 @@ fn log_decision(origin: RetryOrigin, operation: Option<&str>, admitted: bool, le
 
 #[cfg(test)]
 mod tests {
-    use std::io;
-    use std::sync::Mutex;
     use std::time::Duration;
 
     use super::*;
@@ -160,27 +158,7 @@ mod tests {
 
     /// Runs `f` with a subscriber that keeps what it formats at DEBUG, and returns the text.
     fn captured(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Buffer(Arc<Mutex<Vec<u8>>>);
-        impl io::Write for Buffer {
-            fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> io::Result<()> {
-                Ok(())
-            }
-        }
-        let buffer = Buffer::default();
-        let writer = buffer.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, f);
-        let bytes = buffer.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
+        crate::trace::capture::captured(tracing::Level::DEBUG, f)
     }
 
     /// A handle with a floor of `reserve` retries in total (no share, no refill within the test).

@@ -59,6 +59,18 @@ impl Server {
         })
     }
 
+    /// A load-balanced connection string to the first router of a sharded emulator, with
+    /// retryable reads and writes on: the driver pins cursors and transactions to one connection.
+    pub fn load_balanced_uri(&self) -> String {
+        let router = self
+            .uri
+            .trim_start_matches("mongodb://")
+            .split(['/', '?', ','])
+            .next()
+            .expect("a router address");
+        format!("mongodb://{router}/?loadBalanced=true&retryWrites=true&retryReads=true")
+    }
+
     /// The connection string with extra options appended.
     pub fn uri_with(&self, options: &str) -> String {
         let sep = if self.uri.contains('?') { '&' } else { '?' };
