@@ -91,21 +91,7 @@ macro_rules! scenarios {
 
             use super::Outcome;
 
-            /// Every started command, in order.
-            #[derive(Clone, Default)]
-            pub struct Started(Arc<Mutex<Vec<Document>>>);
-
-            impl Started {
-                pub fn named(&self, name: &str) -> Vec<Document> {
-                    self.0
-                        .lock()
-                        .unwrap()
-                        .iter()
-                        .filter(|c| c.keys().next().map(String::as_str) == Some(name))
-                        .cloned()
-                        .collect()
-                }
-            }
+            pub use crate::common::Started;
 
             /// Makes `options` record every started command.
             pub fn record_started(options: &mut ClientOptions) -> Started {

@@ -8,10 +8,9 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{Server, Started};
 use mongodb::{
     bson::{doc, Bson, Document},
     error::{Error, ErrorKind, WriteFailure},
@@ -45,20 +44,7 @@ fn server_code(error: &Error) -> Option<i32> {
 }
 
 /// Every started command, in order.
-#[derive(Clone, Default)]
-struct Started(Arc<Mutex<Vec<Document>>>);
-
 impl Started {
-    fn named(&self, name: &str) -> Vec<Document> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|c| c.keys().next().map(String::as_str) == Some(name))
-            .cloned()
-            .collect()
-    }
-
     /// The `maxTimeMS` of the last started command called `name` (`None` when it had none).
     fn last_max_time(&self, name: &str) -> Option<i64> {
         let last = self.named(name).pop().expect("command was sent");

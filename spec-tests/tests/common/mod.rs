@@ -2,7 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use emulator::{Emulator, EmulatorConfig, Topology};
@@ -108,4 +108,21 @@ pub fn fail_point_blocking(uri: &str, spec: mongodb::bson::Document) {
     })
     .join()
     .expect("fail point thread");
+}
+
+/// Every command a client started, in order, as its command event handler pushed them.
+#[derive(Clone, Default)]
+pub struct Started(pub Arc<Mutex<Vec<bson::Document>>>);
+
+impl Started {
+    /// The started commands called `name`.
+    pub fn named(&self, name: &str) -> Vec<bson::Document> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.keys().next().map(String::as_str) == Some(name))
+            .cloned()
+            .collect()
+    }
 }
