@@ -264,29 +264,39 @@ fn length_field_corruption_is_rejected() {
     }
 }
 
+/// A few frames back to back from `frame`, about half of them mutated: returns the bytes and
+/// how many frames went in. `previous` is the last unmutated frame, which mutations splice from.
+fn mixed_stream(
+    rng: &mut StdRng,
+    previous: &mut Vec<u8>,
+    frame: impl Fn(&mut StdRng) -> (Vec<u8>, Document),
+) -> (Vec<u8>, usize) {
+    let mut stream = Vec::new();
+    let mut frames = 0;
+    for _ in 0..rng.random_range(1..4) {
+        let (valid, _) = frame(rng);
+        let f = if rng.random_bool(0.5) {
+            mutate(rng, valid.clone(), previous)
+        } else {
+            valid.clone()
+        };
+        stream.extend(f);
+        *previous = valid;
+        frames += 1;
+    }
+    (stream, frames)
+}
+
 #[tokio::test]
 async fn streaming_reader_never_panics() {
     let mut rng = StdRng::seed_from_u64(SEED ^ 4);
     let (mut previous, _) = valid_frame(&mut rng);
     for _ in 0..3_000 {
-        // A few frames back to back, some mutated: the reader yields messages until the first
-        // error or the end, and never panics or hangs.
-        let mut stream = Vec::new();
-        let mut frames = 0;
-        for _ in 0..rng.random_range(1..4) {
-            let (frame, _) = valid_frame(&mut rng);
-            let f = if rng.random_bool(0.5) {
-                mutate(&mut rng, frame.clone(), &previous)
-            } else {
-                frame.clone()
-            };
-            stream.extend(f);
-            previous = frame;
-            frames += 1;
-        }
+        // The reader yields messages until the first error or the end, and never panics or
+        // hangs.
+        let (stream, frames) = mixed_stream(&mut rng, &mut previous, valid_frame);
         let mut reader: &[u8] = &stream;
         let mut read = 0;
-        // Stops at the end of the bytes or at the first error.
         while let Ok(Some(_)) = wire::read_message(&mut reader).await {
             read += 1;
             assert!(read <= frames + 8, "more messages than bytes allow");
@@ -354,23 +364,13 @@ async fn streaming_request_reader_never_panics_on_mixed_frames() {
     let mut rng = StdRng::seed_from_u64(SEED ^ 7);
     let (mut previous, _) = valid_op_query(&mut rng);
     for _ in 0..3_000 {
-        let mut stream = Vec::new();
-        let mut frames = 0;
-        for _ in 0..rng.random_range(1..4) {
-            let (frame, _) = if rng.random_bool(0.5) {
-                valid_op_query(&mut rng)
+        let (stream, frames) = mixed_stream(&mut rng, &mut previous, |rng| {
+            if rng.random_bool(0.5) {
+                valid_op_query(rng)
             } else {
-                valid_frame(&mut rng)
-            };
-            let f = if rng.random_bool(0.5) {
-                mutate(&mut rng, frame.clone(), &previous)
-            } else {
-                frame.clone()
-            };
-            stream.extend(f);
-            previous = frame;
-            frames += 1;
-        }
+                valid_frame(rng)
+            }
+        });
         let mut reader: &[u8] = &stream;
         let mut read = 0;
         while let Ok(Some(_)) = wire::read_request(&mut reader).await {
