@@ -21,19 +21,24 @@ struct SlowClient {
     calls: Arc<Mutex<Vec<Instant>>>,
 }
 
+/// What a fake client reports for one call that succeeded after `service`, on its first try.
+fn succeeded_after(service: Duration) -> AttemptReport {
+    AttemptReport {
+        outcome: Ok(()),
+        attempts: 1,
+        conn_wait: Duration::ZERO,
+        service,
+        tries: 1,
+    }
+}
+
 impl LabClient for SlowClient {
     fn run(&self, _op: OpSpec) -> BoxFut<AttemptReport> {
         self.calls.lock().unwrap().push(Instant::now());
         let delay = self.delay;
         Box::pin(async move {
             tokio::time::sleep(delay).await;
-            AttemptReport {
-                outcome: Ok(()),
-                attempts: 1,
-                conn_wait: Duration::ZERO,
-                service: delay,
-                tries: 1,
-            }
+            succeeded_after(delay)
         })
     }
 
@@ -376,13 +381,7 @@ impl LabClient for CountingClient {
             tokio::time::sleep(delay).await;
             guard.1 = true;
             finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            AttemptReport {
-                outcome: Ok(()),
-                attempts: 1,
-                conn_wait: Duration::ZERO,
-                service: delay,
-                tries: 1,
-            }
+            succeeded_after(delay)
         })
     }
 
