@@ -188,6 +188,41 @@ async fn application_retries_multiply_attempts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_retry_budget_bounds_application_and_driver_retries() {
+    // The same 200 % as above, with the fork's budget and timeoutMS: the application asks the
+    // client's budget before each of its retries, so its retries and the driver's draw from
+    // one budget per client (9 % of its requests, plus a reserve of 10 and one a second),
+    // while upstream's application and driver retries multiply.
+    let cfg = scenario(
+        ScenarioName::AppRetries,
+        small(60.0, &["upstream-default", "fork-budget-timeout"]),
+        &ScenarioParams::default(),
+        vec![Phase::new("overload", 2.0, 2.0)],
+    );
+    let run = run(&cfg).await;
+    let upstream = of(&run, "upstream-default");
+    let fork = of(&run, "fork-budget-timeout");
+    assert!(
+        upstream.fork_stats.is_none(),
+        "upstream keeps no statistics"
+    );
+    let stats = fork.fork_stats.expect("the fork's statistics");
+    assert!(stats.app_retries_refused > 0, "{stats:?}");
+    assert!(stats.retries_refused > 0, "{stats:?}");
+    let retries = stats.retries_made + stats.app_retries_made;
+    // Two seconds of schedule, at most one of drain.
+    let floor = cfg.instances as f64 * (10.0 + 3.0);
+    assert!(
+        retries as f64 <= floor + 0.09 * fork.offered as f64,
+        "{stats:?}"
+    );
+    let attempts = fork.attempts_per_request.expect("attempts");
+    assert!(attempts <= 1.3, "{fork:?}");
+    let upstream_attempts = upstream.attempts_per_request.expect("attempts");
+    assert!(upstream_attempts > attempts + 0.5, "{upstream:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_hot_member_sheds() {
     // Capacity 45 ops/s (each member's three cores at a mean of about 67 ms per read), and the
     // hot member admits a third of it. 150 % of 15 ops/s is about 22 ops/s per member: the hot

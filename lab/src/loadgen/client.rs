@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use serde::Serialize;
+
 use super::config::{Driver, OpKind};
 use super::metrics::{AttemptReport, ErrorClass, Recorder};
 
@@ -47,6 +49,37 @@ impl OpSpec {
     }
 }
 
+/// A fork client's overload statistics (`Client::overload_stats`), summed over a variant's
+/// instances; upstream has none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkStats {
+    /// Attempts that failed with an overload error.
+    pub overload_errors: u64,
+    /// Retries the driver sent.
+    pub retries_made: u64,
+    /// Retries the driver's retry budget refused.
+    pub retries_refused: u64,
+    /// Application retries the shared budget admitted.
+    pub app_retries_made: u64,
+    /// Application retries the shared budget refused.
+    pub app_retries_refused: u64,
+    /// Backoff slept before retries, in all (ms).
+    pub backoff_slept_ms: f64,
+}
+
+impl ForkStats {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &ForkStats) {
+        self.overload_errors += other.overload_errors;
+        self.retries_made += other.retries_made;
+        self.retries_refused += other.retries_refused;
+        self.app_retries_made += other.app_retries_made;
+        self.app_retries_refused += other.app_retries_refused;
+        self.backoff_slept_ms += other.backoff_slept_ms;
+    }
+}
+
 /// A driver client as the lab uses it.
 pub trait LabClient: Send + Sync + 'static {
     /// Runs one operation to its end (retries included) and reports it. The application's
@@ -61,6 +94,15 @@ pub trait LabClient: Send + Sync + 'static {
     fn forget(&self, req: u64) -> u32 {
         let _ = req;
         0
+    }
+    /// Asked by the application before it retries a failed call: whether the client's shared
+    /// retry budget admits the retry (and charges it). `true` without a budget.
+    fn app_may_retry(&self) -> bool {
+        true
+    }
+    /// The client's overload statistics, where the driver keeps them (the fork).
+    fn overload_stats(&self) -> Option<ForkStats> {
+        None
     }
 }
 
@@ -159,9 +201,11 @@ impl Sink {
     }
 }
 
-/// Implements a [`LabClient`] for one driver crate, in a module of its own.
+/// Implements a [`LabClient`] for one driver crate, in a module of its own; `$extras` is the
+/// module with what only the fork's API offers (statistics, the shared retry budget, per-call
+/// timeouts), as functions of that crate's types.
 macro_rules! lab_driver {
-    ($module:ident, $krate:ident) => {
+    ($module:ident, $krate:ident, $extras:path) => {
         /// The [`LabClient`](super::LabClient) of one driver crate.
         pub mod $module {
             use std::sync::Arc;
@@ -172,13 +216,17 @@ macro_rules! lab_driver {
             use m::event::command::CommandEvent;
             use m::event::EventHandler;
 
-            use super::{BoxFut, LabClient, OpSpec, Sink};
+            use super::{BoxFut, ForkStats, LabClient, OpSpec, Sink};
             use crate::loadgen::config::OpKind;
             use crate::loadgen::metrics::{AttemptReport, DriverErrorKind, ErrorClass};
+            use $extras as extras;
 
             /// Classifies one of this driver's errors.
             pub fn classify(e: &m::error::Error) -> ErrorClass {
                 use m::error::{ErrorKind, WriteFailure};
+                if extras::is_timeout(e) {
+                    return ErrorClass::Expired;
+                }
                 let (code, kind) = match &*e.kind {
                     ErrorKind::Command(c) => (Some(c.code), DriverErrorKind::Other),
                     ErrorKind::Write(WriteFailure::WriteError(w)) => {
@@ -198,6 +246,7 @@ macro_rules! lab_driver {
 
             struct Inner {
                 client: m::Client,
+                db: m::Database,
                 coll: m::Collection<Document>,
                 sink: Arc<Sink>,
             }
@@ -252,9 +301,15 @@ macro_rules! lab_driver {
                             _ => {}
                         }));
                     let client = m::Client::with_options(opts).map_err(|e| e.to_string())?;
-                    let coll = client.database(db).collection::<Document>(coll);
+                    let db = client.database(db);
+                    let coll = db.collection::<Document>(coll);
                     Ok(Client {
-                        inner: Arc::new(Inner { client, coll, sink }),
+                        inner: Arc::new(Inner {
+                            client,
+                            db,
+                            coll,
+                            sink,
+                        }),
                     })
                 }
             }
@@ -265,9 +320,10 @@ macro_rules! lab_driver {
                     comment.insert("labDeadlineMs", ms);
                 }
                 let comment = Bson::Document(comment);
+                let coll = extras::collection_for_call(&inner.db, &inner.coll, op);
                 match op.kind {
                     OpKind::PointRead => {
-                        let mut a = inner.coll.find_one(doc! { "_id": op.key }).comment(comment);
+                        let mut a = coll.find_one(doc! { "_id": op.key }).comment(comment);
                         if let Some(t) = op.max_time {
                             a = a.max_time(t);
                         }
@@ -276,7 +332,7 @@ macro_rules! lab_driver {
                     OpKind::RangeRead => {
                         let filter =
                             doc! { "_id": { "$gte": op.key, "$lt": op.key + op.range_len } };
-                        let mut a = inner.coll.find(filter).comment(comment);
+                        let mut a = coll.find(filter).comment(comment);
                         if let Some(t) = op.max_time {
                             a = a.max_time(t);
                         }
@@ -284,14 +340,12 @@ macro_rules! lab_driver {
                         while cursor.advance().await? {}
                         Ok(())
                     }
-                    OpKind::Insert => inner
-                        .coll
+                    OpKind::Insert => coll
                         .insert_one(doc! { "k": op.key, "n": 0i32, "pad": "x".repeat(64) })
                         .comment(comment)
                         .await
                         .map(|_| ()),
-                    OpKind::Update => inner
-                        .coll
+                    OpKind::Update => coll
                         .update_one(doc! { "_id": op.key }, doc! { "$inc": { "n": 1i32 } })
                         .comment(comment)
                         .await
@@ -329,13 +383,110 @@ macro_rules! lab_driver {
                 fn forget(&self, req: u64) -> u32 {
                     self.inner.sink.forget(req)
                 }
+
+                fn app_may_retry(&self) -> bool {
+                    extras::app_may_retry(&self.inner.client)
+                }
+
+                fn overload_stats(&self) -> Option<ForkStats> {
+                    extras::overload_stats(&self.inner.client)
+                }
             }
         }
     };
 }
 
-lab_driver!(fork, mongodb);
-lab_driver!(upstream, mongodb_upstream);
+/// The fork's own API, as the lab uses it.
+mod fork_api {
+    use std::time::{Duration, SystemTime};
+
+    use bson::Document;
+    use mongodb::options::CollectionOptions;
+    use mongodb::{Client, Collection, Database};
+
+    use super::{ForkStats, OpSpec};
+
+    /// The collection to run `op` on: with `timeoutMS` in force, bounded by the time the
+    /// application has left, as an application passes its remaining deadline down (it matters
+    /// for the application's own retries, which start later than the request).
+    pub fn collection_for_call(
+        db: &Database,
+        coll: &Collection<Document>,
+        op: &OpSpec,
+    ) -> Collection<Document> {
+        let (Some(timeout), Some(give_up_at)) = (coll.timeout(), op.give_up_at) else {
+            return coll.clone();
+        };
+        let left = give_up_at
+            .duration_since(SystemTime::now())
+            .unwrap_or_default()
+            // Zero would mean "no limit".
+            .max(Duration::from_millis(1));
+        if timeout.is_zero() || left >= timeout {
+            return coll.clone();
+        }
+        let options = CollectionOptions::builder().timeout(left).build();
+        db.collection_with_options(coll.name(), options)
+    }
+
+    /// Whether `e` is the driver's `timeoutMS` expiry (booked with the server's code 50).
+    pub fn is_timeout(e: &mongodb::error::Error) -> bool {
+        matches!(*e.kind, mongodb::error::ErrorKind::Timeout { .. })
+    }
+
+    /// Whether the client's shared retry budget admits an application retry (charging it).
+    pub fn app_may_retry(client: &Client) -> bool {
+        client.retry_budget().is_none_or(|b| b.try_withdraw())
+    }
+
+    /// The client's overload statistics.
+    pub fn overload_stats(client: &Client) -> Option<ForkStats> {
+        let s = client.overload_stats();
+        Some(ForkStats {
+            overload_errors: s.overload_errors(),
+            retries_made: s.retries_made,
+            retries_refused: s.retries_refused,
+            app_retries_made: s.application_retries_made,
+            app_retries_refused: s.application_retries_refused,
+            backoff_slept_ms: s.backoff_slept.as_secs_f64() * 1000.0,
+        })
+    }
+}
+
+/// Upstream has none of the fork's API: no per-call timeout, no budget, no statistics.
+mod upstream_api {
+    use bson::Document;
+    use mongodb_upstream::{Client, Collection, Database};
+
+    use super::{ForkStats, OpSpec};
+
+    /// The client's collection as it is.
+    pub fn collection_for_call(
+        _db: &Database,
+        coll: &Collection<Document>,
+        _op: &OpSpec,
+    ) -> Collection<Document> {
+        coll.clone()
+    }
+
+    /// Never: upstream has no `timeoutMS`.
+    pub fn is_timeout(_e: &mongodb_upstream::error::Error) -> bool {
+        false
+    }
+
+    /// Always: upstream has no retry budget.
+    pub fn app_may_retry(_client: &Client) -> bool {
+        true
+    }
+
+    /// None: upstream keeps no statistics.
+    pub fn overload_stats(_client: &Client) -> Option<ForkStats> {
+        None
+    }
+}
+
+lab_driver!(fork, mongodb, super::fork_api);
+lab_driver!(upstream, mongodb_upstream, super::upstream_api);
 
 /// Connects a client of `driver`.
 pub async fn connect(

@@ -315,6 +315,13 @@ impl fmt::Display for Driver {
     }
 }
 
+/// In a variant's URI options, stands for the application's deadline in milliseconds.
+pub const DEADLINE_PLACEHOLDER: &str = "{deadline}";
+
+/// `timeoutMS` equal to the application's deadline: the driver learns the deadline the
+/// application enforces around the call.
+const TIMEOUT_AT_DEADLINE: &str = "timeoutMS={deadline}";
+
 /// A variant: a driver and the connection-string options its clients get.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Variant {
@@ -357,6 +364,13 @@ impl Variant {
                 Driver::Fork,
                 "enableOverloadRetargeting=true",
             ),
+            Variant::new("fork-timeout", Driver::Fork, TIMEOUT_AT_DEADLINE),
+            Variant::new("fork-budget", Driver::Fork, "retryBudget=true"),
+            Variant::new(
+                "fork-budget-timeout",
+                Driver::Fork,
+                &format!("retryBudget=true&{TIMEOUT_AT_DEADLINE}"),
+            ),
         ]
     }
 
@@ -366,7 +380,8 @@ impl Variant {
     }
 
     /// Parses one `--variants` entry: a built-in name, or `NAME:DRIVER[:URI_OPTIONS]` with
-    /// DRIVER `fork` or `upstream` (e.g. `fork-r1:fork:maxAdaptiveRetries=1`).
+    /// DRIVER `fork` or `upstream` (e.g. `fork-r1:fork:maxAdaptiveRetries=1`). In URI_OPTIONS,
+    /// `{deadline}` stands for the application's deadline in ms (`timeoutMS={deadline}`).
     pub fn parse(entry: &str) -> Result<Variant, String> {
         let entry = entry.trim();
         if let Some(v) = Variant::builtin().into_iter().find(|v| v.name == entry) {
@@ -630,8 +645,10 @@ impl LabConfig {
             );
         }
         // Later settings of the same key win.
+        let deadline_ms = self.deadline.as_millis().to_string();
         let mut out: Vec<String> = Vec::new();
         for o in opts {
+            let o = o.replace(DEADLINE_PLACEHOLDER, &deadline_ms);
             let key = o.split('=').next().unwrap_or_default().to_ascii_lowercase();
             out.retain(|p| p.split('=').next().unwrap_or_default().to_ascii_lowercase() != key);
             out.push(o);
@@ -695,6 +712,21 @@ mod tests {
             "mongodb://h:1/?replicaSet=lab&a=1"
         );
         assert_eq!(with_options("mongodb://h:1", "a=1"), "mongodb://h:1/?a=1");
+    }
+
+    #[test]
+    fn timeout_variants_get_the_applications_deadline() {
+        let cfg = LabConfig {
+            deadline: Duration::from_millis(250),
+            ..LabConfig::default()
+        };
+        let v = Variant::parse("fork-budget-timeout").unwrap();
+        assert_eq!(
+            cfg.uri_options(&v),
+            "maxPoolSize=100&minPoolSize=0&retryBudget=true&timeoutMS=250"
+        );
+        let custom = Variant::parse("t:fork:timeoutMS={deadline}").unwrap();
+        assert!(cfg.uri_options(&custom).ends_with("&timeoutMS=250"));
     }
 
     #[test]

@@ -194,8 +194,9 @@ impl Tally {
 }
 
 /// The application's side of one request: calls the driver, and while the call failed with an
-/// overload error, the application's deadline (`give_up`) has not passed and it has retries
-/// left, calls it again at once (as applications that retry "a few times" do).
+/// overload error, the application's deadline (`give_up`) has not passed, it has retries left
+/// and the client's shared retry budget (the fork's, when on) admits one, calls it again at
+/// once (as applications that retry "a few times" do).
 async fn app_call(
     client: Arc<dyn LabClient>,
     op: OpSpec,
@@ -207,8 +208,11 @@ async fn app_call(
     for tried in 0..=retries {
         let r = client.run(op.clone()).await;
         tally.add(&r);
-        let retry =
-            r.outcome == Err(ErrorClass::Overload) && tried < retries && Instant::now() < give_up;
+        // The budget is asked last: admitting a retry charges it.
+        let retry = r.outcome == Err(ErrorClass::Overload)
+            && tried < retries
+            && Instant::now() < give_up
+            && client.app_may_retry();
         if !retry {
             return tally.report(r.outcome);
         }

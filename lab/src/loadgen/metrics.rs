@@ -19,7 +19,7 @@ use tokio::time::Instant;
 pub enum ErrorClass {
     /// 462, 433 (or any error labelled `SystemOverloadedError`).
     Overload,
-    /// 50 MaxTimeMSExpired.
+    /// 50 MaxTimeMSExpired, or the fork's `timeoutMS` expiring in the driver.
     Expired,
     /// The application's deadline passed first.
     ClientDeadline,

@@ -411,6 +411,45 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
             "Server model counters: n/a (no `labOverload` section in serverStatus).\n"
         );
     }
+    let fork_stats: Vec<Vec<String>> = run
+        .runs
+        .iter()
+        .filter_map(|r| {
+            let f = r.summary.fork_stats?;
+            Some(vec![
+                run_label(r, cfg.repeats),
+                f.overload_errors.to_string(),
+                format!("{} / {}", f.retries_made, f.retries_refused),
+                format!("{} / {}", f.app_retries_made, f.app_retries_refused),
+                format!("{:.0}", f.backoff_slept_ms),
+            ])
+        })
+        .collect();
+    if !fork_stats.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Fork overload statistics (`Client::overload_stats`, all instances)\n"
+        );
+        let _ = writeln!(
+            s,
+            "{}",
+            md_table(
+                &[
+                    "run",
+                    "overload errors",
+                    "driver retries made / refused",
+                    "application retries made / refused",
+                    "backoff slept ms",
+                ],
+                &fork_stats
+            )
+        );
+        let _ = writeln!(
+            s,
+            "Refused retries are those the retry budget declined (`retryBudget=true`); \
+             application retries go through the client's shared budget handle.\n"
+        );
+    }
     if !charts.is_empty() {
         let _ = writeln!(s, "## Charts\n");
         for (title, path) in charts {

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::calibrate::calibrate;
-use super::client::{self, LabClient, Sink};
+use super::client::{self, ForkStats, LabClient, Sink};
 use super::config::{with_options, LabConfig, Load, Persona, ServerMode, Variant};
 use super::control::{counter_deltas, member_documents, model_document, Control, COLL, DB};
 use super::drive::{drive_all, drive_closed, ClosedLoop, DriveStats, RequestOpts};
@@ -192,8 +192,8 @@ async fn run_against(
                 }
                 _ => None,
             };
-            let (seconds, stats, cpu_total) = run;
-            let summary = summarize(
+            let (seconds, stats, cpu_total, fork_stats) = run;
+            let mut summary = summarize(
                 variant,
                 rep,
                 &seconds,
@@ -204,6 +204,7 @@ async fn run_against(
                 cpu_total,
                 cfg.max_lag_p99,
             );
+            summary.fork_stats = fork_stats;
             runs.push(VariantRun {
                 variant: variant.clone(),
                 rep,
@@ -223,6 +224,10 @@ async fn run_against(
     Ok((model.map(|m| m.0), runs, capacity, capacity_note))
 }
 
+/// What one variant run measured: per-second figures, the driver's view, mean process CPU
+/// (percent of all cores), and the fork's overload statistics summed over the instances.
+type VariantFigures = (Vec<Second>, DriveStats, Option<f64>, Option<ForkStats>);
+
 #[allow(clippy::too_many_arguments)]
 async fn run_variant(
     cfg: &LabConfig,
@@ -233,7 +238,7 @@ async fn run_variant(
     control: &Arc<Control>,
     progress: &ProgressBar,
     label: &str,
-) -> Result<(Vec<Second>, DriveStats, Option<f64>), String> {
+) -> Result<VariantFigures, String> {
     let attempts = Arc::new(AtomicU64::new(0));
     // The recorder's clock starts once the clients are connected (set below).
     let recorder = Arc::new(Recorder::new(Instant::now() + Duration::from_secs(3600)));
@@ -305,6 +310,12 @@ async fn run_variant(
         .as_secs_f64();
     let _ = stop_tx.send(true);
     while helpers.join_next().await.is_some() {}
+    let mut fork_stats: Option<ForkStats> = None;
+    for stats in clients.iter().filter_map(|c| c.overload_stats()) {
+        fork_stats
+            .get_or_insert_with(ForkStats::default)
+            .add(&stats);
+    }
     for c in &clients {
         c.shutdown().await;
     }
@@ -316,5 +327,5 @@ async fn run_variant(
         _ => None,
     };
     let len = cfg.scenario.duration().as_secs_f64().ceil() as usize;
-    Ok((recorder.take(len), stats, cpu_total))
+    Ok((recorder.take(len), stats, cpu_total, fork_stats))
 }

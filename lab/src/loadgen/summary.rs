@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::client::ForkStats;
 use super::config::{Scenario, Variant};
 use super::drive::DriveStats;
 use super::metrics::{goodput, merged, pct_ms, recovery_time, ErrorClass, Second};
@@ -111,6 +112,9 @@ pub struct RunSummary {
     pub cpu_max_pct: Option<f64>,
     /// The machine was saturated (mean CPU ≥ 90 %): figures reflect the lab, not the drivers.
     pub saturated: bool,
+    /// The fork's overload statistics over the run, summed over the instances (`None`:
+    /// upstream).
+    pub fork_stats: Option<ForkStats>,
 }
 
 impl RunSummary {
@@ -260,6 +264,7 @@ pub fn summarize(
         cpu_pct,
         cpu_max_pct,
         saturated: cpu_pct.is_some_and(|c| c >= 90.0),
+        fork_stats: None,
     }
 }
 

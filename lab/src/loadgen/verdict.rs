@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::client::ForkStats;
 use super::config::Driver;
 use super::runner::LabRun;
 use super::summary::{RunSummary, Spread};
@@ -102,6 +103,41 @@ pub struct VariantVerdict {
     pub p99_ms: Option<Spread>,
     /// Request errors by class, median over the runs.
     pub errors: std::collections::BTreeMap<String, f64>,
+    /// The fork's overload statistics per request offered, median over the runs (`None`:
+    /// upstream).
+    pub fork_stats_per_request: Option<ForkStatsPerRequest>,
+}
+
+/// A fork variant's `Client::overload_stats` counters ÷ requests offered, median over the runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkStatsPerRequest {
+    /// Driver retries sent.
+    pub retries_made: f64,
+    /// Driver retries the budget refused.
+    pub retries_refused: f64,
+    /// Application retries the shared budget admitted.
+    pub app_retries_made: f64,
+    /// Application retries the shared budget refused.
+    pub app_retries_refused: f64,
+}
+
+impl ForkStatsPerRequest {
+    fn of(runs: &[&RunSummary]) -> Option<ForkStatsPerRequest> {
+        let per_request = |f: fn(&ForkStats) -> u64| {
+            spread(runs, |r| {
+                let stats = r.fork_stats.as_ref()?;
+                (r.offered > 0).then(|| f(stats) as f64 / r.offered as f64)
+            })
+            .map(|s| s.median)
+        };
+        Some(ForkStatsPerRequest {
+            retries_made: per_request(|s| s.retries_made)?,
+            retries_refused: per_request(|s| s.retries_refused)?,
+            app_retries_made: per_request(|s| s.app_retries_made)?,
+            app_retries_refused: per_request(|s| s.app_retries_refused)?,
+        })
+    }
 }
 
 /// The best upstream variant of a scenario by its primary figure.
@@ -246,6 +282,7 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
                 throughput_ratio: spread(&runs, |r| base(r.rep).map(|b| r.goodput / b)),
                 p99_ms: spread(&runs, |r| r.latency.p99),
                 errors,
+                fork_stats_per_request: ForkStatsPerRequest::of(&runs),
             }
         })
         .collect();
@@ -401,14 +438,31 @@ pub fn markdown(v: &Verdict) -> String {
             }
         }
         for f in &sc.fork_ratios {
+            let stats = sc
+                .variants
+                .iter()
+                .find(|x| x.name == f.variant)
+                .and_then(|x| x.fork_stats_per_request)
+                .map(|st| {
+                    format!(
+                        " Per request: driver retries {:.3} made, {:.3} refused; application \
+                         retries {:.3} made, {:.3} refused.",
+                        st.retries_made,
+                        st.retries_refused,
+                        st.app_retries_made,
+                        st.app_retries_refused
+                    )
+                })
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "- {}: {:.3}, {} the best upstream.",
+                "- {}: {:.3}, {} the best upstream.{}",
                 f.variant,
                 f.value,
                 f.ratio
                     .map(|r| format!("{r:.3} ×"))
-                    .unwrap_or_else(|| "no ratio to".into())
+                    .unwrap_or_else(|| "no ratio to".into()),
+                stats
             );
         }
         for i in &sc.invalid_runs {
