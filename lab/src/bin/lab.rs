@@ -110,9 +110,9 @@ struct RunArgs {
     #[arg(long)]
     limiter_share: Option<f64>,
     /// What the application does at its deadline: `continue` lets the spawned driver call go
-    /// on; `drop` drops the driver's future.
-    #[arg(long, value_enum, default_value = "continue")]
-    on_deadline: OnDeadline,
+    /// on; `drop` drops the driver's future. Default: `continue`, but `drop` in `flood`.
+    #[arg(long, value_enum)]
+    on_deadline: Option<OnDeadline>,
     /// transient: share of admitted data requests the server rejects at random.
     #[arg(long, default_value_t = lab::loadgen::scenarios::TRANSIENT_REJECT_SHARE)]
     reject_share: f64,
@@ -210,10 +210,12 @@ fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
         persona: a.persona,
         model_overrides,
         max_lag_p99: Duration::from_secs_f64(a.max_lag_ms / 1000.0),
-        on_deadline: a.on_deadline,
         ..LabConfig::default()
     };
     name.apply(&mut cfg, length(a), &params(a)?);
+    if let Some(on_deadline) = a.on_deadline {
+        cfg.on_deadline = on_deadline;
+    }
     if let Some(p) = &a.phases {
         cfg.scenario = Scenario {
             name: cfg.scenario.name.clone(),

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::config::{HotMember, LabConfig, Length, Load, ServerMode, Variant};
+use super::config::{HotMember, LabConfig, Length, Load, OnDeadline, ServerMode, Variant};
 
 /// A named scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -185,6 +185,14 @@ impl ScenarioName {
             }
             ScenarioName::Flood => {
                 cfg.scenario = Scenario::steady("flood", "flood", p.flood_load, steady);
+                // At five times capacity, an application that lets each driver call go on
+                // after its deadline piles up tens of seconds of calls in the pools (upstream's
+                // defaults left 3,500 of 8,300 requests unfinished 8 s after the schedule), so
+                // no run would finish and the pools, not the server, would set the pace. The
+                // flood's application drops the call at its deadline instead, as applications
+                // using `tokio::time::timeout` do, and every attempt sent reaches the server
+                // at the offered rate.
+                cfg.on_deadline = OnDeadline::Drop;
                 model = serde_json::json!({
                     "cores": FLOOD_CORES,
                     "costs": { "rejectionMs": p.rejection_ms },
@@ -250,20 +258,54 @@ impl ScenarioName {
         cfg.model_overrides = (!empty).then_some(model);
     }
 
-    /// The variants this scenario runs when none are named.
+    /// The variants this scenario runs when none are named: upstream's configurations, and
+    /// the fork's controls where the scenario judges them (where they help and where they may
+    /// hurt). `fork-default` (every control off, so upstream's behaviour) runs in `burst`, to
+    /// show the fork without options behaves as upstream, and in `fast-path`, where the
+    /// fork's cost is the question. The suite's 15 minutes do not allow every variant in every
+    /// scenario.
     pub fn default_variants(self) -> Vec<Variant> {
-        match self {
-            ScenarioName::HotMember => [
+        let names: &[&str] = match self {
+            ScenarioName::Burst => &[
+                "upstream-default",
+                "upstream-no-retries",
+                "fork-default",
+                "fork-timeout",
+                "fork-budget",
+                "fork-budget-timeout",
+            ],
+            ScenarioName::Sustained | ScenarioName::AppRetries => &[
+                "upstream-default",
+                "upstream-no-retries",
+                "fork-timeout",
+                "fork-budget",
+                "fork-budget-timeout",
+            ],
+            ScenarioName::Transient => &[
+                "upstream-default",
+                "upstream-no-retries",
+                "fork-timeout",
+                "fork-budget",
+                "fork-budget-timeout",
+            ],
+            ScenarioName::Flood => &[
+                "upstream-default",
+                "upstream-no-retries",
+                "fork-budget-timeout",
+            ],
+            ScenarioName::NoLimiter => &["upstream-default", "upstream-no-retries", "fork-timeout"],
+            ScenarioName::FastPath => &["upstream-default", "fork-default", "fork-budget-timeout"],
+            ScenarioName::HotMember => &[
                 "upstream-default",
                 "upstream-retargeting",
-                "fork-default",
                 "fork-retargeting",
-            ]
+                "fork-budget-timeout",
+            ],
+        };
+        names
             .iter()
             .filter_map(|name| Variant::parse(name).ok())
-            .collect(),
-            _ => Variant::defaults(),
-        }
+            .collect()
     }
 }
 
@@ -331,6 +373,25 @@ mod tests {
         ScenarioName::AppRetries.apply(&mut cfg, Length::Suite, &p);
         assert_eq!(cfg.app_retries, 2);
         assert!(cfg.model_overrides.is_none());
+    }
+
+    #[test]
+    fn every_scenario_judges_fork_controls_against_upstream() {
+        for s in ScenarioName::ALL {
+            let v = s.default_variants();
+            assert!(v.len() >= 3, "{s:?}: {v:?}");
+            assert_eq!(v[0].name, "upstream-default", "{s:?}: the ratio base runs");
+            assert!(v
+                .iter()
+                .any(|x| x.driver == super::super::config::Driver::Fork));
+            // The recommended settings are judged everywhere but where they change nothing.
+            if s != ScenarioName::NoLimiter {
+                assert!(v.iter().any(|x| x.name == "fork-budget-timeout"), "{s:?}");
+            }
+        }
+        let mut cfg = LabConfig::default();
+        ScenarioName::Flood.apply(&mut cfg, Length::Suite, &ScenarioParams::default());
+        assert_eq!(cfg.on_deadline, OnDeadline::Drop);
     }
 
     #[test]
