@@ -28,10 +28,11 @@ use crate::skips;
 /// Arguments no operation may carry here, and why (checked before anything else).
 const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[("timeoutMode", skips::TIMEOUT_STAGE_2)];
 
-/// Operations whose driver action takes a per-call `timeoutMS` (`.timeout()`), in stage 1. The
-/// CRUD options structs read `timeoutMS` themselves; `runCommand`'s the runner sets. Any other
-/// operation only inherits the client's, database's or collection's value, so a case passing
-/// `timeoutMS` to it is skipped (the value would otherwise be dropped).
+/// Operations whose driver action takes a per-call `timeoutMS` (`.timeout()`), in stage 1. Their
+/// options structs read `timeoutMS` themselves; `runCommand`'s and `createIndex`'s the runner
+/// sets. Any other operation (the cursor-creating ones and the transaction ones, whose tests
+/// are about later stages) gets no per-call value, so a case passing `timeoutMS` to it is
+/// skipped (the value would otherwise be dropped).
 const TIMEOUT_OPERATIONS: &[&str] = &[
     "insertOne",
     "insertMany",
@@ -50,6 +51,22 @@ const TIMEOUT_OPERATIONS: &[&str] = &[
     "estimatedDocumentCount",
     "distinct",
     "runCommand",
+    "createIndex",
+    "dropIndex",
+    "dropIndexes",
+    "listIndexes",
+    "listIndexNames",
+    "createCollection",
+    "dropCollection",
+    "listCollections",
+    "listCollectionNames",
+    "listCollectionObjects",
+    "listDatabases",
+    "listDatabaseNames",
+    "listDatabaseObjects",
+    "clientBulkWrite",
+    // Bounds the stream's opening aggregate only; the stream itself is stage 2.
+    "createChangeStream",
 ];
 
 /// Arguments the format allows (so they are in [`ARGUMENTS`]) that no driver options struct
@@ -777,11 +794,14 @@ fn honoured_arguments(op: &str) -> Option<Vec<&'static str>> {
         "countDocuments" => with::<CountOptions>(&["filter", "session", "maxTimeMS"]),
         "estimatedDocumentCount" => with::<EstimatedDocumentCountOptions>(&[]),
         "distinct" => with::<DistinctOptions>(&["fieldName", "filter", "session"]),
-        // Index options go to `IndexOptions`; `maxTimeMS` belongs to the command, which the
-        // runner passes as `CreateIndexOptions`.
-        "createIndex" => {
-            with::<crate::mongodb::options::IndexOptions>(&["keys", "session", "maxTimeMS"])
-        }
+        // Index options go to `IndexOptions`; `maxTimeMS` and `timeoutMS` belong to the
+        // command, which the runner passes as `CreateIndexOptions`.
+        "createIndex" => with::<crate::mongodb::options::IndexOptions>(&[
+            "keys",
+            "session",
+            "maxTimeMS",
+            "timeoutMS",
+        ]),
         "dropIndex" => with::<DropIndexOptions>(&["name", "session"]),
         "dropIndexes" => with::<DropIndexOptions>(&["session"]),
         "listIndexes" | "listIndexNames" => with::<ListIndexesOptions>(&["session"]),
@@ -1319,16 +1339,22 @@ async fn collection_op(
         }
         "createIndex" => {
             let keys = args.doc("keys")?;
-            // `maxTimeMS` is an option of the createIndexes command, not of the index.
+            // `maxTimeMS` and `timeoutMS` are options of the createIndexes command, not of the
+            // index.
             let max_time = args
                 .take("maxTimeMS")
                 .map(|v| millis(v, "maxTimeMS"))
                 .transpose()?;
+            let timeout = args
+                .take("timeoutMS")
+                .map(|v| millis(v, "timeoutMS"))
+                .transpose()?;
             let options: Option<IndexOptions> = args.options()?;
             let model = IndexModel::builder().keys(keys).options(options).build();
-            let command_options = crate::mongodb::options::CreateIndexOptions::builder()
+            let mut command_options = crate::mongodb::options::CreateIndexOptions::builder()
                 .max_time(max_time)
                 .build();
+            crate::timeouts::set_create_index(&mut command_options, timeout)?;
             run!(sess, coll.create_index(model).with_options(command_options))
                 .map(|r| value(Some(Bson::String(r.index_name))))
         }
@@ -1423,7 +1449,9 @@ async fn database_op(
         }
         "dropCollection" => {
             let collection = args.string("collection")?;
-            run!(sess, db.collection::<Document>(&collection).drop()).map(|()| value(None))
+            let options: Option<crate::mongodb::options::DropCollectionOptions> = args.options()?;
+            let coll = db.collection::<Document>(&collection);
+            run!(sess, coll.drop().with_options(options)).map(|()| value(None))
         }
         "listCollections" | "listCollectionObjects" => {
             let filter = args.opt_doc("filter")?;
@@ -2310,13 +2338,30 @@ mod tests {
             let reason = skip_reason(doc! {"name": name, "object": object, "arguments": args});
             assert_eq!(reason, None, "{name}");
         }
-        // One that only inherits is skipped, never run with the value dropped.
-        let reason = skip_reason(doc! {"name": "listCollections", "object": "d",
-        "arguments": {"filter": {}, "timeoutMS": 100}});
-        assert!(reason.is_some_and(|r| r.contains("no per-call timeoutMS")));
-        // Later stages say which stage.
-        let reason = skip_reason(doc! {"name": "createChangeStream", "object": "c",
-        "arguments": {"pipeline": [], "timeoutMS": 100}});
+        // So do the catalog, index and list helpers, client bulkWrite and change streams.
+        for (name, object, args) in [
+            ("listCollections", "d", doc! {"filter": {}}),
+            ("listDatabaseNames", "c", doc! {}),
+            ("listIndexes", "c", doc! {}),
+            ("createIndex", "c", doc! {"keys": {"x": 1}, "name": "x_1"}),
+            ("dropIndexes", "c", doc! {}),
+            ("createCollection", "d", doc! {"collection": "c"}),
+            ("dropCollection", "d", doc! {"collection": "c"}),
+            (
+                "clientBulkWrite",
+                "c",
+                doc! {"models": [{"insertOne": {"namespace": "d.c", "document": {}}}]},
+            ),
+            ("createChangeStream", "c", doc! {"pipeline": []}),
+        ] {
+            let mut args = args;
+            args.insert("timeoutMS", 100);
+            let reason = skip_reason(doc! {"name": name, "object": object, "arguments": args});
+            assert_eq!(reason, None, "{name}");
+        }
+        // Later stages say which stage, and a cursor's own timeoutMS is one of them.
+        let reason = skip_reason(doc! {"name": "runCursorCommand", "object": "d",
+        "arguments": {"command": {"find": "c"}, "timeoutMS": 100}});
         assert!(reason.is_some_and(|r| r.contains("timeoutMS stage 2")));
         let reason = skip_reason(doc! {"name": "find", "object": "c",
         "arguments": {"filter": {}, "timeoutMode": "iteration"}});

@@ -12,7 +12,6 @@ pub const TIMEOUT_STAGE_3: &str = "timeoutMS stage 3 (sessions and transactions)
 pub const TIMEOUT_STAGE_4: &str = "timeoutMS stage 4 (GridFS)";
 /// Operations whose own `timeoutMS` belongs to a later stage, by stage.
 const TIMEOUT_LATER_STAGE_OPERATIONS: &[(&str, &str)] = &[
-    ("createChangeStream", TIMEOUT_STAGE_2),
     ("createFindCursor", TIMEOUT_STAGE_2),
     ("createCommandCursor", TIMEOUT_STAGE_2),
     ("runCursorCommand", TIMEOUT_STAGE_2),
@@ -373,7 +372,8 @@ mod tests {
         ] {
             assert_eq!(case(file), None, "{file}");
         }
-        assert_eq!(timeout_argument("listIndexes"), NO_PER_CALL_TIMEOUT);
+        assert_eq!(timeout_argument("createCommandCursor"), TIMEOUT_STAGE_2);
+        assert_eq!(timeout_argument("anyOtherOperation"), NO_PER_CALL_TIMEOUT);
         assert_eq!(timeout_argument("withTransaction"), TIMEOUT_STAGE_3);
     }
 }

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use crate::mongodb::action::RunCommand;
 use crate::mongodb::error::ErrorKind;
-use crate::mongodb::options::{ClientOptions, CollectionOptions, DatabaseOptions};
+use crate::mongodb::options::{
+    ClientOptions, CollectionOptions, CreateIndexOptions, DatabaseOptions,
+};
 
 /// Why `timeoutMS` cannot be honoured by the driver under test, if it cannot.
 #[cfg(not(feature = "upstream"))]
@@ -39,6 +41,14 @@ mod driver {
         timeout: Duration,
     ) -> Result<RunCommand<'_>, String> {
         Ok(action.timeout(timeout))
+    }
+
+    pub fn set_create_index(
+        options: &mut CreateIndexOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        options.timeout = timeout;
+        Ok(())
     }
 
     pub fn is_timeout(kind: &ErrorKind) -> bool {
@@ -75,6 +85,13 @@ mod driver {
         Err(refuse())
     }
 
+    pub fn set_create_index(
+        _: &mut CreateIndexOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        timeout.map_or(Ok(()), |_| Err(refuse()))
+    }
+
     pub fn is_timeout(_: &ErrorKind) -> bool {
         false
     }
@@ -92,5 +109,7 @@ pub use driver::is_timeout;
 pub use driver::run_command;
 /// Sets a collection's own `timeoutMS`.
 pub use driver::set_collection;
+/// Sets a `createIndex`'s per-call `timeoutMS` (`CreateIndexOptions` cannot be deserialized).
+pub use driver::set_create_index;
 /// Sets a database's own `timeoutMS`.
 pub use driver::set_database;

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use common::{Server, Started};
 use mongodb::{
     bson::{doc, Bson, Document},
-    error::{Error, ErrorKind, WriteFailure},
+    error::{BulkWriteError, Error, ErrorKind, PartialBulkWriteResult, WriteFailure},
     event::{command::CommandEvent, EventHandler},
-    options::{ClientOptions, CollectionOptions, DatabaseOptions, WriteConcern},
-    Client,
+    options::{ClientOptions, CollectionOptions, DatabaseOptions, InsertOneModel, WriteConcern},
+    Client, Collection, Database, IndexModel, SearchIndexModel,
 };
 
 fn ms(millis: u64) -> Duration {
@@ -610,4 +610,543 @@ async fn insert_many_batches_share_one_deadline() {
         second < 3_000,
         "the second batch got what remained, not a fresh budget: {second}"
     );
+}
+
+/// One insert of an empty document into `coll`, as a client `bulk_write` model.
+fn insert_model(coll: &Collection<Document>) -> InsertOneModel {
+    InsertOneModel::builder()
+        .namespace(coll.namespace())
+        .document(doc! {})
+        .build()
+}
+
+/// The client `bulk_write` error inside a timeout error (its cause), or the error itself.
+fn bulk_write_error(error: &Error) -> Option<&BulkWriteError> {
+    let inner = if is_timeout(error) {
+        cause(error)?
+    } else {
+        error
+    };
+    match inner.kind.as_ref() {
+        ErrorKind::BulkWrite(e) => Some(e),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn every_other_action_that_runs_a_command_takes_its_own_timeout() {
+    // A replica set, so that `watch` can open a change stream.
+    let server = Server::replica_set();
+    let (client, sent) = client_with(&server.uri, Some(ms(8_000))).await;
+    let db =
+        client.database_with_options("t", DatabaseOptions::builder().timeout(ms(6_000)).build());
+    let coll = db.collection_with_options::<Document>(
+        "ops",
+        CollectionOptions::builder().timeout(ms(4_000)).build(),
+    );
+    coll.insert_one(doc! { "x": 1 }).await.unwrap();
+    let scratch = client.database("scratch");
+    scratch.create_collection("c").await.unwrap();
+    let t = ms(1_000);
+
+    // Each action with `.timeout(1 s)`, under levels that all say more.
+    sent.clear();
+    db.list_collections().timeout(t).await.unwrap();
+    db.list_collection_names().timeout(t).await.unwrap();
+    client.list_databases().timeout(t).await.unwrap();
+    client.list_database_names().timeout(t).await.unwrap();
+    coll.create_index(IndexModel::builder().keys(doc! { "x": 1 }).build())
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.create_indexes(vec![IndexModel::builder().keys(doc! { "y": 1 }).build()])
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.list_indexes().timeout(t).await.unwrap();
+    coll.list_index_names().timeout(t).await.unwrap();
+    coll.drop_index("x_1").timeout(t).await.unwrap();
+    coll.drop_indexes().timeout(t).await.unwrap();
+    db.create_collection("made").timeout(t).await.unwrap();
+    db.collection::<Document>("made")
+        .drop()
+        .timeout(t)
+        .await
+        .unwrap();
+    scratch.drop().timeout(t).await.unwrap();
+    db.run_cursor_command(doc! { "find": "ops" })
+        .timeout(t)
+        .await
+        .unwrap();
+    client
+        .bulk_write(vec![insert_model(&coll)])
+        .timeout(t)
+        .await
+        .unwrap();
+    coll.watch().timeout(t).await.unwrap();
+    // The emulator, like a server without mongot, refuses the search-index commands; what
+    // matters here is what the driver sends.
+    let model = SearchIndexModel::builder()
+        .definition(doc! { "mappings": { "dynamic": true } })
+        .name("s".to_string())
+        .build();
+    let _ = coll.create_search_index(model).timeout(t).await;
+    let _ = coll
+        .update_search_index("s", doc! { "mappings": { "dynamic": false } })
+        .timeout(t)
+        .await;
+    let _ = coll.drop_search_index("s").timeout(t).await;
+    for (command, count) in [
+        ("listCollections", 2),
+        ("listDatabases", 2),
+        ("createIndexes", 2),
+        ("listIndexes", 2),
+        ("dropIndexes", 2),
+        ("create", 1),
+        ("drop", 1),
+        ("dropDatabase", 1),
+        ("find", 1),
+        ("bulkWrite", 1),
+        ("aggregate", 1),
+        ("createSearchIndexes", 1),
+        ("updateSearchIndex", 1),
+        ("dropSearchIndex", 1),
+    ] {
+        let commands = sent.named(command);
+        // At least: a refused command that is retryable may be sent again within the 1 s.
+        assert!(
+            commands.len() >= count,
+            "{command} sent {} times",
+            commands.len()
+        );
+        for sent_command in commands {
+            let max_time = sent_command
+                .get_i64("maxTimeMS")
+                .unwrap_or_else(|_| panic!("{command}: {sent_command:?}"));
+            assert!(
+                max_time <= 1_000 && max_time > 500,
+                "{command}: maxTimeMS {max_time}"
+            );
+        }
+    }
+
+    // list_search_indexes runs an aggregate with the same budget.
+    sent.clear();
+    let _ = coll.list_search_indexes().timeout(t).await;
+    assert_max_time_from(
+        sent.last_max_time("aggregate"),
+        1_000,
+        "list_search_indexes",
+    );
+}
+
+/// One call of an action that runs `command`, with its own `timeout`: a representative of each
+/// kind (list helpers, index and collection management, dropping a database, a cursor command
+/// and client `bulk_write`).
+async fn call_with_timeout(
+    command: &str,
+    client: &Client,
+    db: &Database,
+    coll: &Collection<Document>,
+    timeout: Duration,
+) -> mongodb::error::Result<()> {
+    match command {
+        "listCollections" => db.list_collection_names().timeout(timeout).await.map(drop),
+        "listDatabases" => client
+            .list_database_names()
+            .timeout(timeout)
+            .await
+            .map(drop),
+        "listIndexes" => coll.list_index_names().timeout(timeout).await.map(drop),
+        "createIndexes" => coll
+            .create_index(IndexModel::builder().keys(doc! { "x": 1 }).build())
+            .timeout(timeout)
+            .await
+            .map(drop),
+        "dropIndexes" => coll.drop_indexes().timeout(timeout).await,
+        "create" => db.create_collection("made").timeout(timeout).await,
+        "drop" => {
+            db.collection::<Document>("made")
+                .drop()
+                .timeout(timeout)
+                .await
+        }
+        "dropDatabase" => db.drop().timeout(timeout).await,
+        "find" => db
+            .run_cursor_command(doc! { "find": coll.name() })
+            .timeout(timeout)
+            .await
+            .map(drop),
+        "bulkWrite" => client
+            .bulk_write(vec![insert_model(coll)])
+            .timeout(timeout)
+            .await
+            .map(drop),
+        other => panic!("no call for {other}"),
+    }
+}
+
+/// The commands of [`call_with_timeout`], in an order that keeps each call valid (`create`
+/// before `drop`, `dropDatabase` last).
+const OVERRIDDEN_COMMANDS: [&str; 10] = [
+    "listCollections",
+    "listDatabases",
+    "listIndexes",
+    "createIndexes",
+    "dropIndexes",
+    "find",
+    "bulkWrite",
+    "create",
+    "drop",
+    "dropDatabase",
+];
+
+#[tokio::test]
+async fn a_shorter_per_call_timeout_ends_a_blocked_command_whatever_the_levels_above_say() {
+    let server = Server::standalone();
+    let (client, sent) = client_with(&server.uri, Some(ms(10_000))).await;
+    let db = client.database("t");
+    let coll = db.collection::<Document>("c");
+    coll.insert_one(doc! {}).await.unwrap();
+    for command in OVERRIDDEN_COMMANDS {
+        // Blocked far longer than the call's 200 ms, far shorter than the inherited 10 s.
+        fail_point(
+            &server.uri,
+            doc! {
+                "configureFailPoint": "failCommand",
+                "mode": { "times": 1 },
+                "data": { "failCommands": [command], "blockConnection": true, "blockTimeMS": 1500 },
+            },
+        )
+        .await;
+        sent.clear();
+        let started = Instant::now();
+        let result = call_with_timeout(command, &client, &db, &coll, ms(200)).await;
+        let elapsed = started.elapsed();
+        let error = result.expect_err(command);
+        assert!(is_timeout(&error), "{command}: {error:?}");
+        assert!(elapsed < ms(1_000), "{command}: ended after {elapsed:?}");
+        assert_max_time_from(sent.last_max_time(command), 200, command);
+    }
+    fail_point_off(&server.uri).await;
+}
+
+#[tokio::test]
+async fn a_longer_per_call_timeout_lets_a_slow_command_finish_under_a_short_inherited_one() {
+    let server = Server::standalone();
+    // Every level inherits the client's 100 ms; each call asks for 5 s instead.
+    let (client, sent) = client_with(&server.uri, Some(ms(100))).await;
+    let db = client.database("t");
+    let coll = db.collection::<Document>("c");
+    coll.insert_one(doc! {}).timeout(ms(5_000)).await.unwrap();
+    for command in OVERRIDDEN_COMMANDS {
+        // Blocked for 300 ms: longer than the inherited 100 ms, well within the call's 5 s.
+        fail_point(
+            &server.uri,
+            doc! {
+                "configureFailPoint": "failCommand",
+                "mode": { "times": 1 },
+                "data": { "failCommands": [command], "blockConnection": true, "blockTimeMS": 300 },
+            },
+        )
+        .await;
+        sent.clear();
+        call_with_timeout(command, &client, &db, &coll, ms(5_000))
+            .await
+            .unwrap_or_else(|e| panic!("{command}: {e:?}"));
+        assert_max_time_from(sent.last_max_time(command), 5_000, command);
+    }
+}
+
+/// CSOT prose test 11, on the emulator: the batches of one client `bulk_write` share one
+/// deadline, and the error keeps the first batch's results.
+#[tokio::test]
+async fn client_bulk_write_batches_share_one_deadline() {
+    let server = Server::standalone();
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 2 },
+            "data": { "failCommands": ["bulkWrite"], "blockConnection": true, "blockTimeMS": 3010 },
+        },
+    )
+    .await;
+    // The client's 6 s: each batch blocked for 3 s leaves the second less than 3 s, which the
+    // emulator's maxTimeMS then cuts short (code 50). A fresh 6 s for the second batch would
+    // outlast the block and succeed.
+    let (client, sent) = client_with(&server.uri, Some(ms(6_000))).await;
+    let coll = client.database("t").collection::<Document>("bulk");
+    // 50 documents of 1 MB do not fit in one 48 MB message: two batches.
+    let big = "a".repeat(1_000_000);
+    let models: Vec<InsertOneModel> = (0..50)
+        .map(|_| {
+            InsertOneModel::builder()
+                .namespace(coll.namespace())
+                .document(doc! { "a": big.clone() })
+                .build()
+        })
+        .collect();
+    let error = client
+        .bulk_write(models)
+        .await
+        .expect_err("the second batch runs out of time");
+    fail_point_off(&server.uri).await;
+    assert!(is_timeout(&error), "{error:?}");
+    let batches = sent.named("bulkWrite");
+    assert_eq!(batches.len(), 2, "two batches were sent");
+    let second = batches[1].get_i64("maxTimeMS").expect("maxTimeMS");
+    assert!(
+        second < 3_000,
+        "the second batch got what remained, not a fresh budget: {second}"
+    );
+    // The cause is the bulk write error, with the first batch's inserts as its partial result.
+    let bulk = bulk_write_error(&error).expect("a bulk write error as the cause");
+    let inserted = match &bulk.partial_result {
+        Some(PartialBulkWriteResult::Summary(result)) => result.inserted_count,
+        other => panic!("no summary partial result: {other:?}"),
+    };
+    let first_batch = batches[0]
+        .get_array("ops")
+        .map(Vec::len)
+        .unwrap_or_default();
+    assert!(first_batch > 0 && first_batch < 50, "{first_batch}");
+    assert_eq!(inserted, first_batch as i64);
+}
+
+#[tokio::test]
+async fn max_time_ms_expired_in_a_client_bulk_write_becomes_the_timeout_error() {
+    // A write concern error with code 50 (the emulator's fail point).
+    let server = Server::standalone();
+    let wce = doc! {
+        "configureFailPoint": "failCommand",
+        "mode": { "times": 1 },
+        "data": {
+            "failCommands": ["bulkWrite"],
+            "writeConcernError": { "code": 50, "codeName": "MaxTimeMSExpired", "errmsg": "expired" },
+        },
+    };
+    for timeout in [Some(ms(5_000)), None] {
+        fail_point(&server.uri, wce.clone()).await;
+        let (client, _) = client_with(&server.uri, timeout).await;
+        let coll = client.database("t").collection::<Document>("c");
+        let error = client
+            .bulk_write(vec![insert_model(&coll)])
+            .await
+            .expect_err("write concern error");
+        // With timeoutMS the timeout error; without, the bulk write error it was.
+        assert_eq!(is_timeout(&error), timeout.is_some(), "{error:?}");
+        let bulk = bulk_write_error(&error).expect("the bulk write error");
+        let codes: Vec<i32> = bulk.write_concern_errors.iter().map(|e| e.code).collect();
+        assert_eq!(codes, vec![50], "{error:?}");
+    }
+
+    // A top-level code 50 on the only batch.
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["bulkWrite"], "errorCode": 50 },
+        },
+    )
+    .await;
+    let (client, _) = client_with(&server.uri, Some(ms(5_000))).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let error = client
+        .bulk_write(vec![insert_model(&coll)])
+        .await
+        .expect_err("code 50");
+    assert!(is_timeout(&error), "{error:?}");
+    assert_eq!(cause(&error).and_then(server_code), Some(50));
+
+    // A write error with code 50, which the emulator cannot produce: a fake server reports it
+    // for the first model of each batch. The fake advertises one write per batch, so an
+    // unordered call of two models makes two batches unless the first one ends the call.
+    let fake = fake_server::FakeServer::start().await;
+    for timeout in [Some(ms(5_000)), None] {
+        fake.reset();
+        let (client, _) = client_with(&fake.uri, timeout).await;
+        let coll = client.database("t").collection::<Document>("c");
+        let error = client
+            .bulk_write(vec![insert_model(&coll), insert_model(&coll)])
+            .ordered(false)
+            .await
+            .expect_err("write error");
+        assert_eq!(is_timeout(&error), timeout.is_some(), "{error:?}");
+        let bulk = bulk_write_error(&error).expect("the bulk write error");
+        assert_eq!(
+            bulk.write_errors.get(&0).map(|e| e.code),
+            Some(50),
+            "{error:?}"
+        );
+        // Under timeoutMS the expired batch ends the call; without it, the unordered call goes
+        // on with its second batch as upstream does.
+        let expected_batches = if timeout.is_some() { 1 } else { 2 };
+        assert_eq!(fake.bulk_writes(), expected_batches, "{error:?}");
+    }
+}
+
+/// A server that speaks just enough of the wire protocol (OP_MSG) for client `bulk_write`
+/// replies the emulator cannot give: it answers the handshake as a MongoDB 8.0 standalone that
+/// takes one write per batch, fails the first write of every `bulkWrite` with code 50
+/// (MaxTimeMSExpired), and answers anything else with `ok: 1`.
+mod fake_server {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use mongodb::bson::{doc, Document};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    const OP_MSG: i32 = 2013;
+    /// Larger requests are refused (the fake only ever sees small commands).
+    const MAX_REQUEST_BYTES: usize = 16 * 1024 * 1024;
+
+    pub struct FakeServer {
+        pub uri: String,
+        bulk_writes: Arc<AtomicUsize>,
+        accept: tokio::task::JoinHandle<()>,
+    }
+
+    impl FakeServer {
+        pub async fn start() -> Self {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let address = listener.local_addr().expect("address");
+            let bulk_writes = Arc::new(AtomicUsize::new(0));
+            let counter = bulk_writes.clone();
+            // Runs until the server is dropped, which aborts it.
+            let accept = tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    tokio::spawn(serve(stream, counter.clone()));
+                }
+            });
+            Self {
+                uri: format!("mongodb://{address}/?directConnection=true"),
+                bulk_writes,
+                accept,
+            }
+        }
+
+        /// How many `bulkWrite` commands arrived since the last reset.
+        pub fn bulk_writes(&self) -> usize {
+            self.bulk_writes.load(Ordering::SeqCst)
+        }
+
+        pub fn reset(&self) {
+            self.bulk_writes.store(0, Ordering::SeqCst);
+        }
+    }
+
+    impl Drop for FakeServer {
+        fn drop(&mut self) {
+            self.accept.abort();
+        }
+    }
+
+    /// Answers one connection's requests until the client closes it (or sends something this
+    /// fake does not read).
+    async fn serve(mut stream: TcpStream, bulk_writes: Arc<AtomicUsize>) {
+        while let Some((request_id, command)) = read_command(&mut stream).await {
+            let name = command.keys().next().cloned().unwrap_or_default();
+            let reply = match name.as_str() {
+                "hello" | "isMaster" | "ismaster" => hello(),
+                "bulkWrite" => {
+                    bulk_writes.fetch_add(1, Ordering::SeqCst);
+                    expired_first_write()
+                }
+                _ => doc! { "ok": 1 },
+            };
+            if write_reply(&mut stream, request_id, &reply).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn hello() -> Document {
+        doc! {
+            "ok": 1,
+            "helloOk": true,
+            "isWritablePrimary": true,
+            "ismaster": true,
+            "maxBsonObjectSize": 16_777_216,
+            "maxMessageSizeBytes": 48_000_000,
+            "maxWriteBatchSize": 1,
+            "logicalSessionTimeoutMinutes": 30,
+            "connectionId": 1,
+            "minWireVersion": 0,
+            "maxWireVersion": 25,
+        }
+    }
+
+    /// A `bulkWrite` reply whose first (only) write failed with MaxTimeMSExpired.
+    fn expired_first_write() -> Document {
+        doc! {
+            "ok": 1,
+            "cursor": {
+                "id": 0_i64,
+                "ns": "admin.$cmd.bulkWrite",
+                "firstBatch": [{
+                    "ok": 0,
+                    "idx": 0,
+                    "code": 50,
+                    "codeName": "MaxTimeMSExpired",
+                    "errmsg": "operation exceeded time limit",
+                }],
+            },
+            "nErrors": 1,
+            "nInserted": 0,
+            "nMatched": 0,
+            "nModified": 0,
+            "nUpserted": 0,
+            "nDeleted": 0,
+        }
+    }
+
+    /// Reads one OP_MSG request: its id and its body (section kind 0). Document sequences
+    /// (kind 1) are skipped. `None` when the connection ends or the message is not one.
+    async fn read_command(stream: &mut TcpStream) -> Option<(i32, Document)> {
+        let mut header = [0_u8; 16];
+        stream.read_exact(&mut header).await.ok()?;
+        let field = |i: usize| i32::from_le_bytes(header[i..i + 4].try_into().unwrap_or_default());
+        let length = usize::try_from(field(0)).ok()?;
+        if field(12) != OP_MSG || !(21..=MAX_REQUEST_BYTES).contains(&length) {
+            return None;
+        }
+        let mut message = vec![0_u8; length - 16];
+        stream.read_exact(&mut message).await.ok()?;
+        // Flag bits first, then sections: a kind byte and its payload.
+        let mut rest = message.get(4..)?;
+        let mut body = None;
+        while let Some((&kind, payload)) = rest.split_first() {
+            let size =
+                usize::try_from(i32::from_le_bytes(payload.get(..4)?.try_into().ok()?)).ok()?;
+            let (section, after) = (payload.get(..size)?, payload.get(size..)?);
+            if kind == 0 {
+                body = Document::from_reader(section).ok();
+            }
+            rest = after;
+        }
+        Some((field(4), body?))
+    }
+
+    async fn write_reply(
+        stream: &mut TcpStream,
+        response_to: i32,
+        reply: &Document,
+    ) -> std::io::Result<()> {
+        let mut body = Vec::new();
+        reply
+            .to_writer(&mut body)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let length = i32::try_from(16 + 4 + 1 + body.len()).unwrap_or(i32::MAX);
+        let mut message = Vec::with_capacity(21 + body.len());
+        for field in [length, 0, response_to, OP_MSG] {
+            message.extend_from_slice(&field.to_le_bytes());
+        }
+        message.extend_from_slice(&0_u32.to_le_bytes());
+        message.push(0);
+        message.extend_from_slice(&body);
+        stream.write_all(&message).await
+    }
 }
