@@ -78,10 +78,24 @@ struct User {
     credentials: BTreeMap<Mechanism, Credential>,
 }
 
-/// Every user of the deployment (mongod's `admin.system.users`), keyed by (db, name).
+/// Every user of the deployment (mongod's `admin.system.users`), keyed by (db, name), and the
+/// authentication counters of `serverStatus.security`.
 #[derive(Debug, Default)]
 pub(crate) struct Users {
     users: BTreeMap<(String, String), User>,
+    stats: BTreeMap<Mechanism, MechanismStats>,
+    sasl_supported_mechs_received: i64,
+}
+
+/// mongod's `security.authentication.mechanisms.<name>` counters.
+#[derive(Debug, Default, Clone, Copy)]
+struct MechanismStats {
+    /// Conversations started (`saslStart` commands and speculative ones).
+    received: i64,
+    successful: i64,
+    /// Conversations started in a hello's `speculativeAuthenticate` (also in `received`).
+    speculative_received: i64,
+    speculative_successful: i64,
 }
 
 impl Users {
@@ -153,8 +167,49 @@ pub(crate) struct ConnAuth {
 struct Conversation {
     db: String,
     user: String,
+    mechanism: Mechanism,
+    /// Started in a hello's `speculativeAuthenticate`.
+    speculative: bool,
     skip_empty_exchange: bool,
     step: Step,
+}
+
+impl Conversation {
+    /// The proof checked out and the conversation is done: the connection is authenticated.
+    fn succeed(self, shared: &Shared, conn: &mut ConnAuth) {
+        let mut users = lock(&shared.users);
+        let stats = users.stats.entry(self.mechanism).or_default();
+        stats.successful += 1;
+        if self.speculative {
+            stats.speculative_successful += 1;
+        }
+        conn.user = Some((self.db, self.user));
+    }
+}
+
+/// `serverStatus.security`: mongod's authentication counters, for the whole deployment.
+pub(crate) fn server_status(shared: &Shared) -> Document {
+    let users = lock(&shared.users);
+    let mut mechanisms = Document::new();
+    for m in Mechanism::ALL {
+        let s = users.stats.get(&m).copied().unwrap_or_default();
+        mechanisms.insert(
+            m.name(),
+            doc! {
+                "authenticate": { "received": s.received, "successful": s.successful },
+                "speculativeAuthenticate": {
+                    "received": s.speculative_received,
+                    "successful": s.speculative_successful,
+                },
+            },
+        );
+    }
+    doc! {
+        "authentication": {
+            "saslSupportedMechsReceived": users.sasl_supported_mechs_received,
+            "mechanisms": mechanisms,
+        },
+    }
 }
 
 #[derive(Debug)]
@@ -265,6 +320,7 @@ fn sasl_start(
     conn: &mut ConnAuth,
     db: &str,
     body: &Document,
+    speculative: bool,
 ) -> Result<Document, CommandError> {
     // A new start abandons whatever conversation was in progress.
     conn.conversation = None;
@@ -288,14 +344,24 @@ fn sasl_start(
         ));
     };
     let message = payload_bytes(body.get("payload"))?;
-    let message = String::from_utf8(message)
-        .map_err(|_| CommandError::bad_value("SCRAM payload is not valid UTF-8"))?;
-    let first = scram::parse_client_first(&message).map_err(scram_error)?;
-    // An unknown user, or one without this mechanism's credential, fails at once with the same
-    // error as a wrong password.
-    let credential = lock(&shared.users)
-        .credential(db, &first.user, mech)
-        .ok_or_else(authentication_failed)?;
+    let credential = {
+        let mut users = lock(&shared.users);
+        let stats = users.stats.entry(mech).or_default();
+        stats.received += 1;
+        if speculative {
+            stats.speculative_received += 1;
+        }
+        let message = String::from_utf8(message)
+            .map_err(|_| CommandError::bad_value("SCRAM payload is not valid UTF-8"))?;
+        let first = scram::parse_client_first(&message).map_err(scram_error)?;
+        // An unknown user, or one without this mechanism's credential, fails at once with the
+        // same error as a wrong password.
+        let credential = users
+            .credential(db, &first.user, mech)
+            .ok_or_else(authentication_failed)?;
+        (first, credential)
+    };
+    let (first, credential) = credential;
     let skip_empty_exchange = body
         .get_document("options")
         .ok()
@@ -312,13 +378,19 @@ fn sasl_start(
     conn.conversation = Some(Conversation {
         db: db.to_string(),
         user,
+        mechanism: mech,
+        speculative,
         skip_empty_exchange,
         step: Step::AwaitProof(Box::new(server_first)),
     });
     Ok(reply)
 }
 
-fn sasl_continue(conn: &mut ConnAuth, body: &Document) -> Result<Document, CommandError> {
+fn sasl_continue(
+    shared: &Shared,
+    conn: &mut ConnAuth,
+    body: &Document,
+) -> Result<Document, CommandError> {
     let id = match body.get("conversationId") {
         Some(Bson::Int32(i)) => i64::from(*i),
         Some(Bson::Int64(i)) => *i,
@@ -331,7 +403,7 @@ fn sasl_continue(conn: &mut ConnAuth, body: &Document) -> Result<Document, Comma
         }
     };
     let message = payload_bytes(body.get("payload"))?;
-    let Some(conversation) = conn.conversation.take() else {
+    let Some(mut conversation) = conn.conversation.take() else {
         return Err(CommandError::new(
             codes::PROTOCOL_ERROR,
             "No SASL session state found",
@@ -343,19 +415,17 @@ fn sasl_continue(conn: &mut ConnAuth, body: &Document) -> Result<Document, Comma
             "sasl: Mismatched conversation id",
         ));
     }
-    match conversation.step {
+    // A failed step ends the conversation (it was taken out of `conn` above).
+    match std::mem::replace(&mut conversation.step, Step::AwaitEmpty) {
         Step::AwaitProof(server_first) => {
             let message = String::from_utf8(message)
                 .map_err(|_| CommandError::bad_value("SCRAM payload is not valid UTF-8"))?;
             let server_final = server_first.finish(&message).map_err(scram_error)?;
             let done = conversation.skip_empty_exchange;
             if done {
-                conn.user = Some((conversation.db, conversation.user));
+                conversation.succeed(shared, conn);
             } else {
-                conn.conversation = Some(Conversation {
-                    step: Step::AwaitEmpty,
-                    ..conversation
-                });
+                conn.conversation = Some(conversation);
             }
             Ok(doc! {
                 "conversationId": CONVERSATION_ID,
@@ -370,7 +440,7 @@ fn sasl_continue(conn: &mut ConnAuth, body: &Document) -> Result<Document, Comma
                     "SCRAM: the exchange is complete; expected an empty message",
                 ));
             }
-            conn.user = Some((conversation.db, conversation.user));
+            conversation.succeed(shared, conn);
             Ok(doc! {
                 "conversationId": CONVERSATION_ID,
                 "done": true,
@@ -392,8 +462,9 @@ pub(crate) fn hello_fields(
     reply: &mut Document,
 ) {
     if let Ok(who) = hello.get_str("saslSupportedMechs") {
+        let mut users = lock(&shared.users);
+        users.sasl_supported_mechs_received += 1;
         if let Some((db, name)) = who.split_once('.') {
-            let users = lock(&shared.users);
             if let Some(user) = users.users.get(&(db.to_string(), name.to_string())) {
                 let mechs: Vec<Bson> = user
                     .credentials
@@ -407,7 +478,7 @@ pub(crate) fn hello_fields(
     if let Ok(spec) = hello.get_document("speculativeAuthenticate") {
         let db = spec.get_str("db").unwrap_or("admin").to_string();
         if spec.contains_key("saslStart") {
-            match sasl_start(shared, conn, &db, spec) {
+            match sasl_start(shared, conn, &db, spec, true) {
                 Ok(mut r) => {
                     r.remove("ok");
                     reply.insert("speculativeAuthenticate", r);
@@ -429,8 +500,8 @@ pub(crate) fn run(
     body: &Document,
 ) -> Result<Document, CommandError> {
     match name {
-        "saslStart" => sasl_start(shared, conn, db, body),
-        "saslContinue" => sasl_continue(conn, body),
+        "saslStart" => sasl_start(shared, conn, db, body, false),
+        "saslContinue" => sasl_continue(shared, conn, body),
         "authenticate" => {
             let mech = body.get_str("mechanism").unwrap_or("");
             Err(CommandError::new(

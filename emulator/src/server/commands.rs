@@ -1334,6 +1334,7 @@ fn server_status(shared: &Shared, member: &Member) -> Document {
         },
         "metrics": { "cursor": { "open": { "total": cursors } } },
         "logicalSessionRecordCache": { "activeSessionsCount": sessions },
+        "security": auth::server_status(shared),
         "labOverload": overload_status(&member.model),
         "labOverloadMembers": member_statuses(shared),
         "ok": 1.0,
