@@ -252,7 +252,7 @@ mod tests {
         // A case whose requirements fail for another reason keeps that reason.
         let later = [req(r#"{"auth": true, "minServerVersion": "99.0"}"#)];
         let err = check_case_either_auth(None, Some(&later), &t).unwrap_err();
-        assert!(err.contains("needs auth"), "{err}");
+        assert!(err.contains("needs server >= 99.0"), "{err}");
         // Contradictory file and test requirements cannot run.
         assert!(check_case_either_auth(Some(&auth), Some(&no_auth), &t).is_err());
         // A file that needs auth still gets a topology.

@@ -30,7 +30,9 @@
 //!   commit by swapping it in (nothing else wrote) or replaying their writes; documents changed
 //!   by two open transactions give 112 WriteConflict; real statement errors abort.
 //! * Change streams read a bounded change log that records writes once any stream was opened.
-//! * Not modelled: authentication, OP_COMPRESSED (the connection is closed), load-balanced
+//! * Authentication (`auth`, `scram`): SCRAM-SHA-1/256, required only when users were
+//!   configured at start; authorization is not modelled (any authenticated user may do all).
+//! * Not modelled: OP_COMPRESSED (the connection is closed), load-balanced
 //!   mode, `maxTimeMS` outside `blockConnection` and the overload model, read concern levels.
 
 mod auth;
