@@ -222,7 +222,9 @@ enum Step {
 }
 
 /// Commands mongod runs before authentication (their `requiresAuth()` is false): the
-/// handshake, authentication itself, and a few that reveal nothing.
+/// handshake, authentication itself, a few that reveal nothing, and `configureFailPoint`, a
+/// test command that mongod lets anyone run once test commands are enabled. `logout`,
+/// `endSessions` and `whatsmyuri` need an authenticated user, as in mongod.
 pub(crate) fn allowed_without_auth(name: &str) -> bool {
     matches!(
         name,
@@ -235,10 +237,8 @@ pub(crate) fn allowed_without_auth(name: &str) -> bool {
             | "saslStart"
             | "saslContinue"
             | "authenticate"
-            | "logout"
-            | "whatsmyuri"
             | "connectionStatus"
-            | "endSessions"
+            | "configureFailPoint"
     )
 }
 
