@@ -255,6 +255,28 @@ async fn commands_need_authentication_but_the_handshake_does_not() {
             format!("Command {name} requires authentication")
         );
     }
+    // failCommand is evaluated before the authorization check, as in mongod: the fail point's
+    // error wins over 13.
+    let r = c
+        .command(&doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["find"], "errorCode": 91 },
+            "$db": "admin",
+        })
+        .await
+        .expect("reply");
+    assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
+    let r = c
+        .command(&doc! { "find": "c", "$db": "app" })
+        .await
+        .expect("reply");
+    assert_eq!(error_of(&r).0, 91, "{r}");
+    let r = c
+        .command(&doc! { "find": "c", "$db": "app" })
+        .await
+        .expect("reply");
+    assert_eq!(error_of(&r).0, 13, "{r}");
     // An unknown command is still 59, as from mongod.
     let r = c
         .command(&doc! { "noSuchThing": 1, "$db": "admin" })

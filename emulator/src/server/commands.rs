@@ -188,15 +188,6 @@ pub(crate) async fn handle(
         Err(r) => return rejected(shared, member, &r, label_ctx),
     };
 
-    // Authentication (when the deployment requires it): a known command other than the
-    // handshake and authentication itself needs an authenticated connection. mongod checks
-    // this before evaluating failCommand; an unknown command is still 59 CommandNotFound.
-    if is_known_command(&name) {
-        if let Err(e) = auth::check(shared, &conn.auth, &name) {
-            return Outcome::Reply(finish(shared, member, Err(e), label_ctx, None, None));
-        }
-    }
-
     // failCommand: after parsing and metadata, before anything else.
     let ns = namespace(&db, &name, &body);
     let action = {
@@ -233,6 +224,16 @@ pub(crate) async fn handle(
             return Outcome::Reply(finish(shared, member, Err(err), label_ctx, None, None));
         }
         wce = action.write_concern_error;
+    }
+    // Authentication (when the deployment requires it): a known command other than the
+    // handshake and authentication itself needs an authenticated connection. mongod checks this
+    // right after evaluating failCommand (`ExecCommandDatabase::_initiateCommand`); an unknown
+    // command is still 59 CommandNotFound.
+    if is_known_command(&name) {
+        if let Err(e) = auth::check(shared, &conn.auth, &name) {
+            // The fail point's labels belong to errors it raises, not to this one.
+            return Outcome::Reply(finish(shared, member, Err(e), label_ctx, None, None));
+        }
     }
     let generic = match generic {
         Ok(g) => g,
