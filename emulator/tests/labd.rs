@@ -140,3 +140,63 @@ fn labd_refuses_bad_model_settings() {
         assert!(err.contains("labd:"), "{args:?}: {err}");
     }
 }
+
+#[tokio::test]
+async fn labd_users_turn_authentication_on() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_labd"))
+        .args(["--port", "0", "--user", "alice:pw", "--user", "app.bob:pw2"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("labd starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let first = line
+        .trim()
+        .trim_start_matches("mongodb://")
+        .split(['/', ','])
+        .next()
+        .unwrap()
+        .to_string();
+    let mut raw = common::RawClient::connect(first.parse().unwrap()).await;
+    let find = raw
+        .command(&doc! { "find": "c", "$db": "app" })
+        .await
+        .unwrap();
+    let alice = raw
+        .command(&doc! { "hello": 1, "saslSupportedMechs": "admin.alice", "$db": "admin" })
+        .await
+        .unwrap();
+    let bob = raw
+        .command(&doc! { "hello": 1, "saslSupportedMechs": "app.bob", "$db": "admin" })
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(find.get_i32("code"), Ok(13), "{find}");
+    for reply in [alice, bob] {
+        assert_eq!(
+            reply.get_array("saslSupportedMechs").map(Vec::len),
+            Ok(2),
+            "{reply}"
+        );
+    }
+}
+
+#[test]
+fn labd_refuses_malformed_users() {
+    for user in ["alice", "alice:", ":pw", ".alice:pw"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_labd"))
+            .args(["--port", "0", "--user", user])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("labd runs");
+        assert!(!out.status.success(), "{user:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--user"), "{user:?}: {err}");
+    }
+}

@@ -496,6 +496,7 @@ async fn reconfigure_at_run_time_and_bad_values() {
         doc! { "limiter": { "ratePerSec": -5 } },
         doc! { "cores": 0 },
         doc! { "costs": { "pointReadMs": f64::NAN } },
+        doc! { "costs": { "authMs": -1.0 } },
         doc! { "tickets": { "mode": "probing", "probing": { "min": 0 } } },
     ] {
         let e = m.set_parameters(&bad).unwrap_err();
@@ -545,6 +546,19 @@ fn command_info_from_a_command_body() {
         CommandKind::Write
     );
     assert_eq!(kind(doc! { "hello": 1 }), CommandKind::Command);
+    // One authentication conversation each: its start, plain or speculative.
+    assert_eq!(
+        kind(doc! { "saslStart": 1, "mechanism": "SCRAM-SHA-256" }),
+        CommandKind::Authentication
+    );
+    assert_eq!(
+        kind(doc! { "hello": 1, "speculativeAuthenticate": { "saslStart": 1 } }),
+        CommandKind::Authentication
+    );
+    assert_eq!(
+        kind(doc! { "saslContinue": 1, "conversationId": 1 }),
+        CommandKind::Command
+    );
     let t = CommandInfo::from_command(
         &doc! { "update": "c", "autocommit": false, "maxTimeMS": -1 },
         now,

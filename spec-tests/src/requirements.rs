@@ -124,9 +124,41 @@ pub const TOPOLOGY_PREFERENCE: [TopologyKind; 3] = [
     TopologyKind::Single,
 ];
 
+/// Whether the file's and the test's requirements are met by `target`.
+pub fn check_case(
+    file_reqs: Option<&[RunOnRequirement]>,
+    test_reqs: Option<&[RunOnRequirement]>,
+    target: &TargetInfo,
+) -> Result<(), String> {
+    check(file_reqs, target).and_then(|()| check(test_reqs, target))
+}
+
+/// How a case runs on a target that can be started with or without authentication (the
+/// emulator): on `base` (authentication off) when that meets its requirements, else with
+/// authentication on when that does; otherwise the reasons `base` does not meet them.
+pub fn check_case_either_auth(
+    file_reqs: Option<&[RunOnRequirement]>,
+    test_reqs: Option<&[RunOnRequirement]>,
+    base: &TargetInfo,
+) -> Result<bool, String> {
+    match check_case(file_reqs, test_reqs, base) {
+        Ok(()) => Ok(base.auth),
+        Err(reason) => {
+            let other = TargetInfo {
+                auth: !base.auth,
+                ..base.clone()
+            };
+            check_case(file_reqs, test_reqs, &other)
+                .map(|()| other.auth)
+                .map_err(|_| reason)
+        }
+    }
+}
+
 /// The emulator topology to start for a file and its tests: the first of `preference` that
 /// satisfies the file's requirements and those of at least one test, preferring the one that
-/// satisfies the most tests.
+/// satisfies the most tests. The emulator runs with or without authentication, so a case counts
+/// when either meets its requirements.
 pub fn choose_topology(
     file_reqs: Option<&[RunOnRequirement]>,
     test_reqs: &[Option<&[RunOnRequirement]>],
@@ -139,12 +171,9 @@ pub fn choose_topology(
             topology,
             ..base.clone()
         };
-        if check(file_reqs, &target).is_err() {
-            continue;
-        }
         let runnable = test_reqs
             .iter()
-            .filter(|r| check(**r, &target).is_ok())
+            .filter(|r| check_case_either_auth(file_reqs, **r, &target).is_ok())
             .count();
         if runnable > 0 && best.is_none_or(|(_, n)| runnable > n) {
             best = Some((topology, runnable));
@@ -209,6 +238,31 @@ mod tests {
             &t
         )
         .is_ok());
+    }
+
+    #[test]
+    fn auth_cases_run_with_authentication_and_the_others_without() {
+        let t = target(TopologyKind::ReplicaSet);
+        let auth = [req(r#"{"auth": true}"#)];
+        let no_auth = [req(r#"{"auth": false}"#)];
+        assert_eq!(check_case_either_auth(None, Some(&auth), &t), Ok(true));
+        assert_eq!(check_case_either_auth(Some(&auth), None, &t), Ok(true));
+        assert_eq!(check_case_either_auth(None, Some(&no_auth), &t), Ok(false));
+        assert_eq!(check_case_either_auth(None, None, &t), Ok(false));
+        // A case whose requirements fail for another reason keeps that reason.
+        let later = [req(r#"{"auth": true, "minServerVersion": "99.0"}"#)];
+        let err = check_case_either_auth(None, Some(&later), &t).unwrap_err();
+        assert!(err.contains("needs server >= 99.0"), "{err}");
+        // Contradictory file and test requirements cannot run.
+        assert!(check_case_either_auth(Some(&auth), Some(&no_auth), &t).is_err());
+        // A file that needs auth still gets a topology.
+        let rs_auth = [req(
+            r#"{"topologies": ["replicaset", "sharded"], "auth": true}"#,
+        )];
+        assert_eq!(
+            choose_topology(Some(&rs_auth), &[None], &t, &TOPOLOGY_PREFERENCE),
+            Some(TopologyKind::ReplicaSet)
+        );
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct LoadedFile {
     pub parsed: TestFile,
     /// The emulator topology chosen for the file (or the external target's).
     pub topology: Option<TopologyKind>,
+    /// Per test: whether its emulator requires authentication (its requirements say
+    /// `auth: true`); the runner's clients then log in as the emulator's user.
+    pub auth: Vec<bool>,
 }
 
 /// One case: its trial name and, if it cannot run, why.
@@ -79,6 +82,7 @@ pub fn plan_file(
     });
 
     let spec_skip = skips::spec(&source.spec);
+    let mut auth = Vec::new();
     let mut seen = std::collections::HashMap::<String, usize>::new();
     let mut cases = Vec::new();
     for (index, test) in parsed.tests.iter().enumerate() {
@@ -88,6 +92,23 @@ pub fn plan_file(
         if *n > 1 {
             name = format!("{name} [{n}]");
         }
+        // Whether the case runs against an emulator requiring authentication: only the
+        // emulator can be started either way; an external target is what it is.
+        let case_reqs = test.run_on_requirements.as_deref();
+        let (requirements, needs_auth) = match (&target_info, mode) {
+            (None, _) => (Ok(()), false),
+            (Some(info), Mode::Emulator) => {
+                match requirements::check_case_either_auth(file_reqs, case_reqs, info) {
+                    Ok(auth) => (Ok(()), auth),
+                    Err(reason) => (Err(reason), false),
+                }
+            }
+            (Some(info), Mode::External { .. }) => (
+                requirements::check_case(file_reqs, case_reqs, info),
+                info.auth,
+            ),
+        };
+        auth.push(needs_auth);
         // A case listed by name is a deliberate decision about that case (or file), so its
         // reason wins over any reason found in the case's contents.
         let skip = if let Some(reason) = spec_skip {
@@ -119,9 +140,7 @@ pub fn plan_file(
                     }
                     Mode::External { .. } => "runOnRequirements not met".to_string(),
                 }),
-                Some(info) => requirements::check(file_reqs, info)
-                    .and_then(|()| requirements::check(test.run_on_requirements.as_deref(), info))
-                    .err(),
+                Some(_) => requirements.err(),
             }
         };
         let skip = skip
@@ -142,6 +161,7 @@ pub fn plan_file(
             source: source.clone(),
             parsed,
             topology,
+            auth,
         }),
         cases,
     ))
@@ -177,7 +197,8 @@ pub async fn run_case(file: &LoadedFile, index: usize, mode: &Mode) -> Result<()
     let topology = file
         .topology
         .ok_or("no topology satisfies the file's requirements")?;
-    let running = target::start(mode, topology).await?;
+    let auth = file.auth.get(index).copied().unwrap_or(false);
+    let running = target::start(mode, topology, auth).await?;
     let result =
         match tokio::time::timeout(CASE_TIMEOUT, run_test(&file.parsed, index, &running)).await {
             Ok(r) => r,

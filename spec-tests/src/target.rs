@@ -53,8 +53,9 @@ pub fn emulator_available() -> bool {
     EmulatorHandle::AVAILABLE
 }
 
-/// Starts what a test runs against.
-pub async fn start(mode: &Mode, topology: TopologyKind) -> Result<Running, String> {
+/// Starts what a test runs against; `auth`: an emulator that requires authentication, with the
+/// runner's user in the returned URI.
+pub async fn start(mode: &Mode, topology: TopologyKind, auth: bool) -> Result<Running, String> {
     match mode {
         Mode::External { uri, info } => Ok(Running {
             uri: uri.clone(),
@@ -63,7 +64,7 @@ pub async fn start(mode: &Mode, topology: TopologyKind) -> Result<Running, Strin
             emulator: None,
         }),
         Mode::Emulator => {
-            let handle = EmulatorHandle::start(topology).await?;
+            let handle = EmulatorHandle::start(topology, auth).await?;
             Ok(Running {
                 uri: handle.uri(),
                 topology,
@@ -125,17 +126,23 @@ pub const EMULATOR_RS_MEMBERS: usize = 1;
 /// Routers in the sharded persona: two, so `useMultipleMongoses` means something.
 pub const EMULATOR_ROUTERS: usize = 2;
 
+/// The user of an emulator started for `auth: true` cases (root on `admin`, both SCRAM
+/// mechanisms), as the unified format's test runner is given credentials in its URI.
+pub const EMULATOR_USER: (&str, &str) = ("spec-runner", "spec-runner-password");
+
 /// A running `emulator::Emulator`.
 #[cfg(feature = "emulator")]
 struct EmulatorHandle {
     emulator: emulator::Emulator,
+    /// The user whose credentials the URI carries, when authentication is on.
+    user: Option<emulator::UserConfig>,
 }
 
 #[cfg(feature = "emulator")]
 impl EmulatorHandle {
     const AVAILABLE: bool = true;
 
-    async fn start(topology: TopologyKind) -> Result<Self, String> {
+    async fn start(topology: TopologyKind, auth: bool) -> Result<Self, String> {
         let topology = match topology {
             TopologyKind::Single => emulator::Topology::Standalone,
             TopologyKind::ReplicaSet => emulator::Topology::ReplicaSet {
@@ -151,22 +158,27 @@ impl EmulatorHandle {
                 return Err("the emulator has no load-balanced persona".to_string())
             }
         };
+        let user = auth.then(|| emulator::UserConfig::admin(EMULATOR_USER.0, EMULATOR_USER.1));
         let config = emulator::EmulatorConfig {
             topology,
             server_version: format!(
                 "{}.{}.{}",
                 EMULATOR_SERVER_VERSION.0, EMULATOR_SERVER_VERSION.1, EMULATOR_SERVER_VERSION.2
             ),
+            users: user.iter().cloned().collect(),
             ..emulator::EmulatorConfig::default()
         };
         let emulator = emulator::Emulator::start(config)
             .await
             .map_err(|e| format!("cannot start the emulator: {e}"))?;
-        Ok(EmulatorHandle { emulator })
+        Ok(EmulatorHandle { emulator, user })
     }
 
     fn uri(&self) -> String {
-        self.emulator.uri()
+        match &self.user {
+            Some(user) => self.emulator.uri_with_credentials(user),
+            None => self.emulator.uri(),
+        }
     }
 
     async fn shutdown(self) {
@@ -184,8 +196,8 @@ struct EmulatorHandle {
 impl EmulatorHandle {
     const AVAILABLE: bool = false;
 
-    async fn start(topology: TopologyKind) -> Result<Self, String> {
-        let _ = topology;
+    async fn start(topology: TopologyKind, auth: bool) -> Result<Self, String> {
+        let _ = (topology, auth);
         Err(crate::skips::NO_TARGET.to_string())
     }
 

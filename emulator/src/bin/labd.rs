@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use clap::{Parser, ValueEnum};
-use emulator::{Emulator, EmulatorConfig, Topology};
+use emulator::{Emulator, EmulatorConfig, Topology, UserConfig};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum TopologyArg {
@@ -72,6 +72,11 @@ struct Args {
     /// 0 is the first member), e.g. '1={"cores": 1}'.
     #[arg(long, value_name = "INDEX=JSON")]
     member_model_json: Vec<String>,
+    /// A user created at start, NAME:PASSWORD (on admin) or DB.NAME:PASSWORD, with SCRAM-SHA-1
+    /// and SCRAM-SHA-256 credentials (repeatable). Any user turns authentication on: commands
+    /// then need an authenticated connection, as on a mongod started with --auth
+    #[arg(long = "user", value_name = "NAME:PASSWORD", value_parser = UserConfig::parse)]
+    users: Vec<UserConfig>,
 }
 
 /// Parses a JSON object of `labOverload` settings.
@@ -182,6 +187,7 @@ async fn main() -> std::process::ExitCode {
         base_backoff_ms: args.base_backoff_ms.max(0),
         overload,
         member_overload,
+        users: args.users,
         ..Default::default()
     };
     let emulator = match Emulator::start(config).await {

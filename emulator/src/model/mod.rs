@@ -96,14 +96,19 @@ pub enum CommandKind {
     Write,
     /// Anything else: no ticket; costs `costs.commandMs` of core time (0 by default).
     Command,
+    /// The start of an authentication conversation (`saslStart`, or a hello carrying
+    /// `speculativeAuthenticate`): no ticket; costs `costs.authMs` of core time, once per
+    /// conversation, so every new authenticated connection pays it.
+    Authentication,
 }
 
 impl CommandKind {
     /// Classifies a command by name and shape: writes and DDL → `Write`; `find`, `count`,
     /// `distinct` and `aggregate` (by its leading `$match`) → `PointRead` when the filter
     /// pins `_id` to one value, `RangeRead` when it constrains `_id` with operators, `Scan`
-    /// otherwise; `aggregate` with `$out`/`$merge` → `Write`; `getMore` → `RangeRead`; the rest
-    /// → `Command`.
+    /// otherwise; `aggregate` with `$out`/`$merge` → `Write`; `getMore` → `RangeRead`;
+    /// `saslStart` and a hello with `speculativeAuthenticate` → `Authentication`; the rest →
+    /// `Command`.
     pub fn classify(name: &str, body: &Document) -> CommandKind {
         match name {
             "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
@@ -125,6 +130,10 @@ impl CommandKind {
                 }
             }
             "getMore" => CommandKind::RangeRead,
+            "saslStart" => CommandKind::Authentication,
+            "hello" | "isMaster" | "ismaster" if body.contains_key("speculativeAuthenticate") => {
+                CommandKind::Authentication
+            }
             _ => CommandKind::Command,
         }
     }
@@ -265,6 +274,7 @@ impl CommandInfo {
             CommandKind::Scan => c.scan_ms,
             CommandKind::Write => c.write_ms,
             CommandKind::Command => c.command_ms,
+            CommandKind::Authentication => c.auth_ms,
         });
         if ms.is_finite() {
             ms.clamp(0.0, 3_600_000.0)
@@ -481,7 +491,11 @@ impl Model {
                 }
             }
         }
-        if cfg.enabled && info.kind != CommandKind::Command && self.draw_random_rejection(&cfg) {
+        let data_request = !matches!(
+            info.kind,
+            CommandKind::Command | CommandKind::Authentication
+        );
+        if cfg.enabled && data_request && self.draw_random_rejection(&cfg) {
             bump(&self.counters.random_rejections);
             let mut r = Rejection::random(cfg.base_backoff_ms);
             r.work = self.charge_rejection(deadline, &cfg).await;
@@ -782,7 +796,7 @@ impl Admission {
                 Some(&model.read)
             }
             CommandKind::Write => Some(&model.write),
-            CommandKind::Command => None,
+            CommandKind::Command | CommandKind::Authentication => None,
         };
         let mut run = Run {
             model,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
 
+use super::auth;
 use super::changes::{self, Capture};
 use super::data::{self, DataCtx};
 use super::error::{
@@ -30,6 +31,8 @@ pub(crate) struct ConnCtx {
     pub(crate) handshaken: bool,
     /// Peer address (for logs and metadata records).
     pub(crate) peer: std::net::SocketAddr,
+    /// Who the connection authenticated as, and a SCRAM conversation in progress.
+    pub(crate) auth: auth::ConnAuth,
 }
 
 /// What to do after a request.
@@ -222,6 +225,16 @@ pub(crate) async fn handle(
         }
         wce = action.write_concern_error;
     }
+    // Authentication (when the deployment requires it): a known command other than the
+    // handshake and authentication itself needs an authenticated connection. mongod checks this
+    // right after evaluating failCommand (`ExecCommandDatabase::_initiateCommand`); an unknown
+    // command is still 59 CommandNotFound.
+    if is_known_command(&name) {
+        if let Err(e) = auth::check(shared, &conn.auth, &name) {
+            // The fail point's labels belong to errors it raises, not to this one.
+            return Outcome::Reply(finish(shared, member, Err(e), label_ctx, None, None));
+        }
+    }
     let generic = match generic {
         Ok(g) => g,
         Err(e) => return Outcome::Reply(finish(shared, member, Err(e), label_ctx, None, None)),
@@ -236,6 +249,7 @@ pub(crate) async fn handle(
             }
         }
         let mut r = hello::reply(shared, member, &name, &body, conn.connection_id);
+        auth::hello_fields(shared, &mut conn.auth, &body, &mut r);
         if shared.is_replicated() {
             let ts = shared.state().tick();
             r.insert("$clusterTime", cluster_time_doc(ts));
@@ -421,12 +435,49 @@ fn ok() -> Document {
     doc! { "ok": 1.0 }
 }
 
+/// Commands [`execute`] answers other than data commands and authentication commands (it
+/// answers anything else with 59 CommandNotFound). Keep in step with its arms.
+const ADMIN_COMMANDS: &[&str] = &[
+    "ping",
+    "buildInfo",
+    "buildinfo",
+    "getParameter",
+    "setParameter",
+    "serverStatus",
+    "configureFailPoint",
+    "labClientMetadata",
+    "endSessions",
+    "killSessions",
+    "killAllSessions",
+    "killAllSessionsByPattern",
+    "refreshSessions",
+    "startSession",
+    "commitTransaction",
+    "abortTransaction",
+    "whatsmyuri",
+    "getCmdLineOpts",
+    "hostInfo",
+    "getLog",
+    "createSearchIndexes",
+    "updateSearchIndex",
+    "dropSearchIndex",
+];
+
+/// Whether the emulator knows `name` (so an unauthenticated client gets 13 Unauthorized for
+/// it, and 59 CommandNotFound for anything else, as from mongod).
+fn is_known_command(name: &str) -> bool {
+    hello::is_hello(name)
+        || ADMIN_COMMANDS.contains(&name)
+        || auth::is_auth_command(name)
+        || data::is_data_command(name)
+}
+
 /// Runs a command under the state lock.
 #[allow(clippy::too_many_arguments)]
 fn execute(
     shared: &Shared,
     member: &Member,
-    conn: &ConnCtx,
+    conn: &mut ConnCtx,
     name: &str,
     db: &str,
     body: &Document,
@@ -508,15 +559,13 @@ fn execute(
         "hostInfo" => Ok(
             doc! { "system": { "hostname": member.host.clone() }, "os": {}, "extra": {}, "ok": 1.0 },
         ),
-        "connectionStatus" => Ok(
-            doc! { "authInfo": { "authenticatedUsers": [], "authenticatedUserRoles": [] }, "ok": 1.0 },
-        ),
         "getLog" => Ok(doc! { "totalLinesWritten": 0i32, "log": [], "ok": 1.0 }),
         // Like a mongod without mongot: the commands exist (so fail points and retries
         // apply to them) but always fail.
         "createSearchIndexes" | "updateSearchIndex" | "dropSearchIndex" => {
             Err(CommandError::search_not_enabled())
         }
+        n if auth::is_auth_command(n) => auth::run(shared, &mut conn.auth, n, db, body),
         n if data::is_data_command(n) => {
             check_role(shared, member, name, body, g)?;
             run_data_command(shared, member, conn, name, db, body, g, close_after)
@@ -1286,6 +1335,7 @@ fn server_status(shared: &Shared, member: &Member) -> Document {
         },
         "metrics": { "cursor": { "open": { "total": cursors } } },
         "logicalSessionRecordCache": { "activeSessionsCount": sessions },
+        "security": auth::server_status(shared),
         "labOverload": overload_status(&member.model),
         "labOverloadMembers": member_statuses(shared),
         "ok": 1.0,

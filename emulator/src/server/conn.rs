@@ -62,6 +62,7 @@ pub(crate) async fn serve(
         app_name: None,
         handshaken: false,
         peer,
+        auth: Default::default(),
     };
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);

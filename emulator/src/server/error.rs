@@ -91,7 +91,14 @@ pub mod codes {
     #![allow(missing_docs)]
     pub const BAD_VALUE: i32 = 2;
     pub const FAILED_TO_PARSE: i32 = 9;
+    pub const USER_NOT_FOUND: i32 = 11;
     pub const UNAUTHORIZED: i32 = 13;
+    pub const PROTOCOL_ERROR: i32 = 17;
+    pub const AUTHENTICATION_FAILED: i32 = 18;
+    pub const ROLE_NOT_FOUND: i32 = 31;
+    pub const MECHANISM_UNAVAILABLE: i32 = 334;
+    pub const IDL_MISSING_FIELD: i32 = 40414;
+    pub const LOCATION_USER_EXISTS: i32 = 51003;
     pub const TYPE_MISMATCH: i32 = 14;
     pub const ILLEGAL_OPERATION: i32 = 20;
     pub const NAMESPACE_NOT_FOUND: i32 = 26;
@@ -124,10 +131,12 @@ pub fn code_name(code: i32) -> Cow<'static, str> {
         13 => "Unauthorized",
         14 => "TypeMismatch",
         15 => "Overflow",
+        17 => "ProtocolError",
         18 => "AuthenticationFailed",
         20 => "IllegalOperation",
         24 => "LockTimeout",
         26 => "NamespaceNotFound",
+        31 => "RoleNotFound",
         27 => "IndexNotFound",
         43 => "CursorNotFound",
         48 => "NamespaceExists",
@@ -161,6 +170,7 @@ pub fn code_name(code: i32) -> Cow<'static, str> {
         263 => "OperationNotSupportedInTransaction",
         279 => "ClientDisconnect",
         290 => "TransactionExceededLifetimeLimitSeconds",
+        334 => "MechanismUnavailable",
         358 => "InternalTransactionNotSupported",
         402 => "ResumableChangeStreamError",
         407 => "ReadThroughCacheLookupCanceled",

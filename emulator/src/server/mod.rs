@@ -30,9 +30,12 @@
 //!   commit by swapping it in (nothing else wrote) or replaying their writes; documents changed
 //!   by two open transactions give 112 WriteConflict; real statement errors abort.
 //! * Change streams read a bounded change log that records writes once any stream was opened.
-//! * Not modelled: authentication, OP_COMPRESSED (the connection is closed), load-balanced
+//! * Authentication (`auth`, `scram`): SCRAM-SHA-1/256, required only when users were
+//!   configured at start; authorization is not modelled (any authenticated user may do all).
+//! * Not modelled: OP_COMPRESSED (the connection is closed), load-balanced
 //!   mode, `maxTimeMS` outside `blockConnection` and the overload model, read concern levels.
 
+mod auth;
 mod changes;
 mod commands;
 mod conn;
@@ -42,6 +45,7 @@ pub mod error;
 pub mod failpoint;
 mod hello;
 mod legacy;
+mod scram;
 mod session;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -58,6 +62,8 @@ use crate::engine::Store;
 use cursor::Cursors;
 use failpoint::FailPoint;
 use session::Sessions;
+
+pub use auth::UserConfig;
 
 /// Shape of the emulated deployment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,6 +138,11 @@ pub struct EmulatorConfig {
     /// the first router), replacing `overload` for that member. An index beyond the deployment's
     /// members makes [`Emulator::start`] fail.
     pub member_overload: std::collections::BTreeMap<usize, crate::model::ModelConfig>,
+    /// Users created at start (SCRAM-SHA-1 and SCRAM-SHA-256 credentials each). When there are
+    /// any, authentication is required, as on a mongod started with `--auth`: every command
+    /// but the handshake, authentication and a few harmless ones needs an authenticated
+    /// connection (13 Unauthorized otherwise). Empty (the default): no authentication required.
+    pub users: Vec<UserConfig>,
 }
 
 impl Default for EmulatorConfig {
@@ -157,6 +168,7 @@ impl Default for EmulatorConfig {
             overload: crate::model::ModelConfig::default(),
             member_overload: std::collections::BTreeMap::new(),
             base_backoff_ms: 0,
+            users: Vec::new(),
         }
     }
 }
@@ -255,6 +267,10 @@ pub(crate) struct Shared {
     pub(crate) shutdown: watch::Receiver<bool>,
     /// Signalled when change events were recorded (wakes waiting change-stream getMores).
     pub(crate) changes_notify: tokio::sync::Notify,
+    /// Every user (mongod's `admin.system.users`), shared by all members as if replicated.
+    pub(crate) users: Mutex<auth::Users>,
+    /// Whether commands need an authenticated connection (users were configured at start).
+    pub(crate) auth_required: bool,
 }
 
 /// Locks a mutex, recovering the data if a previous holder panicked.
@@ -308,6 +324,9 @@ fn default_params() -> Document {
         "requireApiVersion": false,
         "enableTestCommands": 1i32,
         "authenticationMechanisms": ["SCRAM-SHA-1", "SCRAM-SHA-256"],
+        // Iterations of new SCRAM credentials (createUser, updateUser), as mongod's defaults.
+        "scramIterationCount": 10_000i32,
+        "scramSHA256IterationCount": 15_000i32,
         "transactionLifetimeLimitSeconds": 60i32,
         "cursorTimeoutMillis": 600_000i64,
         "logicalSessionRefreshMillis": 300_000i32,
@@ -400,6 +419,15 @@ impl Emulator {
                 doc! { "version": format!("{}.{}", version[0], version[1]) },
             );
         }
+        // PBKDF2 at mongod's iteration counts: worth keeping off the runtime's threads.
+        let user_configs = config.users.clone();
+        let users = tokio::task::spawn_blocking(move || auth::Users::from_config(&user_configs))
+            .await
+            .map_err(|e| std::io::Error::other(format!("deriving user credentials: {e}")))?
+            .map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("users: {e}"))
+            })?;
+        let auth_required = !config.users.is_empty();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 store: Store::new(),
@@ -423,6 +451,8 @@ impl Emulator {
             started: Instant::now(),
             shutdown: shutdown_rx,
             changes_notify: tokio::sync::Notify::new(),
+            users: Mutex::new(users),
+            auth_required,
             config,
         });
         let mut tasks = JoinSet::new();
@@ -441,6 +471,24 @@ impl Emulator {
     /// The connection string of the deployment.
     pub fn uri(&self) -> String {
         uri_for(&self.shared)
+    }
+
+    /// The connection string with `user`'s credentials (percent-encoded) and its
+    /// `authSource`, for a deployment started with [`EmulatorConfig::users`].
+    pub fn uri_with_credentials(&self, user: &UserConfig) -> String {
+        let plain = uri_for(&self.shared);
+        let rest = plain.strip_prefix("mongodb://").unwrap_or(&plain);
+        let (hosts, options) = rest.split_once("/").unwrap_or((rest, ""));
+        let options = options.strip_prefix('?').unwrap_or(options);
+        let mut query = format!("authSource={}", percent_encode(&user.db));
+        if !options.is_empty() {
+            query = format!("{options}&{query}");
+        }
+        format!(
+            "mongodb://{}:{}@{hosts}/?{query}",
+            percent_encode(&user.name),
+            percent_encode(&user.password)
+        )
     }
 
     /// The address of every member, in member order.
@@ -489,6 +537,20 @@ impl Emulator {
         while self.tasks.join_next().await.is_some() {}
         tracing::info!("emulator stopped");
     }
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters (user names and passwords in
+/// a connection string).
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 fn uri_for(shared: &Shared) -> String {
