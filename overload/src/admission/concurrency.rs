@@ -21,38 +21,55 @@
 //!
 //! ```text
 //! gradient  = clamp(tolerance × baseline / latency, 0.5, 2.0)
-//! limit     ← limit + 0.2 × (gradient × limit − limit)          (once per round trip)
+//! target    = gradient × limit + 1                               (1: the queue allowance)
+//! limit     ← limit + 0.2 × (target − limit)                     (once per round trip)
 //! on overload error: limit ← 0.9 × limit      (once per round trip: only operations admitted
 //!                                              after the last decrease can lower it again)
 //! ```
 //!
 //! clamped to `[min_limit, max_limit]`, where `max_limit` is the pool's `maxPoolSize`. At
-//! `latency = tolerance × baseline` the gradient is 1 and the limit stays; below it the limit
-//! grows (at most 10 % per round trip), above it it shrinks (at most 10 % per round trip). For a
-//! server whose latency grows in proportion to the operations queued beyond its capacity `c`,
-//! the limit settles near `tolerance × c`: with the default tolerance 1.5, the server holds
-//! half its capacity in queue, enough to keep it busy, and latency stays at 1.5 × its no-load
-//! value. `limit_settles_near_capacity_in_a_queueing_server` simulates it.
+//! `latency = tolerance × baseline` the gradient is 1; below it the limit grows (at most
+//! 20 % per round trip), above it it shrinks (at most 10 % per round trip). For a server whose
+//! latency grows in proportion to the operations queued beyond its capacity `c`, one client's
+//! limit settles at `tolerance × c + 1`: with the default tolerance 1.5, the server holds half
+//! its capacity in queue, enough to keep it busy, and latency stays at 1.5 × its no-load value
+//! (`limit_settles_near_capacity_in_a_queueing_server`).
 //!
-//! Gradient2's additive queue allowance is not used: Envoy's gradient range above 1 lets the
-//! limit grow without it, and without it the settling point does not depend on the limit's size.
+//! The queue allowance (Gradient2's, 4 there, 1 here) is what makes clients sharing a server
+//! fair. A pure gradient scales every client's limit by the same factor, so whatever split the
+//! clients start with persists (a simulation of four clients ended at 55, 2, 2 and 2). With the
+//! allowance, a client's limit is at rest only at `1 / (1 − gradient)`, the same for every
+//! client seeing the same latency, so the limits converge to equal shares, as AIMD's additive
+//! increase makes them (`clients_sharing_a_server_converge_to_fair_limits`). Its price is one
+//! queued operation per client: `n` clients settle at `tolerance × c + n` in all.
+//!
 //! The limit does not grow while fewer than half of its slots were used in the last round trip
 //! (Netflix's rule): a client that sends little learns nothing about the server's capacity and
 //! must not build a limit it never tested.
 //!
-//! # The baseline, and why it is re-measured
+//! # The baseline, and how it is kept honest
 //!
 //! The baseline is the server's latency when this client adds no queue: the median of
-//! [`BASELINE_SAMPLES`] samples. A baseline taken from ordinary traffic drifts: under a steady
+//! [`BASELINE_SAMPLES`] samples. A baseline that follows ordinary traffic drifts: under a steady
 //! queue every sample is slow, a baseline that follows them grows, the limit grows with it,
 //! and after a few rounds the limit sits at `max_limit` (Netflix's Gradient2, whose long-term
-//! average follows the short-term one, has this drift). So, like Envoy's minimum-RTT
-//! measurement and BBR's ProbeRTT, the limit re-measures the baseline every `probe_interval`
-//! (default 30 s): for up to [`PROBE_MAX_DURATION`] it admits only `min_limit` operations at a
-//! time and takes the median of the samples of operations admitted then. The limit in force
-//! before the probe is restored afterwards. The first baseline comes from the first samples of
-//! ordinary traffic (the limit holds still until it exists), so a cold client is not slowed;
-//! if that traffic was already queued, the first probe corrects it.
+//! average follows the short-term one, has this drift). So the baseline is measured apart from
+//! ordinary traffic and kept as a minimum:
+//!
+//! - The first baseline comes from the first samples of ordinary traffic (the limit holds
+//!   still until it exists), so a cold client is not slowed.
+//! - Every `probe_interval` (default 30 s), like Envoy's minimum-RTT measurement and BBR's
+//!   ProbeRTT, the limit admits only `min_limit` operations at a time for up to
+//!   [`PROBE_MAX_DURATION`] and takes the median of the samples of operations admitted then.
+//!   The limit in force before the probe is restored afterwards.
+//! - A probe can **lower** the baseline (the first one was taken under load), but not raise
+//!   it: a client is one of many, and its probe measures the queue the *other* clients keep;
+//!   a baseline that rose with those measurements would ratchet every client's limit up to
+//!   the maximum (`clients_sharing_a_server_converge_to_fair_limits` shows the bound).
+//! - The exception, Envoy's rule: when the limit has sat at `min_limit` for a whole interval,
+//!   the next probe's measurement replaces the baseline even if higher. A server that became
+//!   slower for good (a heavier workload, a bigger data set) would otherwise pin the limit to
+//!   its minimum forever.
 //!
 //! The probe's cost: for one round trip plus [`BASELINE_SAMPLES`] operations at `min_limit`
 //! every 30 s, the client sends at most `min_limit` operations at a time to that server. At
@@ -146,6 +163,9 @@ const GRADIENT_MIN: f64 = 0.5;
 const GRADIENT_MAX: f64 = 2.0;
 /// Share of the gradient's target taken per update (Gradient2's smoothing).
 const SMOOTHING: f64 = 0.2;
+/// The queue allowance added to the gradient's target each round (Gradient2's `queueSize`,
+/// which is 4 there): it makes clients sharing a server converge to equal limits.
+const QUEUE_ALLOWANCE: f64 = 1.0;
 /// Multiplicative decrease on an overload error (Netflix AIMD's `backoffRatio`).
 const OVERLOAD_DECREASE: f64 = 0.9;
 
@@ -295,6 +315,9 @@ struct State {
     latency: Option<u64>,
     /// When the limit was last lowered for an overload error.
     last_decrease: Option<u64>,
+    /// Whether the limit has stayed at `min_limit` since the last baseline measurement: then a
+    /// probe may raise the baseline.
+    floored: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -378,6 +401,7 @@ impl ConcurrencyLimit {
                     round: Round::default(),
                     latency: None,
                     last_decrease: None,
+                    floored: false,
                 }),
             }),
         })
@@ -544,14 +568,17 @@ impl Shared {
         } else {
             (self.config.tolerance * baseline / mean as f64).clamp(GRADIENT_MIN, GRADIENT_MAX)
         };
+        let target = gradient * state.limit + QUEUE_ALLOWANCE;
         // No growth from a round that used under half the slots: it did not test the limit.
-        let gradient = if f64::from(state.round.peak_in_flight) * 2.0 < state.limit {
-            gradient.min(1.0)
+        let target = if f64::from(state.round.peak_in_flight) * 2.0 < state.limit {
+            target.min(state.limit)
         } else {
-            gradient
+            target
         };
-        let target = gradient * state.limit;
         state.limit = (state.limit + SMOOTHING * (target - state.limit)).clamp(self.min, self.max);
+        if state.limit > self.min {
+            state.floored = false;
+        }
         state.latency = Some(mean);
         state.round = Round {
             started: state.latest,
@@ -591,10 +618,18 @@ impl Shared {
             return;
         };
         if state.pending_len > 0 {
-            state.baseline = Some(median(&mut state.pending[..state.pending_len]));
+            let measured = median(&mut state.pending[..state.pending_len]);
+            // The baseline only falls, unless the limit sat at its minimum for a whole interval
+            // (see the module documentation): a probe's operations share the server with other
+            // clients' queues, so a higher measurement usually means those, not a slower server.
+            state.baseline = Some(match state.baseline {
+                Some(old) if !state.floored => old.min(measured),
+                _ => measured,
+            });
         }
         state.pending_len = 0;
         state.limit = probe.saved_limit;
+        state.floored = state.limit <= self.min;
         let t = state.latest;
         state.next_probe = t.saturating_add(self.probe_interval);
         state.round = Round {
@@ -695,14 +730,14 @@ mod tests {
         }
     }
 
-    /// A server whose latency grows with the operations in flight beyond its capacity, and a
-    /// client that always has more work than the limit admits: every tick (1 ms) it completes
-    /// the operations that are done and starts as many as the limit allows. Returns the limit
-    /// in force after each tick.
+    /// A server whose latency grows with the operations in flight beyond its capacity, and
+    /// clients that always have more work than their limits admit: every tick (1 ms) each
+    /// client completes the operations that are done and starts as many as its limit allows.
     struct QueueingServer {
         capacity: u32,
         base_ms: f64,
-        running: VecDeque<(u64, Duration, ConcurrencyPermit)>,
+        /// (client, end tick, latency, permit)
+        running: Vec<(usize, u64, Duration, ConcurrencyPermit)>,
     }
 
     impl QueueingServer {
@@ -710,35 +745,55 @@ mod tests {
             Self {
                 capacity,
                 base_ms,
-                running: VecDeque::new(),
+                running: Vec::new(),
             }
         }
 
         /// The latency of an operation that starts with `in_flight` operations on the server
         /// (itself included): the base, times the queue's length over capacity.
-        fn latency(&self, in_flight: u32) -> Duration {
-            let load = (f64::from(in_flight) / f64::from(self.capacity)).max(1.0);
+        fn latency(&self, in_flight: usize) -> Duration {
+            let load = (in_flight as f64 / f64::from(self.capacity)).max(1.0);
             Duration::from_secs_f64(self.base_ms * load / 1000.0)
         }
 
+        /// Runs one client from `start` for `ticks`; the limit in force after each tick.
         fn run(&mut self, limit: &ConcurrencyLimit, start: Instant, ticks: u64) -> Vec<u32> {
+            self.run_clients(&[(limit.clone(), 0)], start, ticks)
+                .into_iter()
+                .map(|limits| limits[0])
+                .collect()
+        }
+
+        /// Runs clients, each joining at its tick, from `start` for `ticks`; each client's
+        /// limit in force after each tick.
+        fn run_clients(
+            &mut self,
+            clients: &[(ConcurrencyLimit, u64)],
+            start: Instant,
+            ticks: u64,
+        ) -> Vec<Vec<u32>> {
             let mut limits = Vec::new();
             for tick in 0..ticks {
                 let now = start + ms(tick);
                 let (done, running): (Vec<_>, Vec<_>) =
-                    self.running.drain(..).partition(|(end, _, _)| *end <= tick);
-                self.running = running.into();
-                for (_, latency, permit) in done {
+                    self.running.drain(..).partition(|(_, end, _, _)| *end <= tick);
+                self.running = running;
+                for (_, _, latency, permit) in done {
                     permit.release(now, Outcome::Answered(latency));
                 }
-                // Bounded: the limit never exceeds its maximum.
-                while let Some(permit) = limit.try_acquire(now) {
-                    let latency = self.latency(limit.in_flight());
-                    let end = tick + latency.as_millis().max(1) as u64;
-                    self.running.push_back((end, latency, permit));
+                for (client, (limit, joins)) in clients.iter().enumerate() {
+                    if tick < *joins {
+                        continue;
+                    }
+                    // Bounded: the limit never exceeds its maximum.
+                    while let Some(permit) = limit.try_acquire(now) {
+                        let latency = self.latency(self.running.len() + 1);
+                        let end = tick + latency.as_millis().max(1) as u64;
+                        self.running.push((client, end, latency, permit));
+                    }
+                    assert!(limit.in_flight() <= limit.config().max_limit);
                 }
-                assert!(limit.in_flight() <= limit.config().max_limit);
-                limits.push(limit.limit());
+                limits.push(clients.iter().map(|(limit, _)| limit.limit()).collect());
             }
             limits
         }
@@ -1022,6 +1077,40 @@ mod tests {
             Some(ms(20)),
             "the probe measured the no-load latency"
         );
+    }
+
+    /// Four clients join a server with capacity for 40 operations at 20 ms, 7.5 s apart, so
+    /// their probes never coincide and each probe measures the others' queue; the late ones
+    /// take their first baseline under the earlier ones' load. After a few probes their limits
+    /// must together settle near `1.5 × 40 + 4` (not at 4 × 100), each near a fair share, with
+    /// every baseline at the server's true no-load latency.
+    #[test]
+    fn clients_sharing_a_server_converge_to_fair_limits() {
+        let start = Instant::now();
+        let clients: Vec<_> = (0..4u64)
+            .map(|i| {
+                let joins = i * 7_500;
+                let origin = start + ms(joins);
+                let limit =
+                    ConcurrencyLimit::starting_at(config(2, 100), origin, Instant::now).unwrap();
+                (limit, joins)
+            })
+            .collect();
+        let mut server = QueueingServer::new(40, 20.0);
+        let limits = server.run_clients(&clients, start, 300_000);
+        let settled = &limits[150_000..];
+        let totals: Vec<u32> = settled.iter().map(|l| l.iter().sum()).collect();
+        let mean = totals.iter().map(|&t| f64::from(t)).sum::<f64>() / totals.len() as f64;
+        assert!((55.0..=75.0).contains(&mean), "mean total limit {mean}");
+        for (client, (limit, _)) in clients.iter().enumerate() {
+            let snapshot = limit.snapshot();
+            assert_eq!(snapshot.baseline, Some(ms(20)), "client {client}");
+            assert!(
+                (8..=26).contains(&snapshot.limit),
+                "client {client}: {} of a fair 16",
+                snapshot.limit
+            );
+        }
     }
 
     #[test]
