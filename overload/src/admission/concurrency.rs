@@ -1105,7 +1105,7 @@ mod tests {
 
     /// A server with capacity for 10 operations at once and 20 ms latency, whose latency grows
     /// in proportion beyond that, and a client that always wants more: the limit must settle
-    /// near `tolerance × capacity` (15), not at the maximum (100), and keep the server busy.
+    /// near `tolerance × capacity + 1` (16), not at the maximum (100).
     /// The first baseline is taken under the initial limit of 20, so it is twice too high;
     /// the probe at 30 s corrects it.
     #[test]
@@ -1115,7 +1115,8 @@ mod tests {
         let limits = server.run(&limit, start, 120_000);
         let settled = &limits[60_000..];
         let mean = settled.iter().map(|&l| f64::from(l)).sum::<f64>() / settled.len() as f64;
-        assert!((10.0..=20.0).contains(&mean), "mean limit {mean}");
+        // `tolerance × capacity + queue allowance` = 16; the probes' dips pull the mean down.
+        assert!((14.0..=17.0).contains(&mean), "mean limit {mean}");
         let outside = settled.iter().filter(|&&l| !(8..=25).contains(&l)).count();
         assert!(
             outside * 100 <= settled.len(),
