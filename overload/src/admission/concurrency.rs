@@ -39,9 +39,12 @@
 //! fair. A pure gradient scales every client's limit by the same factor, so whatever split the
 //! clients start with persists (a simulation of four clients ended at 55, 2, 2 and 2). With the
 //! allowance, a client's limit is at rest only at `1 / (1 − gradient)`, the same for every
-//! client seeing the same latency, so the limits converge to equal shares, as AIMD's additive
-//! increase makes them (`clients_sharing_a_server_converge_to_fair_limits`). Its price is one
-//! queued operation per client: `n` clients settle at `tolerance × c + n` in all.
+//! client seeing the same latency and holding the same baseline, so the limits converge towards
+//! equal shares, as AIMD's additive increase makes them
+//! (`clients_sharing_a_server_converge_to_fair_limits`). The rest point is steep near a
+//! gradient of 1, though: in that simulation a baseline 5 % higher gave one client about twice
+//! the others' share. The allowance's price is one queued operation per client: `n` clients
+//! settle at `tolerance × c + n` in all.
 //!
 //! The limit does not grow while fewer than half of its slots were used in the last round trip
 //! (Netflix's rule): a client that sends little learns nothing about the server's capacity and
@@ -281,7 +284,7 @@ pub struct ConcurrencyLimit {
 
 struct Shared {
     config: ConcurrencyConfig,
-    /// Tolerance as a factor, and the limit's bounds, as floats for the update.
+    /// The limit's bounds, as floats for the update.
     min: f64,
     max: f64,
     probe_interval: u64,
