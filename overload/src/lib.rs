@@ -6,6 +6,7 @@
 //! server. Keeping the logic out of upstream's files keeps the patch series small enough to
 //! rebase onto new upstream releases.
 
+pub mod admission;
 pub mod backoff;
 pub mod budget;
 pub mod deadline;

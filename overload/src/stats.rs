@@ -6,9 +6,10 @@
 //! [`OverloadStats`] value; the counters are read one by one, so a snapshot taken while
 //! operations run can be off by the few events that raced it, never by more.
 //!
-//! The snapshot holds only what the fork measures today: overload errors by server code, retries
-//! made and refused, time slept in backoff, and the retry budget's level. Fields for controls the
-//! fork does not have yet (admission control) are added when those controls are.
+//! The snapshot holds overload errors by server code, retries made and refused, time slept in
+//! backoff, the retry budget's level, and admission control's local rejections, waits for a
+//! concurrency slot and limits per server ([`crate::admission`]; the driver does not feed these
+//! yet, so they stay at zero and empty until it does).
 //!
 //! # The `metrics` feature
 //!
@@ -23,9 +24,13 @@
 //! | `mongodb_overload_retries_refused_total` | counter | `origin` | retries |
 //! | `mongodb_overload_backoff_microseconds_total` | counter | | microseconds slept |
 //! | `mongodb_overload_retry_budget_level` | gauge | | retries available |
+//! | `mongodb_overload_local_rejections_total` | counter | | first attempts rejected locally |
+//! | `mongodb_overload_concurrency_waits_total` | counter | `result` (`acquired`, `timed_out`) | waits for a slot |
+//! | `mongodb_overload_concurrency_limit` | gauge | `server` (`host:port`) | operations |
+//! | `mongodb_overload_concurrency_in_flight` | gauge | `server` | operations |
 //!
 //! The facade aggregates by name and labels: several clients in one process add up into the
-//! counters, and the gauge shows the budget of whichever client decided last.
+//! counters, and a gauge shows the value of whichever client set it last.
 //!
 //! [`metrics`]: https://docs.rs/metrics/0.24
 
@@ -33,6 +38,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::admission::ConcurrencySnapshot;
 use crate::budget::RetryOrigin;
 
 /// Counter: overload errors received, labelled by server `code` (`none` for errors without one,
@@ -46,6 +52,14 @@ pub const METRIC_RETRIES_REFUSED: &str = "mongodb_overload_retries_refused_total
 pub const METRIC_BACKOFF_MICROS: &str = "mongodb_overload_backoff_microseconds_total";
 /// Gauge: retries the budget would admit now.
 pub const METRIC_BUDGET_LEVEL: &str = "mongodb_overload_retry_budget_level";
+/// Counter: first attempts the adaptive throttle rejected locally, never sent.
+pub const METRIC_LOCAL_REJECTIONS: &str = "mongodb_overload_local_rejections_total";
+/// Counter: operations that found no free concurrency slot and waited, labelled by `result`.
+pub const METRIC_CONCURRENCY_WAITS: &str = "mongodb_overload_concurrency_waits_total";
+/// Gauge: a server's concurrency limit in force, labelled by `server`.
+pub const METRIC_CONCURRENCY_LIMIT: &str = "mongodb_overload_concurrency_limit";
+/// Gauge: a server's concurrency slots in use, labelled by `server`.
+pub const METRIC_CONCURRENCY_IN_FLIGHT: &str = "mongodb_overload_concurrency_in_flight";
 
 /// Distinct server codes counted separately. Servers send a handful of overload codes (462 for
 /// ingress rate limiting, a few for ticket exhaustion); later codes go to
@@ -81,6 +95,16 @@ pub struct OverloadStats {
     pub backoff_slept: Duration,
     /// Retries the budget would admit at the snapshot; `None` when the client has no budget.
     pub budget_level: Option<f64>,
+    /// First attempts the adaptive throttle rejected locally; each failed its operation without
+    /// reaching the server.
+    pub local_rejections: u64,
+    /// Operations that found no free concurrency slot on their server and waited for one.
+    pub concurrency_waits: u64,
+    /// Of those, the ones whose deadline passed before a slot came free.
+    pub concurrency_wait_timeouts: u64,
+    /// Each server's concurrency limit, slots in use and latency estimates, by `host:port`; the
+    /// driver fills it from the limits it holds (empty while the limit is off).
+    pub concurrency_limits: BTreeMap<String, ConcurrencySnapshot>,
 }
 
 impl OverloadStats {
@@ -105,6 +129,9 @@ pub struct OverloadStatsRecorder {
     application_retries_made: AtomicU64,
     application_retries_refused: AtomicU64,
     backoff_nanos: AtomicU64,
+    local_rejections: AtomicU64,
+    concurrency_waits: AtomicU64,
+    concurrency_wait_timeouts: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -135,6 +162,9 @@ impl OverloadStatsRecorder {
             application_retries_made: AtomicU64::new(0),
             application_retries_refused: AtomicU64::new(0),
             backoff_nanos: AtomicU64::new(0),
+            local_rejections: AtomicU64::new(0),
+            concurrency_waits: AtomicU64::new(0),
+            concurrency_wait_timeouts: AtomicU64::new(0),
         }
     }
 
@@ -224,7 +254,44 @@ impl OverloadStatsRecorder {
         let _ = level;
     }
 
+    /// Counts one first attempt the adaptive throttle rejected locally.
+    pub fn record_local_rejection(&self) {
+        self.local_rejections.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(METRIC_LOCAL_REJECTIONS).increment(1);
+    }
+
+    /// Counts one wait for a concurrency slot, when it ends: with a slot, or with the
+    /// operation's deadline (`timed_out`).
+    pub fn record_concurrency_wait(&self, timed_out: bool) {
+        self.concurrency_waits.fetch_add(1, Ordering::Relaxed);
+        if timed_out {
+            self.concurrency_wait_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        #[cfg(feature = "metrics")]
+        {
+            let result = if timed_out { "timed_out" } else { "acquired" };
+            metrics::counter!(METRIC_CONCURRENCY_WAITS, "result" => result).increment(1);
+        }
+    }
+
+    /// Publishes a server's concurrency limit and slots in use as gauges (`metrics` feature);
+    /// without the feature it does nothing, since snapshots read the limits themselves.
+    pub fn record_concurrency_limit(&self, server: &str, limit: &ConcurrencySnapshot) {
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!(METRIC_CONCURRENCY_LIMIT, "server" => server.to_owned())
+                .set(f64::from(limit.limit));
+            metrics::gauge!(METRIC_CONCURRENCY_IN_FLIGHT, "server" => server.to_owned())
+                .set(f64::from(limit.in_flight));
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (server, limit);
+    }
+
     /// The counters now, with the budget's level as the caller read it (`None`: no budget).
+    /// [`OverloadStats::concurrency_limits`] is left empty for the caller to fill.
     pub fn snapshot(&self, budget_level: Option<f64>) -> OverloadStats {
         let mut by_code = BTreeMap::new();
         for slot in &self.codes {
@@ -243,6 +310,10 @@ impl OverloadStatsRecorder {
             application_retries_refused: self.application_retries_refused.load(Ordering::Relaxed),
             backoff_slept: Duration::from_nanos(self.backoff_nanos.load(Ordering::Relaxed)),
             budget_level,
+            local_rejections: self.local_rejections.load(Ordering::Relaxed),
+            concurrency_waits: self.concurrency_waits.load(Ordering::Relaxed),
+            concurrency_wait_timeouts: self.concurrency_wait_timeouts.load(Ordering::Relaxed),
+            concurrency_limits: BTreeMap::new(),
         }
     }
 }
@@ -272,6 +343,26 @@ pub fn describe_metrics() {
         METRIC_BUDGET_LEVEL,
         Unit::Count,
         "retries the retry budget would admit now"
+    );
+    metrics::describe_counter!(
+        METRIC_LOCAL_REJECTIONS,
+        Unit::Count,
+        "first attempts the adaptive throttle rejected locally"
+    );
+    metrics::describe_counter!(
+        METRIC_CONCURRENCY_WAITS,
+        Unit::Count,
+        "waits for a concurrency slot, by result"
+    );
+    metrics::describe_gauge!(
+        METRIC_CONCURRENCY_LIMIT,
+        Unit::Count,
+        "a server's adaptive concurrency limit"
+    );
+    metrics::describe_gauge!(
+        METRIC_CONCURRENCY_IN_FLIGHT,
+        Unit::Count,
+        "a server's concurrency slots in use"
     );
 }
 
@@ -358,6 +449,26 @@ mod tests {
         );
         assert_eq!(snapshot.budget_level, Some(3.5));
         assert_eq!(snapshot.backoff_slept, Duration::from_nanos(u64::MAX));
+    }
+
+    #[test]
+    fn admission_events_land_in_their_counters() {
+        let stats = OverloadStatsRecorder::new();
+        stats.record_local_rejection();
+        stats.record_local_rejection();
+        stats.record_concurrency_wait(false);
+        stats.record_concurrency_wait(true);
+        stats.record_concurrency_wait(false);
+        let snapshot = stats.snapshot(None);
+        assert_eq!(snapshot.local_rejections, 2);
+        assert_eq!(snapshot.concurrency_waits, 3);
+        assert_eq!(snapshot.concurrency_wait_timeouts, 1);
+        assert!(snapshot.concurrency_limits.is_empty());
+        assert_eq!(
+            snapshot.overload_errors(),
+            0,
+            "local rejections are not server errors"
+        );
     }
 
     /// The `metrics` feature publishes the same events: checked with a recorder that keeps
@@ -469,6 +580,20 @@ mod tests {
                 stats.record_budget_decision(RetryOrigin::Application, false);
                 stats.record_backoff(Duration::from_millis(150));
                 stats.record_budget_level(7.25);
+                stats.record_local_rejection();
+                stats.record_concurrency_wait(false);
+                stats.record_concurrency_wait(true);
+                stats.record_concurrency_wait(true);
+                stats.record_concurrency_limit(
+                    "db1:27017",
+                    &ConcurrencySnapshot {
+                        limit: 15,
+                        in_flight: 12,
+                        baseline: Some(Duration::from_millis(20)),
+                        latency: Some(Duration::from_millis(30)),
+                        probing: false,
+                    },
+                );
             });
             let expected = [
                 ("mongodb_overload_errors_total code=462", 2.0),
@@ -484,11 +609,25 @@ mod tests {
                 ),
                 ("mongodb_overload_backoff_microseconds_total", 150_000.0),
                 ("mongodb_overload_retry_budget_level", 7.25),
+                ("mongodb_overload_local_rejections_total", 1.0),
+                (
+                    "mongodb_overload_concurrency_waits_total result=acquired",
+                    1.0,
+                ),
+                (
+                    "mongodb_overload_concurrency_waits_total result=timed_out",
+                    2.0,
+                ),
+                ("mongodb_overload_concurrency_limit server=db1:27017", 15.0),
+                (
+                    "mongodb_overload_concurrency_in_flight server=db1:27017",
+                    12.0,
+                ),
             ];
             for (key, value) in expected {
                 assert_eq!(recorder.value(key), Some(value), "{key}");
             }
-            assert_eq!(recorder.described.lock().unwrap().len(), 5);
+            assert_eq!(recorder.described.lock().unwrap().len(), 9);
         }
 
         #[test]

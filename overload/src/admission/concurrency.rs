@@ -1,0 +1,1317 @@
+//! [`ConcurrencyLimit`]: an adaptive limit on the operations in flight on one server, lowered
+//! when latency shows queueing or the server rejects work for overload.
+//!
+//! # Why a gradient, and which one
+//!
+//! The anchors (`overload-anchors.md` §3) offer two control laws:
+//!
+//! - **AIMD** (Netflix `AIMDLimit`): add one while all is well, multiply by 0.9 on a drop or
+//!   when a sample's latency exceeds a fixed timeout (5 s by default).
+//! - **Gradient** (Netflix `Gradient2Limit`, Envoy's adaptive concurrency filter): scale the
+//!   limit by the ratio of a no-load latency to the current latency, so the limit shrinks in
+//!   proportion to the queueing it causes.
+//!
+//! The overload the issue targets first shows no error at all: with mongod's ingress rate
+//! limiter off (its default), an overloaded server only queues. AIMD needs a latency threshold
+//! to see that, and no fixed number fits a driver whose operations range from a 1 ms point read
+//! to a multi-second aggregation, on servers from a laptop to a sharded cluster. A gradient
+//! needs no threshold: it compares the server with itself. So the limit follows a gradient, in
+//! Envoy's form, with AIMD's multiplicative decrease for the one explicit signal a server can
+//! send:
+//!
+//! ```text
+//! gradient  = clamp(tolerance × baseline / latency, 0.5, 2.0)
+//! target    = gradient × limit + 1                               (1: the queue allowance)
+//! limit     ← limit + 0.2 × (target − limit)                     (once per round trip)
+//! on overload error: limit ← 0.9 × limit      (once per round trip: only operations admitted
+//!                                              after the last decrease can lower it again)
+//! ```
+//!
+//! clamped to `[min_limit, max_limit]`, where `max_limit` is the pool's `maxPoolSize`. At
+//! `latency = tolerance × baseline` the gradient is 1; below it the limit grows (at most
+//! 20 % per round trip), above it it shrinks (at most 10 % per round trip). For a server whose
+//! latency grows in proportion to the operations queued beyond its capacity `c`, one client's
+//! limit settles at `tolerance × c + 1`: with the default tolerance 1.5, the server holds half
+//! its capacity in queue, enough to keep it busy, and latency stays at 1.5 × its no-load value
+//! (`limit_settles_near_capacity_in_a_queueing_server`).
+//!
+//! The queue allowance (Gradient2's, 4 there, 1 here) is what makes clients sharing a server
+//! fair. A pure gradient scales every client's limit by the same factor, so whatever split the
+//! clients start with persists (a simulation of four clients ended at 55, 2, 2 and 2). With the
+//! allowance, a client's limit is at rest only at `1 / (1 − gradient)`, the same for every
+//! client seeing the same latency and holding the same baseline, so the limits converge towards
+//! equal shares, as AIMD's additive increase makes them
+//! (`clients_sharing_a_server_converge_to_fair_limits`). The rest point is steep near a
+//! gradient of 1, though: in that simulation a baseline 5 % higher gave one client about twice
+//! the others' share. The allowance's price is one queued operation per client: `n` clients
+//! settle at `tolerance × c + n` in all.
+//!
+//! The limit does not grow while fewer than half of its slots were used in the last round trip
+//! (Netflix's rule): a client that sends little learns nothing about the server's capacity and
+//! must not build a limit it never tested.
+//!
+//! # The baseline, and how it is kept honest
+//!
+//! The baseline is the server's latency when this client adds no queue: the median of
+//! [`BASELINE_SAMPLES`] samples. A baseline that follows ordinary traffic drifts: under a steady
+//! queue every sample is slow, a baseline that follows them grows, the limit grows with it,
+//! and after a few rounds the limit sits at `max_limit` (Netflix's Gradient2, whose long-term
+//! average follows the short-term one, has this drift). So the baseline is measured apart from
+//! ordinary traffic and kept as a minimum:
+//!
+//! - The first baseline comes from the first samples of ordinary traffic (the limit holds
+//!   still until it exists), so a cold client is not slowed.
+//! - Every `probe_interval` (default 30 s), like Envoy's minimum-RTT measurement and BBR's
+//!   ProbeRTT, the limit admits only `min_limit` operations at a time for up to
+//!   [`PROBE_MAX_DURATION`] and takes the median of the samples of operations admitted then.
+//!   The limit in force before the probe is restored afterwards.
+//! - A probe can **lower** the baseline (the first one was taken under load), but not raise
+//!   it: a client is one of many, and its probe measures the queue the *other* clients keep;
+//!   a baseline that rose with those measurements would ratchet every client's limit up to
+//!   the maximum (`clients_sharing_a_server_converge_to_fair_limits` shows the bound).
+//! - The exception, Envoy's rule: when the limit has sat at `min_limit` for a whole interval,
+//!   the next probe's measurement replaces the baseline even if higher. A server that became
+//!   slower for good (a heavier workload, a bigger data set) would otherwise pin the limit to
+//!   its minimum forever.
+//!
+//! The probe's cost: for one round trip plus [`BASELINE_SAMPLES`] operations at `min_limit`
+//! every 30 s, the client sends at most `min_limit` operations at a time to that server. At
+//! 5 ms operations and the defaults, about 50 ms in 30 s.
+//!
+//! # Samples and outcomes
+//!
+//! A slot is released with an [`Outcome`]:
+//!
+//! - [`Outcome::Answered`] with the attempt's latency: the server replied, with a result or with
+//!   an error that is not an overload error. The latency is a sample.
+//! - [`Outcome::Overloaded`]: the server rejected the attempt for overload. Multiplicative
+//!   decrease; the latency is not a sample (a fast rejection is not a fast server).
+//! - [`Outcome::Abandoned`]: no reply (the deadline passed, the future was dropped, the
+//!   connection failed). The time since the slot was taken is a lower bound on the latency; it
+//!   is a sample only when it is at least the current latency estimate, since then it shows
+//!   that latency is at least that high. This matters: when an overloaded server only queues,
+//!   operations end at their deadlines without replies, and only the fast ones would otherwise
+//!   be sampled.
+//!
+//! A [`ConcurrencyPermit`] dropped without being released is released as abandoned at the
+//! limit's clock, so an operation whose future is cancelled never leaks its slot.
+//!
+//! # Waiting
+//!
+//! [`ConcurrencyLimit::try_acquire`] never waits: it returns `None` when no slot is free. The
+//! crate stays runtime-agnostic; the driver waits with its own means (its connection pool
+//! already has a wait queue with a deadline) and tries again when a permit is released or a
+//! limit rises, giving up at the operation's deadline.
+//!
+//! # Bounds
+//!
+//! The limit is always within `[min_limit, max_limit]`, a successful `try_acquire` never leaves
+//! more operations in flight than the limit in force, and no input panics: durations are read
+//! as saturated nanoseconds, a zero latency counts as the fastest possible server, and a time
+//! earlier than one already seen counts as the latest.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::InvalidAdmissionConfig;
+
+/// Connection-string name of [`ConcurrencyConfig::min_limit`] (provisional).
+pub const OPTION_MIN_LIMIT: &str = "adaptiveConcurrencyMinLimit";
+/// Connection-string name of [`ConcurrencyConfig::max_limit`]: the pool's size.
+pub const OPTION_MAX_LIMIT: &str = "maxPoolSize";
+/// Connection-string name of [`ConcurrencyConfig::tolerance`] (provisional).
+pub const OPTION_TOLERANCE: &str = "adaptiveConcurrencyTolerance";
+/// Connection-string name of [`ConcurrencyConfig::probe_interval`], in milliseconds
+/// (provisional).
+pub const OPTION_PROBE_INTERVAL_MS: &str = "adaptiveConcurrencyProbeIntervalMS";
+
+/// Default lowest limit: 2 operations at a time per server and client. Low, because a client
+/// is one of many and the server's capacity is shared; not 1, so one slow operation does not
+/// stall every other operation to that server.
+pub const DEFAULT_MIN_LIMIT: u32 = 2;
+/// Default highest limit: 100, `maxPoolSize`'s default. The driver passes the pool's size.
+pub const DEFAULT_MAX_LIMIT: u32 = 100;
+/// The highest `max_limit`. `maxPoolSize=0` (no pool limit) maps to it.
+pub const MAX_MAX_LIMIT: u32 = 100_000;
+/// The limit a new server starts at (clamped into `[min_limit, max_limit]`): Netflix's initial
+/// limit. It holds until the first baseline exists, then grows as fast as latency allows.
+pub const INITIAL_LIMIT: u32 = 20;
+/// Default tolerance: latency may reach 1.5 × the baseline before the limit shrinks (Netflix
+/// Gradient2's `rttTolerance`). Envoy's 1.25 settles closer to capacity, but operations of a
+/// MongoDB application differ more in latency than an HTTP route's requests, and the lab
+/// decides whether the tighter value pays.
+pub const DEFAULT_TOLERANCE: f64 = 1.5;
+/// The smallest tolerance: at 1 the limit shrinks as soon as any queue forms.
+pub const MIN_TOLERANCE: f64 = 1.0;
+/// The largest tolerance.
+pub const MAX_TOLERANCE: f64 = 10.0;
+/// Default interval between baseline probes (Envoy re-measures on a configured interval,
+/// BBR every 10 s; 30 s keeps the probes' cost under 0.2 %).
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(30);
+/// The shortest probe interval.
+pub const MIN_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest probe interval.
+pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Samples in one baseline measurement: the median of 16 (the typical service time of
+/// [`crate::deadline::ServiceTime`] uses as many).
+pub const BASELINE_SAMPLES: usize = 16;
+/// A probe ends after this long even with fewer samples (a slow or idle server), using those
+/// it has; with none it keeps the old baseline.
+pub const PROBE_MAX_DURATION: Duration = Duration::from_secs(2);
+
+/// The gradient's range (Envoy's): the limit at most halves or doubles its target per update.
+const GRADIENT_MIN: f64 = 0.5;
+const GRADIENT_MAX: f64 = 2.0;
+/// Share of the gradient's target taken per update (Gradient2's smoothing).
+const SMOOTHING: f64 = 0.2;
+/// The queue allowance added to the gradient's target each round (Gradient2's `queueSize`,
+/// which is 4 there): it makes clients sharing a server converge to equal limits.
+const QUEUE_ALLOWANCE: f64 = 1.0;
+/// Multiplicative decrease on an overload error (Netflix AIMD's `backoffRatio`).
+const OVERLOAD_DECREASE: f64 = 0.9;
+
+/// The options of a [`ConcurrencyLimit`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ConcurrencyConfig {
+    /// `adaptiveConcurrencyMinLimit`: the lowest limit, and the limit during a baseline probe.
+    /// From 1 to `max_limit`; default [`DEFAULT_MIN_LIMIT`].
+    pub min_limit: u32,
+    /// The highest limit: the pool's `maxPoolSize`. From 1 to [`MAX_MAX_LIMIT`]; default
+    /// [`DEFAULT_MAX_LIMIT`].
+    pub max_limit: u32,
+    /// `adaptiveConcurrencyTolerance`: the latency, as a multiple of the baseline, at which the
+    /// limit holds still. From [`MIN_TOLERANCE`] to [`MAX_TOLERANCE`]; default
+    /// [`DEFAULT_TOLERANCE`].
+    pub tolerance: f64,
+    /// `adaptiveConcurrencyProbeIntervalMS`: time between baseline probes. From
+    /// [`MIN_PROBE_INTERVAL`] to [`MAX_PROBE_INTERVAL`]; default [`DEFAULT_PROBE_INTERVAL`].
+    pub probe_interval: Duration,
+}
+
+impl Default for ConcurrencyConfig {
+    /// Limits from 2 to 100, tolerance 1.5, a probe every 30 s.
+    fn default() -> Self {
+        Self {
+            min_limit: DEFAULT_MIN_LIMIT,
+            max_limit: DEFAULT_MAX_LIMIT,
+            tolerance: DEFAULT_TOLERANCE,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+        }
+    }
+}
+
+impl ConcurrencyConfig {
+    /// Checks every option against its range.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidAdmissionConfig`] naming the first option out of range:
+    /// - `maxPoolSize` 0 or above 100000 (the driver maps `maxPoolSize=0` to 100000);
+    /// - `adaptiveConcurrencyMinLimit` 0 or above `maxPoolSize`;
+    /// - `adaptiveConcurrencyTolerance` below 1, above 10, or not a number;
+    /// - `adaptiveConcurrencyProbeIntervalMS` below 1000 or above 600000.
+    pub fn validate(&self) -> Result<(), InvalidAdmissionConfig> {
+        if !(1..=MAX_MAX_LIMIT).contains(&self.max_limit) {
+            return Err(InvalidAdmissionConfig::new(
+                OPTION_MAX_LIMIT,
+                self.max_limit,
+                "from 1 to 100000 connections for an adaptive concurrency limit",
+            ));
+        }
+        if !(1..=self.max_limit).contains(&self.min_limit) {
+            return Err(InvalidAdmissionConfig::new(
+                OPTION_MIN_LIMIT,
+                self.min_limit,
+                "from 1 to maxPoolSize operations",
+            ));
+        }
+        // `contains` is false for NaN, so NaN is refused here too.
+        if !(MIN_TOLERANCE..=MAX_TOLERANCE).contains(&self.tolerance) {
+            return Err(InvalidAdmissionConfig::new(
+                OPTION_TOLERANCE,
+                self.tolerance,
+                "a number from 1 to 10 (multiples of the no-load latency)",
+            ));
+        }
+        if !(MIN_PROBE_INTERVAL..=MAX_PROBE_INTERVAL).contains(&self.probe_interval) {
+            return Err(InvalidAdmissionConfig::new(
+                OPTION_PROBE_INTERVAL_MS,
+                self.probe_interval.as_secs_f64() * 1000.0,
+                "from 1000 to 600000 milliseconds",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How an operation holding a slot ended; see the [module documentation](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The server replied (a result, or an error other than an overload error) after this long.
+    Answered(Duration),
+    /// The server rejected the attempt for overload (`SystemOverloadedError`).
+    Overloaded,
+    /// No reply: deadline, cancellation, network error.
+    Abandoned,
+}
+
+/// The limit's state at one moment, for stats and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConcurrencySnapshot {
+    /// The limit in force (`min_limit` during a probe).
+    pub limit: u32,
+    /// Slots in use.
+    pub in_flight: u32,
+    /// The server's measured no-load latency, once measured.
+    pub baseline: Option<Duration>,
+    /// The mean latency of the last round trip's samples, once there was one.
+    pub latency: Option<Duration>,
+    /// Whether a baseline probe is running.
+    pub probing: bool,
+}
+
+/// An adaptive limit on one server's operations in flight; see the
+/// [module documentation](self). Clones share the limit (one reference count each).
+///
+/// Thread safety: the state sits behind one [`Mutex`], taken once to acquire and once to
+/// release a slot, for a few dozen instructions (sorting 16 samples at the end of a probe).
+#[derive(Clone)]
+pub struct ConcurrencyLimit {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: ConcurrencyConfig,
+    /// The limit's bounds, as floats for the update.
+    min: f64,
+    max: f64,
+    probe_interval: u64,
+    probe_max: u64,
+    /// Read when a permit is dropped without a time (a cancelled operation).
+    clock: fn() -> Instant,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Times are kept as nanoseconds since this instant.
+    origin: Instant,
+    /// The latest time seen; earlier times count as this one.
+    latest: u64,
+    /// The limit, fractional so that small steps accumulate; always in `[min, max]`.
+    limit: f64,
+    in_flight: u32,
+    /// The no-load latency in nanoseconds; `None` until the first samples are in.
+    baseline: Option<u64>,
+    /// Samples towards a baseline, during warm-up or a probe.
+    pending: [u64; BASELINE_SAMPLES],
+    pending_len: usize,
+    probe: Option<Probe>,
+    /// Numbers the probes, so a probe counts only operations admitted during it.
+    probes_started: u64,
+    /// When the next probe starts.
+    next_probe: u64,
+    round: Round,
+    /// The mean latency of the last completed round, in nanoseconds.
+    latency: Option<u64>,
+    /// When the limit was last lowered for an overload error.
+    last_decrease: Option<u64>,
+    /// Whether the limit has stayed at `min_limit` since the last baseline measurement: then a
+    /// probe may raise the baseline.
+    floored: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    number: u64,
+    started: u64,
+    /// The limit before the probe, restored after it.
+    saved_limit: f64,
+}
+
+/// The samples of one round trip, averaged into one update of the limit.
+#[derive(Clone, Copy, Debug, Default)]
+struct Round {
+    started: u64,
+    sum: u128,
+    count: u64,
+    /// The most slots in use during the round: the limit grows only if it was half used.
+    peak_in_flight: u32,
+}
+
+impl fmt::Debug for ConcurrencyLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyLimit")
+            .field("config", &self.shared.config)
+            .field("state", &*self.shared.lock())
+            .finish()
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl ConcurrencyLimit {
+    /// A limit with these options at [`INITIAL_LIMIT`], reading `clock` only when a permit is
+    /// dropped without being released (the driver passes tokio's clock,
+    /// `|| tokio::time::Instant::now().into_std()`, so a paused test clock governs it too).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidAdmissionConfig`] as [`ConcurrencyConfig::validate`] gives it.
+    pub fn new(
+        config: ConcurrencyConfig,
+        clock: fn() -> Instant,
+    ) -> Result<Self, InvalidAdmissionConfig> {
+        Self::starting_at(config, clock(), clock)
+    }
+
+    /// As [`Self::new`], with the limit's time starting at `origin`: times before it count as
+    /// `origin`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidAdmissionConfig`] as [`ConcurrencyConfig::validate`] gives it.
+    pub fn starting_at(
+        config: ConcurrencyConfig,
+        origin: Instant,
+        clock: fn() -> Instant,
+    ) -> Result<Self, InvalidAdmissionConfig> {
+        config.validate()?;
+        let initial = INITIAL_LIMIT.clamp(config.min_limit, config.max_limit);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                config,
+                min: f64::from(config.min_limit),
+                max: f64::from(config.max_limit),
+                probe_interval: nanos(config.probe_interval),
+                probe_max: nanos(PROBE_MAX_DURATION),
+                clock,
+                state: Mutex::new(State {
+                    origin,
+                    latest: 0,
+                    limit: f64::from(initial),
+                    in_flight: 0,
+                    baseline: None,
+                    pending: [0; BASELINE_SAMPLES],
+                    pending_len: 0,
+                    probe: None,
+                    probes_started: 0,
+                    next_probe: 0,
+                    round: Round::default(),
+                    latency: None,
+                    last_decrease: None,
+                    floored: false,
+                }),
+            }),
+        })
+    }
+
+    /// The options the limit was built with.
+    pub fn config(&self) -> ConcurrencyConfig {
+        self.shared.config
+    }
+
+    /// Takes a slot at `now` if one is free under the limit in force, or returns `None` (the
+    /// caller waits by its own means and tries again; see the module documentation). The slot
+    /// is held until the permit is released or dropped.
+    pub fn try_acquire(&self, now: Instant) -> Option<ConcurrencyPermit> {
+        let mut state = self.shared.state_at(now);
+        if state.in_flight >= self.shared.limit_in_force(&state) {
+            return None;
+        }
+        state.in_flight += 1;
+        state.round.peak_in_flight = state.round.peak_in_flight.max(state.in_flight);
+        let probe = state.probe.map(|p| p.number);
+        drop(state);
+        Some(ConcurrencyPermit {
+            shared: Some(Arc::clone(&self.shared)),
+            acquired_at: now,
+            probe,
+        })
+    }
+
+    /// The limit in force now: what [`Self::try_acquire`] enforces (`min_limit` during a probe).
+    pub fn limit(&self) -> u32 {
+        let state = self.shared.lock();
+        self.shared.limit_in_force(&state)
+    }
+
+    /// Slots in use now. It can exceed [`Self::limit`] for a while after the limit falls:
+    /// operations already running keep their slots.
+    pub fn in_flight(&self) -> u32 {
+        self.shared.lock().in_flight
+    }
+
+    /// Whether a slot is free now (for server selection, which prefers servers with one).
+    pub fn has_free_slot(&self) -> bool {
+        let state = self.shared.lock();
+        state.in_flight < self.shared.limit_in_force(&state)
+    }
+
+    /// The limit's state now.
+    pub fn snapshot(&self) -> ConcurrencySnapshot {
+        let state = self.shared.lock();
+        ConcurrencySnapshot {
+            limit: self.shared.limit_in_force(&state),
+            in_flight: state.in_flight,
+            baseline: state.baseline.map(Duration::from_nanos),
+            latency: state.latency.map(Duration::from_nanos),
+            probing: state.probe.is_some(),
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding the lock, so a poisoned lock still guards a consistent
+        // state; recovering it keeps one panicking caller elsewhere from leaking every slot.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state brought up to `now`: a due probe started, an overdue one finished.
+    fn state_at(&self, now: Instant) -> MutexGuard<'_, State> {
+        let mut state = self.lock();
+        let since_origin = nanos(now.saturating_duration_since(state.origin));
+        let t = since_origin.max(state.latest);
+        state.latest = t;
+        match state.probe {
+            Some(probe) if t - probe.started >= self.probe_max => self.finish_probe(&mut state),
+            None if state.baseline.is_some() && t >= state.next_probe => {
+                state.probes_started += 1;
+                state.probe = Some(Probe {
+                    number: state.probes_started,
+                    started: t,
+                    saved_limit: state.limit,
+                });
+                state.pending_len = 0;
+            }
+            _ => {}
+        }
+        state
+    }
+
+    fn limit_in_force(&self, state: &State) -> u32 {
+        if state.probe.is_some() {
+            self.config.min_limit
+        } else {
+            // `limit` is within [min_limit, max_limit], so the cast neither wraps nor drops
+            // below one.
+            state.limit as u32
+        }
+    }
+
+    /// Frees one slot at `now` and learns from the outcome.
+    fn release(&self, now: Instant, acquired_at: Instant, probe: Option<u64>, outcome: Outcome) {
+        let mut state = self.state_at(now);
+        // Every permit took one slot, so this never goes below zero; saturate regardless.
+        state.in_flight = state.in_flight.saturating_sub(1);
+        match outcome {
+            Outcome::Answered(latency) => self.sample(&mut state, nanos(latency), probe),
+            Outcome::Overloaded => {
+                let admitted = nanos(acquired_at.saturating_duration_since(state.origin));
+                self.decrease(&mut state, admitted);
+            }
+            Outcome::Abandoned => {
+                let elapsed = nanos(now.saturating_duration_since(acquired_at));
+                // A lower bound on the latency: informative only at or above the current
+                // estimate. At it, too: operations that keep ending at their deadline must
+                // keep the limit falling once the estimate has reached the deadline.
+                if let Some(estimate) = state.latency.or(state.baseline) {
+                    if elapsed >= estimate {
+                        self.sample(&mut state, elapsed, None);
+                    }
+                }
+            }
+        }
+    }
+
+    fn sample(&self, state: &mut State, latency: u64, probe: Option<u64>) {
+        let t = state.latest;
+        if state.baseline.is_none() {
+            // Warm-up: the first samples of ordinary traffic make the first baseline.
+            if self.push_pending(state, latency) {
+                state.baseline = Some(median(&mut state.pending));
+                state.pending_len = 0;
+                state.next_probe = t.saturating_add(self.probe_interval);
+                state.round = Round {
+                    started: t,
+                    peak_in_flight: state.in_flight,
+                    ..Round::default()
+                };
+            }
+            return;
+        }
+        if let Some(current) = state.probe {
+            // Only operations admitted during this probe ran at `min_limit`.
+            if probe == Some(current.number) && self.push_pending(state, latency) {
+                self.finish_probe(state);
+            }
+            return;
+        }
+        state.round.sum += u128::from(latency);
+        state.round.count += 1;
+        // A round lasts one round trip, so the limit moves once per round trip at most.
+        let round_trip = state.latency.or(state.baseline).unwrap_or(0);
+        if t - state.round.started >= round_trip {
+            let mean =
+                u64::try_from(state.round.sum / u128::from(state.round.count)).unwrap_or(u64::MAX);
+            self.update(state, mean);
+        }
+    }
+
+    /// One round's update of the limit from its mean latency.
+    fn update(&self, state: &mut State, mean: u64) {
+        let baseline = state.baseline.unwrap_or(mean) as f64;
+        let gradient = if mean == 0 {
+            GRADIENT_MAX
+        } else {
+            (self.config.tolerance * baseline / mean as f64).clamp(GRADIENT_MIN, GRADIENT_MAX)
+        };
+        let target = gradient * state.limit + QUEUE_ALLOWANCE;
+        // No growth from a round that used under half the slots: it did not test the limit.
+        let target = if f64::from(state.round.peak_in_flight) * 2.0 < state.limit {
+            target.min(state.limit)
+        } else {
+            target
+        };
+        state.limit = (state.limit + SMOOTHING * (target - state.limit)).clamp(self.min, self.max);
+        // At the minimum means the limit in force (its integer part) is the minimum: the
+        // fractional limit approaches the minimum without reaching it.
+        if state.limit >= self.min + 1.0 {
+            state.floored = false;
+        }
+        state.latency = Some(mean);
+        state.round = Round {
+            started: state.latest,
+            peak_in_flight: state.in_flight,
+            ..Round::default()
+        };
+    }
+
+    /// The multiplicative decrease on an overload error of an operation admitted at
+    /// `admitted`, at most once per round trip: one overloaded moment fails every operation in
+    /// flight, and lowering the limit once for each would collapse it to the minimum. As in
+    /// TCP, only operations admitted after the last decrease can cause another one: those
+    /// admitted before it were admitted under the limit already lowered for.
+    fn decrease(&self, state: &mut State, admitted: u64) {
+        if state.last_decrease.is_some_and(|d| admitted <= d) {
+            return;
+        }
+        state.last_decrease = Some(state.latest);
+        let lowered = |limit: f64| (limit * OVERLOAD_DECREASE).clamp(self.min, self.max);
+        match &mut state.probe {
+            Some(probe) => probe.saved_limit = lowered(probe.saved_limit),
+            None => state.limit = lowered(state.limit),
+        }
+    }
+
+    /// Adds a baseline sample; whether the measurement is complete.
+    fn push_pending(&self, state: &mut State, latency: u64) -> bool {
+        if state.pending_len < BASELINE_SAMPLES {
+            state.pending[state.pending_len] = latency;
+            state.pending_len += 1;
+        }
+        state.pending_len == BASELINE_SAMPLES
+    }
+
+    fn finish_probe(&self, state: &mut State) {
+        let Some(probe) = state.probe.take() else {
+            return;
+        };
+        if state.pending_len > 0 {
+            let measured = median(&mut state.pending[..state.pending_len]);
+            // The baseline only falls, unless the limit sat at its minimum for a whole interval
+            // (see the module documentation): a probe's operations share the server with other
+            // clients' queues, so a higher measurement usually means those, not a slower server.
+            state.baseline = Some(match state.baseline {
+                Some(old) if !state.floored => old.min(measured),
+                _ => measured,
+            });
+        }
+        state.pending_len = 0;
+        state.limit = probe.saved_limit;
+        state.floored = state.limit < self.min + 1.0;
+        let t = state.latest;
+        state.next_probe = t.saturating_add(self.probe_interval);
+        state.round = Round {
+            started: t,
+            peak_in_flight: state.in_flight,
+            ..Round::default()
+        };
+    }
+}
+
+/// The upper median of a non-empty slice (reordering it).
+fn median(samples: &mut [u64]) -> u64 {
+    samples.sort_unstable();
+    samples.get(samples.len() / 2).copied().unwrap_or(0)
+}
+
+/// One slot of a [`ConcurrencyLimit`], held while an operation is in flight on its server.
+///
+/// Release it with [`Self::release`] and the operation's outcome. Dropped without a release
+/// (a cancelled operation, an early return, a panic), it frees its slot as
+/// [`Outcome::Abandoned`] at the limit's clock.
+#[must_use = "a permit holds its slot until released or dropped"]
+pub struct ConcurrencyPermit {
+    /// `None` once released.
+    shared: Option<Arc<Shared>>,
+    acquired_at: Instant,
+    /// The probe it was admitted in, if any.
+    probe: Option<u64>,
+}
+
+impl fmt::Debug for ConcurrencyPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyPermit")
+            .field("acquired_at", &self.acquired_at)
+            .field("probe", &self.probe)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConcurrencyPermit {
+    /// When the slot was taken.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// Frees the slot at `now`, telling the limit how the operation ended.
+    pub fn release(mut self, now: Instant, outcome: Outcome) {
+        if let Some(shared) = self.shared.take() {
+            shared.release(now, self.acquired_at, self.probe, outcome);
+        }
+    }
+}
+
+impl Drop for ConcurrencyPermit {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            let now = (shared.clock)();
+            shared.release(now, self.acquired_at, self.probe, Outcome::Abandoned);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn config(min: u32, max: u32) -> ConcurrencyConfig {
+        ConcurrencyConfig {
+            min_limit: min,
+            max_limit: max,
+            ..Default::default()
+        }
+    }
+
+    fn limiter(config: ConcurrencyConfig) -> (ConcurrencyLimit, Instant) {
+        let start = Instant::now();
+        (
+            ConcurrencyLimit::starting_at(config, start, Instant::now).unwrap(),
+            start,
+        )
+    }
+
+    fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    /// Acquires and answers `count` operations one at a time, each taking `latency`, starting
+    /// at `*now` and advancing it.
+    fn answer_serially(limit: &ConcurrencyLimit, now: &mut Instant, count: u32, latency: u64) {
+        for _ in 0..count {
+            let permit = limit.try_acquire(*now).expect("a free slot");
+            *now += ms(latency);
+            permit.release(*now, Outcome::Answered(ms(latency)));
+        }
+    }
+
+    /// A server whose latency grows with the operations in flight beyond its capacity, and
+    /// clients that always have more work than their limits admit: every tick (1 ms) each
+    /// client completes the operations that are done and starts as many as its limit allows.
+    struct QueueingServer {
+        capacity: u32,
+        base_ms: f64,
+        /// (client, end tick, latency, permit)
+        running: Vec<(usize, u64, Duration, ConcurrencyPermit)>,
+    }
+
+    impl QueueingServer {
+        fn new(capacity: u32, base_ms: f64) -> Self {
+            Self {
+                capacity,
+                base_ms,
+                running: Vec::new(),
+            }
+        }
+
+        /// The latency of an operation that starts with `in_flight` operations on the server
+        /// (itself included): the base, times the queue's length over capacity.
+        fn latency(&self, in_flight: usize) -> Duration {
+            let load = (in_flight as f64 / f64::from(self.capacity)).max(1.0);
+            Duration::from_secs_f64(self.base_ms * load / 1000.0)
+        }
+
+        /// Runs one client from `start` for `ticks`; the limit in force after each tick.
+        fn run(&mut self, limit: &ConcurrencyLimit, start: Instant, ticks: u64) -> Vec<u32> {
+            self.run_clients(&[(limit.clone(), 0)], start, ticks)
+                .into_iter()
+                .map(|limits| limits[0])
+                .collect()
+        }
+
+        /// Runs clients, each joining at its tick, from `start` for `ticks`; each client's
+        /// limit in force after each tick.
+        fn run_clients(
+            &mut self,
+            clients: &[(ConcurrencyLimit, u64)],
+            start: Instant,
+            ticks: u64,
+        ) -> Vec<Vec<u32>> {
+            let mut limits = Vec::new();
+            for tick in 0..ticks {
+                let now = start + ms(tick);
+                let (done, running): (Vec<_>, Vec<_>) = self
+                    .running
+                    .drain(..)
+                    .partition(|(_, end, _, _)| *end <= tick);
+                self.running = running;
+                for (_, _, latency, permit) in done {
+                    permit.release(now, Outcome::Answered(latency));
+                }
+                for (client, (limit, joins)) in clients.iter().enumerate() {
+                    if tick < *joins {
+                        continue;
+                    }
+                    // Bounded: the limit never exceeds its maximum.
+                    while let Some(permit) = limit.try_acquire(now) {
+                        let latency = self.latency(self.running.len() + 1);
+                        let end = tick + latency.as_millis().max(1) as u64;
+                        self.running.push((client, end, latency, permit));
+                    }
+                    assert!(limit.in_flight() <= limit.config().max_limit);
+                }
+                limits.push(clients.iter().map(|(limit, _)| limit.limit()).collect());
+            }
+            limits
+        }
+    }
+
+    #[test]
+    fn defaults_are_the_documented_values() {
+        let config = ConcurrencyConfig::default();
+        assert_eq!(config.min_limit, 2);
+        assert_eq!(config.max_limit, 100);
+        assert_eq!(config.tolerance, 1.5);
+        assert_eq!(config.probe_interval, Duration::from_secs(30));
+        let (limit, _) = limiter(config);
+        assert_eq!(limit.limit(), INITIAL_LIMIT);
+        assert_eq!(limit.in_flight(), 0);
+    }
+
+    #[test]
+    fn invalid_options_are_named_in_the_error() {
+        let cases = [
+            (config(1, 0), OPTION_MAX_LIMIT, "invalid maxPoolSize: 0 is not from 1 to 100000 connections for an adaptive concurrency limit"),
+            (config(1, 100_001), OPTION_MAX_LIMIT, "invalid maxPoolSize: 100001 is not from 1 to 100000 connections for an adaptive concurrency limit"),
+            (config(0, 10), OPTION_MIN_LIMIT, "invalid adaptiveConcurrencyMinLimit: 0 is not from 1 to maxPoolSize operations"),
+            (config(11, 10), OPTION_MIN_LIMIT, "invalid adaptiveConcurrencyMinLimit: 11 is not from 1 to maxPoolSize operations"),
+            (
+                ConcurrencyConfig { tolerance: 0.99, ..Default::default() },
+                OPTION_TOLERANCE,
+                "invalid adaptiveConcurrencyTolerance: 0.99 is not a number from 1 to 10 (multiples of the no-load latency)",
+            ),
+            (
+                ConcurrencyConfig { probe_interval: ms(999), ..Default::default() },
+                OPTION_PROBE_INTERVAL_MS,
+                "invalid adaptiveConcurrencyProbeIntervalMS: 999 is not from 1000 to 600000 milliseconds",
+            ),
+            (
+                ConcurrencyConfig { probe_interval: ms(600_001), ..Default::default() },
+                OPTION_PROBE_INTERVAL_MS,
+                "invalid adaptiveConcurrencyProbeIntervalMS: 600001 is not from 1000 to 600000 milliseconds",
+            ),
+        ];
+        for (config, option, message) in cases {
+            let err = ConcurrencyLimit::new(config, Instant::now).unwrap_err();
+            assert_eq!(err.option(), option);
+            assert_eq!(err.to_string(), message);
+        }
+        let nan = ConcurrencyConfig {
+            tolerance: f64::NAN,
+            ..Default::default()
+        };
+        assert_eq!(nan.validate().unwrap_err().option(), OPTION_TOLERANCE);
+    }
+
+    #[test]
+    fn the_initial_limit_is_clamped_into_the_bounds() {
+        assert_eq!(limiter(config(1, 5)).0.limit(), 5);
+        assert_eq!(limiter(config(30, 50)).0.limit(), 30);
+        assert_eq!(limiter(config(1, 1)).0.limit(), 1);
+        assert_eq!(limiter(config(100_000, 100_000)).0.limit(), 100_000);
+    }
+
+    #[test]
+    fn slots_beyond_the_limit_are_refused_until_one_is_released() {
+        let (limit, start) = limiter(config(1, 3));
+        let permits: Vec<_> = (0..3).map(|_| limit.try_acquire(start).unwrap()).collect();
+        assert!(limit.try_acquire(start).is_none());
+        assert!(!limit.has_free_slot());
+        let mut permits = permits.into_iter();
+        permits
+            .next()
+            .unwrap()
+            .release(start + ms(1), Outcome::Answered(ms(1)));
+        assert!(limit.has_free_slot());
+        assert!(limit.try_acquire(start + ms(1)).is_some());
+    }
+
+    #[test]
+    fn a_dropped_permit_releases_its_slot() {
+        let (limit, start) = limiter(config(1, 2));
+        let first = limit.try_acquire(start).unwrap();
+        let second = limit.try_acquire(start).unwrap();
+        assert!(limit.try_acquire(start).is_none());
+        drop(first);
+        assert_eq!(limit.in_flight(), 1);
+        // A released permit is not released again when it goes out of scope.
+        second.release(start, Outcome::Abandoned);
+        assert_eq!(limit.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_permit_held_by_a_cancelled_future_is_released() {
+        use std::future::Future;
+
+        // An operation's future holding its permit across an await point, dropped unfinished.
+        let (limit, start) = limiter(config(1, 1));
+        let held = {
+            let limit = limit.clone();
+            async move {
+                let permit = limit.try_acquire(start).expect("free");
+                std::future::pending::<()>().await;
+                drop(permit);
+            }
+        };
+        let mut held = Box::pin(held);
+        // Poll once so the future takes its slot, then cancel it.
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        assert!(held.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(limit.in_flight(), 1);
+        drop(held);
+        assert_eq!(limit.in_flight(), 0);
+        assert!(limit.try_acquire(start).is_some());
+    }
+
+    #[test]
+    fn an_overload_error_lowers_the_limit_once_per_round_trip() {
+        let (limit, start) = limiter(config(2, 100));
+        let permits: Vec<_> = (0..10).map(|_| limit.try_acquire(start).unwrap()).collect();
+        // All ten fail together: the limit falls once, by 10 %.
+        for permit in permits {
+            permit.release(start + ms(5), Outcome::Overloaded);
+        }
+        assert_eq!(limit.limit(), 18);
+        // An operation admitted after the decrease can lower it again.
+        let later = limit.try_acquire(start + ms(6)).unwrap();
+        later.release(start + ms(8), Outcome::Overloaded);
+        assert_eq!(limit.limit(), 16, "20 × 0.9 × 0.9 = 16.2");
+        // Sustained rejections take it to the minimum and no lower.
+        for i in 0..100u64 {
+            let permit = limit.try_acquire(start + ms(10 + 2 * i)).unwrap();
+            permit.release(start + ms(11 + 2 * i), Outcome::Overloaded);
+        }
+        assert_eq!(limit.limit(), 2);
+    }
+
+    #[test]
+    fn healthy_latency_raises_the_limit_to_its_maximum() {
+        let (limit, start) = limiter(config(2, 100));
+        // A server that answers in 10 ms whatever the load, and a client with more work than
+        // the limit: the limit grows by up to 10 % per round trip, to the maximum.
+        let mut server = QueueingServer::new(u32::MAX, 10.0);
+        let limits = server.run(&limit, start, 5_000);
+        assert_eq!(*limits.last().unwrap(), 100);
+        assert!(limits.windows(2).all(|w| w[1] >= w[0] || w[1] == 2));
+    }
+
+    #[test]
+    fn the_limit_does_not_grow_while_under_half_used() {
+        let (limit, start) = limiter(config(2, 100));
+        let mut now = start;
+        // One operation at a time, for a long time, at a steady latency.
+        answer_serially(&limit, &mut now, 1000, 5);
+        assert_eq!(limit.limit(), INITIAL_LIMIT);
+    }
+
+    #[test]
+    fn queueing_latency_lowers_the_limit() {
+        let (limit, start) = limiter(config(2, 100));
+        let mut now = start;
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
+        assert_eq!(limit.snapshot().baseline, Some(ms(10)));
+        // Latency triples (a queue): every round trip lowers the limit, to the minimum.
+        for _ in 0..200 {
+            let permits: Vec<_> = std::iter::from_fn(|| limit.try_acquire(now)).collect();
+            now += ms(30);
+            for permit in permits {
+                permit.release(now, Outcome::Answered(ms(30)));
+            }
+        }
+        assert_eq!(limit.limit(), 2);
+    }
+
+    #[test]
+    fn abandoned_operations_show_latency_above_the_estimate() {
+        let (limit, start) = limiter(config(2, 100));
+        let mut now = start;
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
+        // Operations that end without a reply after 100 ms (their deadline): a queue the
+        // answered samples alone would not show.
+        for _ in 0..50 {
+            let permits: Vec<_> = std::iter::from_fn(|| limit.try_acquire(now)).collect();
+            now += ms(100);
+            for permit in permits {
+                permit.release(now, Outcome::Abandoned);
+            }
+        }
+        assert_eq!(limit.limit(), 2);
+        // Fast abandonments (the application lost interest) say nothing.
+        let (limit, start) = limiter(config(2, 100));
+        let mut now = start;
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
+        for _ in 0..50 {
+            let permits: Vec<_> = std::iter::from_fn(|| limit.try_acquire(now)).collect();
+            now += ms(1);
+            drop(permits);
+        }
+        assert_eq!(limit.limit(), INITIAL_LIMIT);
+    }
+
+    #[test]
+    fn a_probe_pins_the_limit_to_the_minimum_and_remeasures_the_baseline() {
+        let config = ConcurrencyConfig {
+            probe_interval: Duration::from_secs(1),
+            ..config(2, 100)
+        };
+        let (limit, start) = limiter(config);
+        let mut now = start;
+        // The first baseline comes from traffic that was already queued: 40 ms.
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 40);
+        assert_eq!(limit.snapshot().baseline, Some(ms(40)));
+        let before = limit.limit();
+        now += Duration::from_secs(1);
+        assert_eq!(
+            limit.limit(),
+            before,
+            "the probe starts at the next decision"
+        );
+        let first = limit.try_acquire(now).unwrap();
+        assert!(limit.snapshot().probing);
+        assert_eq!(limit.limit(), 2);
+        let second = limit.try_acquire(now).unwrap();
+        assert!(
+            limit.try_acquire(now).is_none(),
+            "two at a time during a probe"
+        );
+        // Alone, the server answers in 10 ms.
+        now += ms(10);
+        first.release(now, Outcome::Answered(ms(10)));
+        second.release(now, Outcome::Answered(ms(10)));
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32 - 2, 10);
+        let snapshot = limit.snapshot();
+        assert!(!snapshot.probing);
+        assert_eq!(snapshot.baseline, Some(ms(10)));
+        assert_eq!(
+            snapshot.limit, before,
+            "the limit before the probe is restored"
+        );
+    }
+
+    /// A probe's higher measurement is the other clients' queue, not this server's no-load
+    /// latency: it does not raise the baseline.
+    #[test]
+    fn a_probe_does_not_raise_the_baseline_while_the_limit_is_above_its_minimum() {
+        let config = ConcurrencyConfig {
+            probe_interval: Duration::from_secs(1),
+            ..config(2, 100)
+        };
+        let (limit, start) = limiter(config);
+        let mut now = start;
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
+        now += Duration::from_secs(1);
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 14);
+        let snapshot = limit.snapshot();
+        assert!(!snapshot.probing);
+        assert_eq!(snapshot.baseline, Some(ms(10)));
+    }
+
+    /// A server that became slower for good (every operation now takes 40 ms, at any load)
+    /// pins the limit to its minimum; after a whole interval there, the next probe adopts the
+    /// new latency as the baseline and the limit grows again.
+    #[test]
+    fn a_server_that_became_slower_is_rebaselined_after_an_interval_at_the_minimum() {
+        let config = ConcurrencyConfig {
+            probe_interval: Duration::from_secs(1),
+            ..config(2, 100)
+        };
+        let (limit, start) = limiter(config);
+        let mut now = start;
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
+        let mut saw_minimum = false;
+        // Saturating traffic at 40 ms for 10 s.
+        for _ in 0..250 {
+            let permits: Vec<_> = std::iter::from_fn(|| limit.try_acquire(now)).collect();
+            now += ms(40);
+            for permit in permits {
+                permit.release(now, Outcome::Answered(ms(40)));
+            }
+            let snapshot = limit.snapshot();
+            saw_minimum |= snapshot.limit == 2 && !snapshot.probing;
+        }
+        assert!(saw_minimum, "the slower server first pushed the limit down");
+        let snapshot = limit.snapshot();
+        assert_eq!(snapshot.baseline, Some(ms(40)));
+        assert!(snapshot.limit > 20, "and then it grew again: {snapshot:?}");
+    }
+
+    #[test]
+    fn a_probe_without_samples_ends_and_keeps_the_baseline() {
+        let config = ConcurrencyConfig {
+            probe_interval: Duration::from_secs(1),
+            ..config(2, 100)
+        };
+        let (limit, start) = limiter(config);
+        let mut now = start;
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
+        now += Duration::from_secs(1);
+        assert!(limit.try_acquire(now).is_some());
+        assert!(limit.snapshot().probing);
+        now += PROBE_MAX_DURATION;
+        assert!(limit.try_acquire(now).is_some());
+        let snapshot = limit.snapshot();
+        assert!(!snapshot.probing);
+        assert_eq!(snapshot.baseline, Some(ms(10)));
+        assert_eq!(snapshot.limit, INITIAL_LIMIT);
+    }
+
+    /// A server with capacity for 10 operations at once and 20 ms latency, whose latency grows
+    /// in proportion beyond that, and a client that always wants more: the limit must settle
+    /// near `tolerance × capacity + 1` (16), not at the maximum (100).
+    /// The first baseline is taken under the initial limit of 20, so it is twice too high;
+    /// the probe at 30 s corrects it.
+    #[test]
+    fn limit_settles_near_capacity_in_a_queueing_server() {
+        let (limit, start) = limiter(config(2, 100));
+        let mut server = QueueingServer::new(10, 20.0);
+        let limits = server.run(&limit, start, 120_000);
+        let settled = &limits[60_000..];
+        let mean = settled.iter().map(|&l| f64::from(l)).sum::<f64>() / settled.len() as f64;
+        // `tolerance × capacity + queue allowance` = 16; the probes' dips pull the mean down.
+        assert!((14.0..=17.0).contains(&mean), "mean limit {mean}");
+        let outside = settled.iter().filter(|&&l| !(8..=25).contains(&l)).count();
+        assert!(
+            outside * 100 <= settled.len(),
+            "{outside} of {} ticks outside 8..=25 (probes pin it to 2)",
+            settled.len()
+        );
+        assert!(settled.iter().all(|&l| l < 100));
+        assert_eq!(
+            limit.snapshot().baseline,
+            Some(ms(20)),
+            "the probe measured the no-load latency"
+        );
+    }
+
+    /// Four clients join a server with capacity for 40 operations at 20 ms, 7.5 s apart, so
+    /// their probes never coincide and each probe measures the others' queue; the late ones
+    /// take their first baseline under the earlier ones' load. After a few probes their limits
+    /// must together settle near `1.5 × 40 + 4` (not at 4 × 100), each near a fair share, with
+    /// every baseline near the server's true no-load latency. (Run for 15 simulated minutes,
+    /// the totals stay at 65.6: no ratchet.)
+    #[test]
+    fn clients_sharing_a_server_converge_to_fair_limits() {
+        let start = Instant::now();
+        let clients: Vec<_> = (0..4u64)
+            .map(|i| {
+                let joins = i * 7_500;
+                let origin = start + ms(joins);
+                let limit =
+                    ConcurrencyLimit::starting_at(config(2, 100), origin, Instant::now).unwrap();
+                (limit, joins)
+            })
+            .collect();
+        let mut server = QueueingServer::new(40, 20.0);
+        let limits = server.run_clients(&clients, start, 300_000);
+        let settled = &limits[150_000..];
+        let totals: Vec<u32> = settled.iter().map(|l| l.iter().sum()).collect();
+        let mean = totals.iter().map(|&t| f64::from(t)).sum::<f64>() / totals.len() as f64;
+        assert!((55.0..=75.0).contains(&mean), "mean total limit {mean}");
+        for (client, (limit, _)) in clients.iter().enumerate() {
+            let snapshot = limit.snapshot();
+            let baseline = snapshot.baseline.unwrap_or_default();
+            assert!(
+                (ms(20)..=ms(24)).contains(&baseline),
+                "client {client}: {snapshot:?}"
+            );
+            // Not exactly fair: a baseline 5 % higher (one probe taken beside the others'
+            // queue) gives a client about twice the share of the others.
+            assert!(
+                (8..=32).contains(&snapshot.limit),
+                "client {client}: {} of a fair 16",
+                snapshot.limit
+            );
+        }
+    }
+
+    #[test]
+    fn extreme_latencies_and_times_keep_the_limit_in_bounds() {
+        let (limit, start) = limiter(config(3, 50));
+        let mut now = start;
+        for latency in [Duration::ZERO, Duration::MAX, Duration::from_nanos(1)] {
+            for _ in 0..100 {
+                let permits: Vec<_> = std::iter::from_fn(|| limit.try_acquire(now)).collect();
+                for permit in permits {
+                    permit.release(now, Outcome::Answered(latency));
+                }
+                now += ms(1);
+                let l = limit.limit();
+                assert!((3..=50).contains(&l), "{l}");
+            }
+        }
+        // Time far in the past, and at the edge of what Instant holds.
+        let past = start
+            .checked_sub(Duration::from_secs(3600))
+            .unwrap_or(start);
+        let permit = limit.try_acquire(past).unwrap();
+        permit.release(past, Outcome::Abandoned);
+        assert_eq!(limit.in_flight(), 0);
+    }
+
+    #[test]
+    fn shared_across_threads_the_limit_is_never_exceeded() {
+        let (limit, start) = limiter(config(2, 8));
+        let peak = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|scope| {
+            for thread in 0..4u64 {
+                let (limit, peak) = (limit.clone(), &peak);
+                scope.spawn(move || {
+                    for i in 0..2000u64 {
+                        let now = start + ms(i);
+                        if let Some(permit) = limit.try_acquire(now) {
+                            peak.fetch_max(limit.in_flight(), std::sync::atomic::Ordering::Relaxed);
+                            let outcome = if (i + thread) % 7 == 0 {
+                                Outcome::Overloaded
+                            } else {
+                                Outcome::Answered(ms(1 + i % 5))
+                            };
+                            permit.release(now + ms(1), outcome);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(limit.in_flight(), 0);
+        assert!(peak.load(std::sync::atomic::Ordering::Relaxed) <= 8);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Event {
+        Acquire,
+        Answer(u64),
+        Overload,
+        Abandon,
+        Drop,
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            4 => Just(Event::Acquire),
+            3 => prop_oneof![0u64..50_000_000, Just(0), Just(u64::MAX)].prop_map(Event::Answer),
+            1 => Just(Event::Overload),
+            1 => Just(Event::Abandon),
+            1 => Just(Event::Drop),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Any sequence of acquisitions and releases with any outcomes, latencies and times
+        /// (backwards included): the limit stays within its bounds, a successful acquisition
+        /// never leaves more in flight than the limit in force, and `in_flight` always equals
+        /// the permits alive.
+        #[test]
+        fn the_limit_keeps_its_invariants(
+            min in 1u32..10,
+            extra in 0u32..60,
+            tolerance in 1.0f64..=10.0,
+            probe_secs in 1u64..5,
+            events in proptest::collection::vec(
+                (prop_oneof![6 => 0i64..20, 1 => 0i64..5_000, 1 => -3_000i64..0], event()),
+                1..400,
+            ),
+        ) {
+            let max = min + extra;
+            let config = ConcurrencyConfig {
+                min_limit: min,
+                max_limit: max,
+                tolerance,
+                probe_interval: Duration::from_secs(probe_secs),
+            };
+            let (limit, start) = limiter(config);
+            let mut held: VecDeque<ConcurrencyPermit> = VecDeque::new();
+            let mut clock = 0i64;
+            for (step, event) in events {
+                clock += step;
+                let now = if clock >= 0 {
+                    start + ms(clock as u64)
+                } else {
+                    start - ms(clock.unsigned_abs())
+                };
+                match event {
+                    Event::Acquire => {
+                        if let Some(permit) = limit.try_acquire(now) {
+                            held.push_back(permit);
+                            prop_assert!(limit.in_flight() <= limit.limit());
+                        }
+                    }
+                    Event::Answer(nanos) => {
+                        if let Some(permit) = held.pop_front() {
+                            permit.release(now, Outcome::Answered(Duration::from_nanos(nanos)));
+                        }
+                    }
+                    Event::Overload => {
+                        if let Some(permit) = held.pop_front() {
+                            permit.release(now, Outcome::Overloaded);
+                        }
+                    }
+                    Event::Abandon => {
+                        if let Some(permit) = held.pop_back() {
+                            permit.release(now, Outcome::Abandoned);
+                        }
+                    }
+                    Event::Drop => {
+                        held.pop_back();
+                    }
+                }
+                let snapshot = limit.snapshot();
+                prop_assert!((min..=max).contains(&snapshot.limit), "{:?}", snapshot);
+                prop_assert_eq!(snapshot.in_flight as usize, held.len());
+            }
+            held.clear();
+            prop_assert_eq!(limit.in_flight(), 0);
+        }
+    }
+}
