@@ -42,6 +42,7 @@ pub mod error;
 pub mod failpoint;
 mod hello;
 mod legacy;
+pub mod mangle;
 mod session;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -255,6 +256,8 @@ pub(crate) struct Shared {
     pub(crate) shutdown: watch::Receiver<bool>,
     /// Signalled when change events were recorded (wakes waiting change-stream getMores).
     pub(crate) changes_notify: tokio::sync::Notify,
+    /// Lab-only reply mangling (`labMangleReplies`), off by default.
+    pub(crate) mangler: mangle::Mangler,
 }
 
 /// Locks a mutex, recovering the data if a previous holder panicked.
@@ -423,6 +426,7 @@ impl Emulator {
             started: Instant::now(),
             shutdown: shutdown_rx,
             changes_notify: tokio::sync::Notify::new(),
+            mangler: mangle::Mangler::default(),
             config,
         });
         let mut tasks = JoinSet::new();
@@ -481,6 +485,27 @@ impl Emulator {
             .iter()
             .map(|m| m.model.clone())
             .collect()
+    }
+
+    /// Turns lab-only reply mangling on (`Some`) or off (`None`), as `setParameter:
+    /// {labMangleReplies: …}` does; returns the previous configuration. See
+    /// [`mangle`](crate::server::mangle).
+    pub fn set_reply_mangling(
+        &self,
+        config: Option<mangle::MangleConfig>,
+    ) -> Option<mangle::MangleConfig> {
+        self.shared.mangler.configure(config)
+    }
+
+    /// Reply-mangling counters since the emulator started.
+    pub fn reply_mangling_report(&self) -> mangle::MangleReport {
+        self.shared.mangler.report()
+    }
+
+    /// Takes (and clears) the log of replies to requests that carried a string `comment`,
+    /// recorded while mangling was on with `log: true`.
+    pub fn take_reply_mangling_log(&self) -> Vec<mangle::MangleRecord> {
+        self.shared.mangler.take_log()
     }
 
     /// Closes the listeners and all connections and waits for every task to finish.
