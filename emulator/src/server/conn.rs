@@ -192,7 +192,10 @@ pub(crate) async fn serve(
                     match (after, mangle_plan.as_ref()) {
                         (After::Continue, _) | (_, None) => {}
                         (After::Close, Some(plan)) => {
-                            stop.get_or_insert(format!("closed after a mangled frame ({})", plan.kind().name()));
+                            stop.get_or_insert(format!(
+                                "closed after a mangled frame ({})",
+                                plan.kind().name()
+                            ));
                         }
                         (After::Stall, Some(_)) => {
                             if stop.is_none() {

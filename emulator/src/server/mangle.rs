@@ -81,9 +81,11 @@ pub enum MangleKind {
     WriteErrorsMalformed,
     /// A write reply with a malformed `writeConcernError`.
     WriteConcernErrorMalformed,
-    /// A cursor reply whose `cursor` document lacks its id or batch, or has them of the wrong
-    /// type, or is not a document.
-    CursorMalformed,
+    /// A cursor reply whose `cursor.id` is missing, a string, a document or null.
+    CursorIdMalformed,
+    /// A cursor reply whose batch (`firstBatch` / `nextBatch`) is missing, not an array or holds
+    /// non-documents, or whose `cursor` is not a document at all.
+    CursorBatchMalformed,
     /// A cursor reply whose `cursor.ns` is missing or not a string.
     CursorNamespaceMalformed,
     /// `ok` missing or of an odd type or value (string, boolean, null, NaN, 2, …).
@@ -108,7 +110,7 @@ pub enum MangleKind {
 
 impl MangleKind {
     /// Every kind, in declaration order.
-    pub const ALL: [MangleKind; 17] = [
+    pub const ALL: [MangleKind; 18] = [
         MangleKind::ErrorCodeWrongType,
         MangleKind::ErrorCodeMissing,
         MangleKind::ErrorLabelsNotArray,
@@ -116,7 +118,8 @@ impl MangleKind {
         MangleKind::BaseBackoffAnyType,
         MangleKind::WriteErrorsMalformed,
         MangleKind::WriteConcernErrorMalformed,
-        MangleKind::CursorMalformed,
+        MangleKind::CursorIdMalformed,
+        MangleKind::CursorBatchMalformed,
         MangleKind::CursorNamespaceMalformed,
         MangleKind::OkOddType,
         MangleKind::Truncated,
@@ -138,7 +141,8 @@ impl MangleKind {
             MangleKind::BaseBackoffAnyType => "baseBackoffAnyType",
             MangleKind::WriteErrorsMalformed => "writeErrorsMalformed",
             MangleKind::WriteConcernErrorMalformed => "writeConcernErrorMalformed",
-            MangleKind::CursorMalformed => "cursorMalformed",
+            MangleKind::CursorIdMalformed => "cursorIdMalformed",
+            MangleKind::CursorBatchMalformed => "cursorBatchMalformed",
             MangleKind::CursorNamespaceMalformed => "cursorNamespaceMalformed",
             MangleKind::OkOddType => "okOddType",
             MangleKind::Truncated => "truncated",
@@ -450,8 +454,12 @@ fn mix(mut z: u64) -> u64 {
 
 impl Mangler {
     /// Replaces the configuration (`None`: off). Returns the previous one.
+    /// The schedule restarts: the next qualifying reply is number 0 again, so one seed gives
+    /// two runs the same schedule.
     pub(crate) fn configure(&self, config: Option<MangleConfig>) -> Option<MangleConfig> {
-        std::mem::replace(&mut *lock(&self.config), config)
+        let mut guard = lock(&self.config);
+        self.sequence.store(0, Ordering::Relaxed);
+        std::mem::replace(&mut *guard, config)
     }
 
     pub(crate) fn config(&self) -> Option<MangleConfig> {
@@ -557,9 +565,9 @@ fn applies(kind: MangleKind, command: &str, reply: &Document) -> bool {
                 || command == "findAndModify"
                 || command == "bulkWrite")
         }
-        MangleKind::CursorMalformed | MangleKind::CursorNamespaceMalformed => {
-            ok && reply.get_document("cursor").is_ok()
-        }
+        MangleKind::CursorIdMalformed
+        | MangleKind::CursorBatchMalformed
+        | MangleKind::CursorNamespaceMalformed => ok && reply.get_document("cursor").is_ok(),
         _ => true,
     }
 }
@@ -592,7 +600,9 @@ impl Plan {
                     rng,
                     vec![
                         Bson::String("RetryableError".into()),
-                        Bson::Document(doc! { "0": "RetryableError", "1": "SystemOverloadedError" }),
+                        Bson::Document(
+                            doc! { "0": "RetryableError", "1": "SystemOverloadedError" },
+                        ),
                         Bson::Int32(1),
                         Bson::Null,
                         Bson::Boolean(true),
@@ -631,7 +641,9 @@ impl Plan {
                         Bson::Int32(1),
                         Bson::Document(doc! { "index": 0, "code": 11000 }),
                         Bson::Array(vec![Bson::String("E11000".into())]),
-                        Bson::Array(vec![Bson::Document(doc! { "index": 0, "errmsg": "no code" })]),
+                        Bson::Array(vec![Bson::Document(
+                            doc! { "index": 0, "errmsg": "no code" },
+                        )]),
                         Bson::Array(vec![Bson::Document(
                             doc! { "index": 0, "code": "11000", "errmsg": "code as string" },
                         )]),
@@ -660,21 +672,15 @@ impl Plan {
                         Bson::Document(doc! { "code": 64, "errmsg": 5 }),
                         Bson::Document(doc! { "code": 64, "errmsg": "bad errInfo", "errInfo": 3 }),
                         Bson::Document(doc! { "code": Bson::Null }),
-                        Bson::Null,
                     ],
                 );
                 r.insert("writeConcernError", bad);
                 r
             }
-            MangleKind::CursorMalformed => {
+            MangleKind::CursorIdMalformed => {
                 let mut r = reply;
                 let mut cursor = r.get_document("cursor").cloned().unwrap_or_default();
-                let batch_key = if cursor.contains_key("nextBatch") {
-                    "nextBatch"
-                } else {
-                    "firstBatch"
-                };
-                match rng.random_range(0..8u8) {
+                match rng.random_range(0..4u8) {
                     0 => {
                         cursor.remove("id");
                     }
@@ -684,20 +690,41 @@ impl Plan {
                     2 => {
                         cursor.insert("id", doc! { "id": 0i64 });
                     }
-                    3 => {
+                    _ => {
                         cursor.insert("id", Bson::Null);
                     }
-                    4 => {
+                }
+                r.insert("cursor", cursor);
+                r
+            }
+            MangleKind::CursorBatchMalformed => {
+                let mut r = reply;
+                let mut cursor = r.get_document("cursor").cloned().unwrap_or_default();
+                let batch_key = if cursor.contains_key("nextBatch") {
+                    "nextBatch"
+                } else {
+                    "firstBatch"
+                };
+                match rng.random_range(0..4u8) {
+                    0 => {
                         cursor.remove(batch_key);
                     }
-                    5 => {
+                    1 => {
                         cursor.insert(batch_key, "documents");
                     }
-                    6 => {
+                    2 => {
                         cursor.insert(batch_key, vec![Bson::Int32(1), Bson::String("x".into())]);
                     }
                     _ => {
-                        r.insert("cursor", pick(rng, vec![Bson::String("cursor".into()), Bson::Int64(0), Bson::Array(vec![])]));
+                        let not_a_document = pick(
+                            rng,
+                            vec![
+                                Bson::String("cursor".into()),
+                                Bson::Int64(0),
+                                Bson::Array(vec![]),
+                            ],
+                        );
+                        r.insert("cursor", not_a_document);
                         return r;
                     }
                 }
@@ -789,7 +816,14 @@ impl Plan {
             MangleKind::WrongOpcode => {
                 let opcode = pick(
                     rng,
-                    vec![wire::OP_REPLY, wire::OP_COMPRESSED, wire::OP_QUERY, 0, -1, 9999],
+                    vec![
+                        wire::OP_REPLY,
+                        wire::OP_COMPRESSED,
+                        wire::OP_QUERY,
+                        0,
+                        -1,
+                        9999,
+                    ],
                 );
                 if bytes.len() >= HEADER_LEN {
                     bytes[12..16].copy_from_slice(&opcode.to_le_bytes());
@@ -969,7 +1003,10 @@ mod tests {
         let d = doc! { "seed": 3, "share": 0.25, "kinds": ["truncated", "okOddType"], "appName": "x", "commands": ["find"], "log": true, "logLimit": 10 };
         let c = MangleConfig::from_document(&d).unwrap().unwrap();
         assert_eq!(c.kinds, vec![MangleKind::Truncated, MangleKind::OkOddType]);
-        assert_eq!(MangleConfig::from_document(&c.to_document()).unwrap(), Some(c));
+        assert_eq!(
+            MangleConfig::from_document(&c.to_document()).unwrap(),
+            Some(c)
+        );
         assert_eq!(MangleConfig::from_document(&doc! {}).unwrap(), None);
         for bad in [
             doc! { "share": 1.5 },
@@ -1002,7 +1039,10 @@ mod tests {
             }));
             let facts = RequestFacts::of(&doc! { "insert": "c", "comment": "op1" });
             let kinds: Vec<Option<MangleKind>> = (0..200)
-                .map(|_| m.plan(&facts, Some("fuzz"), &insert_reply(), false).map(|p| p.kind()))
+                .map(|_| {
+                    m.plan(&facts, Some("fuzz"), &insert_reply(), false)
+                        .map(|p| p.kind())
+                })
                 .collect();
             (kinds, m)
         };
@@ -1012,23 +1052,32 @@ mod tests {
         assert_eq!(a, b, "same seed, same schedule");
         assert_ne!(a, c, "another seed, another schedule");
         let mangled = a.iter().flatten().count();
-        assert!((60..140).contains(&mangled), "about half mangled: {mangled}");
+        assert!(
+            (60..140).contains(&mangled),
+            "about half mangled: {mangled}"
+        );
         assert_eq!(m.report().qualifying, 200);
         assert_eq!(m.report().mangled(), mangled as u64);
         assert_eq!(m.take_log().len(), 200);
         // Another application, the handshake, a streamed reply: never.
         let facts = RequestFacts::of(&doc! { "insert": "c" });
-        assert!(m.plan(&facts, Some("other"), &insert_reply(), false).is_none());
+        assert!(m
+            .plan(&facts, Some("other"), &insert_reply(), false)
+            .is_none());
         assert!(m.plan(&facts, None, &insert_reply(), false).is_none());
-        assert!(m.plan(&facts, Some("fuzz"), &insert_reply(), true).is_none());
+        assert!(m
+            .plan(&facts, Some("fuzz"), &insert_reply(), true)
+            .is_none());
         let hello = RequestFacts::of(&doc! { "hello": 1 });
-        assert!(m.plan(&hello, Some("fuzz"), &doc! { "ok": 1.0 }, false).is_none());
+        assert!(m
+            .plan(&hello, Some("fuzz"), &doc! { "ok": 1.0 }, false)
+            .is_none());
     }
 
     #[test]
     fn kinds_that_do_not_fit_the_reply_are_not_drawn() {
         let m = Mangler::default();
-        m.configure(Some(config(vec![MangleKind::CursorMalformed])));
+        m.configure(Some(config(vec![MangleKind::CursorIdMalformed])));
         let facts = RequestFacts::of(&doc! { "insert": "c" });
         assert!(m.plan(&facts, None, &insert_reply(), false).is_none());
         let find = RequestFacts::of(&doc! { "find": "c" });
@@ -1043,7 +1092,9 @@ mod tests {
             let m = Mangler::default();
             m.configure(Some(config(vec![kind])));
             let (command, reply) = match kind {
-                MangleKind::CursorMalformed | MangleKind::CursorNamespaceMalformed => (
+                MangleKind::CursorIdMalformed
+                | MangleKind::CursorBatchMalformed
+                | MangleKind::CursorNamespaceMalformed => (
                     "find",
                     doc! { "cursor": { "id": 5i64, "ns": "d.c", "firstBatch": [{ "a": 1 }] }, "ok": 1.0 },
                 ),
@@ -1051,16 +1102,22 @@ mod tests {
             };
             let facts = RequestFacts::of(&doc! { command: "c" });
             for _ in 0..100 {
-                let mut plan = m.plan(&facts, None, &reply, false).expect("share 1 mangles");
+                let mut plan = m
+                    .plan(&facts, None, &reply, false)
+                    .expect("share 1 mangles");
                 let damaged = plan.apply_to_document(reply.clone());
                 assert_ne!(damaged, reply, "{kind:?} changed nothing");
                 let intact_ok = matches!(damaged.get("ok"), Some(Bson::Double(x)) if *x == 1.0);
                 match kind {
-                    MangleKind::WriteErrorsMalformed => assert!(damaged.contains_key("writeErrors")),
+                    MangleKind::WriteErrorsMalformed => {
+                        assert!(damaged.contains_key("writeErrors"))
+                    }
                     MangleKind::WriteConcernErrorMalformed => {
                         assert!(damaged.contains_key("writeConcernError"))
                     }
-                    MangleKind::CursorMalformed | MangleKind::CursorNamespaceMalformed => {}
+                    MangleKind::CursorIdMalformed
+                    | MangleKind::CursorBatchMalformed
+                    | MangleKind::CursorNamespaceMalformed => {}
                     _ => assert!(!intact_ok, "{kind:?} left ok: 1: {damaged}"),
                 }
                 // Whatever the damage, the document still encodes (frame damage is separate).
