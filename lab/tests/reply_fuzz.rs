@@ -561,8 +561,8 @@ async fn long_run_against_mangled_replies() {
     let workers: u64 = std::env::var("REPLY_FUZZ_WORKERS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(16);
-    let share = 0.6;
+        .unwrap_or(24);
+    let share = 0.8;
     let mut totals: Vec<Figures> = Vec::new();
     for driver in ["fork", "upstream"] {
         // Rounds of 5,000 operations (each with its own seed) until the target is met; the

@@ -463,6 +463,39 @@ macro_rules! scenarios {
                 }
             }
 
+            /// B10: an insert whose reply sets an unknown required OP_MSG flag bit (the
+            /// emulator's `labMangleReplies`, for this client's application name only). Returns
+            /// the insert's result: `Ok` means the driver read the reply as a success.
+            pub async fn insert_with_unknown_required_flag(uri: &str, app: &str) -> Result<(), String> {
+                let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+                options.app_name = Some(app.to_owned());
+                options.retry_writes = Some(false);
+                let client = Client::with_options(options).expect("client");
+                let admin = client.database("admin");
+                admin
+                    .run_command(doc! {
+                        "setParameter": 1,
+                        "labMangleReplies": {
+                            "seed": 10, "share": 1.0, "kinds": ["unknownRequiredFlags"],
+                            "appName": app, "commands": ["insert"],
+                        },
+                    })
+                    .await
+                    .expect("setParameter labMangleReplies");
+                let result = client
+                    .database("b10")
+                    .collection::<Document>(app)
+                    .insert_one(doc! { "x": 1 })
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string());
+                admin
+                    .run_command(doc! { "setParameter": 1, "labMangleReplies": {} })
+                    .await
+                    .expect("mangling off");
+                result
+            }
+
             /// B9: the writeConcern of the retried commitTransaction after a retryable write
             /// error that carries `SystemOverloadedError` but not `RetryableError`.
             pub async fn commit_retry_write_concern(uri: &str) -> Option<Document> {
@@ -746,6 +779,20 @@ async fn b9_commit_retry_after_non_retryable_overload_upgrades_write_concern() {
         Some("majority"),
         "the fork applies the retryable-writes rule: {fork:?}"
     );
+}
+
+#[tokio::test]
+async fn b10_unknown_required_op_msg_flag_is_an_error() {
+    let server = Server::standalone();
+    let up = upstream::insert_with_unknown_required_flag(&server.uri, "b10-upstream").await;
+    assert_eq!(
+        up,
+        Ok(()),
+        "upstream 3.9.1 reads a reply with an unknown required flag bit as a success (defect B10)"
+    );
+    let fork = fork::insert_with_unknown_required_flag(&server.uri, "b10-fork").await;
+    let message = fork.expect_err("the fork refuses the reply");
+    assert!(message.contains("unknown required flag bits"), "{message}");
 }
 
 #[tokio::test]
