@@ -489,10 +489,21 @@ macro_rules! scenarios {
                     .await
                     .map(drop)
                     .map_err(|e| e.to_string());
-                admin
-                    .run_command(doc! { "setParameter": 1, "labMangleReplies": {} })
-                    .await
-                    .expect("mangling off");
+                // The emulator closes the connection after a damaged frame; a driver that read
+                // the reply keeps that connection pooled, so the first command on it may fail
+                // with end of stream. A few attempts (bounded) get a fresh connection.
+                let mut off = Err(String::new());
+                for _ in 0..3 {
+                    off = admin
+                        .run_command(doc! { "setParameter": 1, "labMangleReplies": {} })
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string());
+                    if off.is_ok() {
+                        break;
+                    }
+                }
+                off.expect("mangling off");
                 result
             }
 
