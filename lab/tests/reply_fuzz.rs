@@ -562,9 +562,16 @@ async fn long_run_against_mangled_replies() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(24);
+    // `REPLY_FUZZ_DRIVERS=upstream` (or `fork`) runs one driver, e.g. to run both at once in
+    // two processes: upstream's time goes mostly into waiting for its hung operations.
+    let drivers: Vec<&'static str> = match std::env::var("REPLY_FUZZ_DRIVERS").as_deref() {
+        Ok("fork") => vec!["fork"],
+        Ok("upstream") => vec!["upstream"],
+        _ => vec!["fork", "upstream"],
+    };
     let share = 0.8;
     let mut totals: Vec<Figures> = Vec::new();
-    for driver in ["fork", "upstream"] {
+    for driver in drivers {
         // Rounds of 5,000 operations (each with its own seed) until the target is met; the
         // number of rounds is bounded by the target.
         let mut rounds = Vec::new();
@@ -610,5 +617,7 @@ async fn long_run_against_mangled_replies() {
     for t in &totals {
         t.print();
     }
-    assert_fork_survived(&totals[0]);
+    if let Some(fork) = totals.iter().find(|t| t.driver == "fork") {
+        assert_fork_survived(fork);
+    }
 }
