@@ -50,7 +50,9 @@ fn table() -> Vec<(&'static str, Vec<&'static str>)> {
         ("retryBudget", vec!["yes", "1", "", "TRUE", "on"]),
         (
             "retryBudgetPercent",
-            vec!["-1", "-0.5", "1000.5", "1e400", "NaN", "inf", "-inf", "abc", "", "true"],
+            vec![
+                "-1", "-0.5", "1000.5", "1e400", "NaN", "inf", "-inf", "abc", "", "true",
+            ],
         ),
         (
             "retryBudgetMinPerSec",
@@ -58,7 +60,14 @@ fn table() -> Vec<(&'static str, Vec<&'static str>)> {
         ),
         (
             "retryBudgetWindowMS",
-            vec!["-1", "0", "999", "60001", "18446744073709551616", "99999999999999999999"],
+            vec![
+                "-1",
+                "0",
+                "999",
+                "60001",
+                "18446744073709551616",
+                "99999999999999999999",
+            ],
         ),
         (
             "maxPoolSize",
@@ -101,7 +110,10 @@ async fn invalid_values_are_refused_at_parse_time_naming_the_option() {
         }
     }
     assert!(cases > 60, "the table has {cases} cases");
-    assert!(accepted.is_empty(), "accepted invalid values: {accepted:#?}");
+    assert!(
+        accepted.is_empty(),
+        "accepted invalid values: {accepted:#?}"
+    );
     assert!(
         unnamed.is_empty(),
         "errors that do not name the option: {unnamed:#?}"

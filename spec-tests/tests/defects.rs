@@ -858,7 +858,10 @@ async fn b11_max_pool_size_zero_means_no_limit() {
         .await
         .expect("the fork accepts maxPoolSize=0");
     // The default limit would stop at 10; no limit lets every held find have a connection.
-    assert!(fork >= 15, "the pool created {fork} connections for 15 concurrent finds");
+    assert!(
+        fork >= 15,
+        "the pool created {fork} connections for 15 concurrent finds"
+    );
 }
 
 #[tokio::test]
