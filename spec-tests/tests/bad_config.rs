@@ -102,6 +102,8 @@ async fn invalid_values_are_refused_at_parse_time_naming_the_option() {
             match refusal(&uri).await {
                 None => accepted.push(uri),
                 Some(message) => {
+                    // Printed so `--nocapture` shows every message the table produces.
+                    eprintln!("{uri}\n    {message}");
                     if !message.to_lowercase().contains(&option.to_lowercase()) {
                         unnamed.push(format!("{uri}: {message}"));
                     }
