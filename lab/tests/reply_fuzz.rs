@@ -97,8 +97,9 @@ const OP_NAMES: [&str; OP_KINDS as usize] = [
     "countDocuments",
 ];
 
-/// How long operation kind `kind` may take before it counts as a hang, given the driver's
-/// per-call timeout (`None`: the driver has none; the fork's bound is used as the yardstick).
+/// How long operation kind `kind` may take before it counts as a hang: the fork's `timeoutMS`
+/// for each driver call the operation makes, plus the margin. Upstream has no operation timeout;
+/// the same bound is its yardstick.
 fn watchdog(kind: u64) -> Duration {
     let calls = if kind == 3 || kind == 4 {
         CURSOR_CALLS
