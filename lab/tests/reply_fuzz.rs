@@ -379,6 +379,18 @@ impl Figures {
                 self.driver, self.hangs_by_op
             );
         }
+        if !self.wrong_successes.is_empty() {
+            let mut by_kind: BTreeMap<&str, u64> = BTreeMap::new();
+            for (_, _, record) in &self.wrong_successes {
+                *by_kind
+                    .entry(record.kind.map_or("clean", MangleKind::name))
+                    .or_default() += 1;
+            }
+            eprintln!(
+                "reply fuzz [{}]: wrong successes by the last reply's kind {by_kind:?}",
+                self.driver
+            );
+        }
         for (comment, op, record) in self.wrong_successes.iter().take(10) {
             eprintln!(
                 "reply fuzz [{}]: wrong success {comment} ({op}): last reply {} {:?}",
