@@ -463,6 +463,92 @@ macro_rules! scenarios {
                 }
             }
 
+            /// B10: an insert whose reply sets an unknown required OP_MSG flag bit (the
+            /// emulator's `labMangleReplies`, for this client's application name only). Returns
+            /// the insert's result: `Ok` means the driver read the reply as a success.
+            pub async fn insert_with_unknown_required_flag(uri: &str, app: &str) -> Result<(), String> {
+                let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+                options.app_name = Some(app.to_owned());
+                options.retry_writes = Some(false);
+                let client = Client::with_options(options).expect("client");
+                let admin = client.database("admin");
+                admin
+                    .run_command(doc! {
+                        "setParameter": 1,
+                        "labMangleReplies": {
+                            "seed": 10, "share": 1.0, "kinds": ["unknownRequiredFlags"],
+                            "appName": app, "commands": ["insert"],
+                        },
+                    })
+                    .await
+                    .expect("setParameter labMangleReplies");
+                let result = client
+                    .database("b10")
+                    .collection::<Document>(app)
+                    .insert_one(doc! { "x": 1 })
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string());
+                // The emulator closes the connection after a damaged frame; a driver that read
+                // the reply keeps that connection pooled, so the first command on it may fail
+                // with end of stream. A few attempts (bounded) get a fresh connection.
+                let mut off = Err(String::new());
+                for _ in 0..3 {
+                    off = admin
+                        .run_command(doc! { "setParameter": 1, "labMangleReplies": {} })
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string());
+                    if off.is_ok() {
+                        break;
+                    }
+                }
+                off.expect("mangling off");
+                result
+            }
+
+            /// B11: a client with `maxPoolSize=0` (no limit, says the URI options spec) runs 15
+            /// finds at once, each held 300 ms by the server. Returns the connections its pool
+            /// created, or the error that refused the option.
+            pub async fn concurrent_finds_without_pool_limit(uri: &str) -> Result<usize, String> {
+                use ::$driver::event::cmap::CmapEvent;
+                let uri = format!("{uri}?maxPoolSize=0");
+                let mut options = ClientOptions::parse(&uri).await.map_err(|e| e.to_string())?;
+                let created = Arc::new(Mutex::new(0usize));
+                let sink = Arc::clone(&created);
+                options.cmap_event_handler = Some(EventHandler::callback(move |event: CmapEvent| {
+                    if let CmapEvent::ConnectionCreated(_) = event {
+                        *sink.lock().unwrap() += 1;
+                    }
+                }));
+                let client = Client::with_options(options).map_err(|e| e.to_string())?;
+                client
+                    .database("admin")
+                    .run_command(doc! {
+                        "configureFailPoint": "failCommand",
+                        "mode": { "times": 15 },
+                        "data": {
+                            "failCommands": ["find"],
+                            "blockConnection": true,
+                            "blockTimeMS": 300,
+                        },
+                    })
+                    .await
+                    .expect("configureFailPoint");
+                let coll = client.database("b11").collection::<Document>("c");
+                let finds: Vec<_> = (0..15)
+                    .map(|_| {
+                        let coll = coll.clone();
+                        tokio::spawn(async move { coll.find_one(doc! {}).await.map(drop) })
+                    })
+                    .collect();
+                for find in finds {
+                    find.await.expect("find task").map_err(|e| e.to_string())?;
+                }
+                let n = *created.lock().unwrap();
+                Ok(n)
+            }
+
             /// B9: the writeConcern of the retried commitTransaction after a retryable write
             /// error that carries `SystemOverloadedError` but not `RetryableError`.
             pub async fn commit_retry_write_concern(uri: &str) -> Option<Document> {
@@ -745,6 +831,36 @@ async fn b9_commit_retry_after_non_retryable_overload_upgrades_write_concern() {
         fork.as_ref().and_then(|wc| wc.get_str("w").ok()),
         Some("majority"),
         "the fork applies the retryable-writes rule: {fork:?}"
+    );
+}
+
+#[tokio::test]
+async fn b10_unknown_required_op_msg_flag_is_an_error() {
+    let server = Server::standalone();
+    let up = upstream::insert_with_unknown_required_flag(&server.uri, "b10-upstream").await;
+    assert_eq!(
+        up,
+        Ok(()),
+        "upstream 3.9.1 reads a reply with an unknown required flag bit as a success (defect B10)"
+    );
+    let fork = fork::insert_with_unknown_required_flag(&server.uri, "b10-fork").await;
+    let message = fork.expect_err("the fork refuses the reply");
+    assert!(message.contains("unknown required flag bits"), "{message}");
+}
+
+#[tokio::test]
+async fn b11_max_pool_size_zero_means_no_limit() {
+    let server = Server::standalone();
+    let up = upstream::concurrent_finds_without_pool_limit(&server.uri).await;
+    let message = up.expect_err("upstream 3.9.1 refuses maxPoolSize=0 (defect B11)");
+    assert!(message.contains("maxPoolSize=0"), "{message}");
+    let fork = fork::concurrent_finds_without_pool_limit(&server.uri)
+        .await
+        .expect("the fork accepts maxPoolSize=0");
+    // The default limit would stop at 10; no limit lets every held find have a connection.
+    assert!(
+        fork >= 15,
+        "the pool created {fork} connections for 15 concurrent finds"
     );
 }
 

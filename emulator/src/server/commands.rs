@@ -14,6 +14,7 @@ use super::error::{
     codes, computed_labels, is_retriable_code, set_labels, CommandError, LabelContext,
 };
 use super::failpoint::{self, CommandFacts};
+use super::mangle;
 use super::session::{SessionKey, Transaction, TxnState};
 use super::{cluster_time_doc, hello, lock, Member, Role, Shared, State};
 use crate::model::{CommandInfo, Rejection};
@@ -1130,6 +1131,7 @@ fn get_parameter(
         }
         r.insert(LAB_OVERLOAD, member.model.config().to_document());
         r.insert(LAB_OVERLOAD_MEMBERS, member_configs(shared));
+        r.insert(mangle::PARAMETER, shared.mangler.parameter_document());
     } else {
         for (k, _) in body.iter().skip(1) {
             if data::GENERIC_FIELDS.contains(&k.as_str()) {
@@ -1141,6 +1143,10 @@ fn get_parameter(
             }
             if k == LAB_OVERLOAD_MEMBERS {
                 r.insert(k.clone(), member_configs(shared));
+                continue;
+            }
+            if k == mangle::PARAMETER {
+                r.insert(k.clone(), shared.mangler.parameter_document());
                 continue;
             }
             match params.get(k) {
@@ -1252,6 +1258,23 @@ fn set_parameter(
         if k == LAB_OVERLOAD_MEMBERS {
             let before = set_member_models(shared, v)?;
             was.get_or_insert(Bson::Document(before));
+            continue;
+        }
+        if k == mangle::PARAMETER {
+            // Lab-only reply mangling (server/mangle.rs): validated, applied at once.
+            let Bson::Document(d) = v else {
+                return Err(CommandError::type_mismatch(format!(
+                    "{} must be a document",
+                    mangle::PARAMETER
+                )));
+            };
+            let config = mangle::MangleConfig::from_document(d)
+                .map_err(|e| CommandError::bad_value(e.to_string()))?;
+            let before = shared.mangler.configure(config);
+            tracing::info!(parameter = mangle::PARAMETER, value = %d, "setParameter");
+            was.get_or_insert(Bson::Document(
+                before.map(|c| c.to_document()).unwrap_or_default(),
+            ));
             continue;
         }
         let Some(old) = st.params.values.get(k).cloned() else {

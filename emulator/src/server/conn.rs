@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 use super::commands::{self, ConnCtx, Outcome};
 use bson::Bson;
 
+use super::mangle::{self, After, RequestFacts};
 use super::{hello, Member, Shared};
 use crate::wire::{self, WireError};
 
@@ -109,6 +110,8 @@ pub(crate) async fn serve(
         // again rather than the server spinning), or the client stops reading.
         let exhaust_get_more =
             msg.exhaust_allowed() && msg.body.keys().next().map(String::as_str) == Some("getMore");
+        // Read before the request is consumed: whether lab-only reply mangling applies.
+        let mangle_facts = RequestFacts::of(&msg.body);
         let mut response_to = request_id;
         let mut pending = Some(msg);
         let mut stop: Option<String> = None;
@@ -136,6 +139,18 @@ pub(crate) async fn serve(
                 }
                 Outcome::Reply(_) if more_to_come => {}
                 Outcome::Reply(reply) => {
+                    // Lab-only: a reply damaged on the seeded schedule of `labMangleReplies`
+                    // (never a streamed one). Document damage here, frame damage once encoded.
+                    let mut mangle_plan = shared.mangler.plan(
+                        &mangle_facts,
+                        ctx.app_name.as_deref(),
+                        &reply,
+                        exhaust || exhaust_get_more,
+                    );
+                    let reply = match mangle_plan.as_mut() {
+                        Some(plan) => plan.apply_to_document(reply),
+                        None => reply,
+                    };
                     // The next exhaust reply waits on the topologyVersion just sent; without a
                     // wait (e.g. maxAwaitTimeMS 0) streaming would spin, so it stops instead.
                     if let (Some(next), Ok(tv)) =
@@ -160,6 +175,10 @@ pub(crate) async fn serve(
                             break;
                         }
                     };
+                    let (bytes, after) = match mangle_plan.as_mut() {
+                        Some(plan) => plan.apply_to_frame(bytes),
+                        None => (bytes, After::Continue),
+                    };
                     if stream {
                         response_to = next_reply_id;
                         pending = repeat;
@@ -170,6 +189,21 @@ pub(crate) async fn serve(
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => stop = Some(format!("write failed: {e}")),
                         Err(_) => stop = Some("write timed out (client not reading)".into()),
+                    }
+                    match (after, mangle_plan.as_ref()) {
+                        (After::Continue, _) | (_, None) => {}
+                        (After::Close, Some(plan)) => {
+                            stop.get_or_insert(format!(
+                                "closed after a mangled frame ({})",
+                                plan.kind().name()
+                            ));
+                        }
+                        (After::Stall, Some(_)) => {
+                            if stop.is_none() {
+                                mangle::stall(&mut rd, &mut shutdown).await;
+                                stop = Some("closed after a stalled frame".into());
+                            }
+                        }
                     }
                 }
             }

@@ -46,6 +46,7 @@ pub mod failpoint;
 mod hello;
 mod legacy;
 mod scram;
+pub mod mangle;
 mod session;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -271,6 +272,8 @@ pub(crate) struct Shared {
     pub(crate) users: Mutex<auth::Users>,
     /// Whether commands need an authenticated connection (users were configured at start).
     pub(crate) auth_required: bool,
+    /// Lab-only reply mangling (`labMangleReplies`), off by default.
+    pub(crate) mangler: mangle::Mangler,
 }
 
 /// Locks a mutex, recovering the data if a previous holder panicked.
@@ -453,6 +456,7 @@ impl Emulator {
             changes_notify: tokio::sync::Notify::new(),
             users: Mutex::new(users),
             auth_required,
+            mangler: mangle::Mangler::default(),
             config,
         });
         let mut tasks = JoinSet::new();
@@ -529,6 +533,27 @@ impl Emulator {
             .iter()
             .map(|m| m.model.clone())
             .collect()
+    }
+
+    /// Turns lab-only reply mangling on (`Some`) or off (`None`), as `setParameter:
+    /// {labMangleReplies: …}` does; returns the previous configuration. See
+    /// [`mangle`](crate::server::mangle).
+    pub fn set_reply_mangling(
+        &self,
+        config: Option<mangle::MangleConfig>,
+    ) -> Option<mangle::MangleConfig> {
+        self.shared.mangler.configure(config)
+    }
+
+    /// Reply-mangling counters since the emulator started.
+    pub fn reply_mangling_report(&self) -> mangle::MangleReport {
+        self.shared.mangler.report()
+    }
+
+    /// Takes (and clears) the log of replies to requests that carried a string `comment`,
+    /// recorded while mangling was on with `log: true`.
+    pub fn take_reply_mangling_log(&self) -> Vec<mangle::MangleRecord> {
+        self.shared.mangler.take_log()
     }
 
     /// Closes the listeners and all connections and waits for every task to finish.

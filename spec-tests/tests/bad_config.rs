@@ -1,0 +1,216 @@
+//! Bad configuration (issue 16, item 5): every option the fork adds and every Client
+//! Backpressure option, given invalid values (negative, huge or overflowing, wrong type, empty)
+//! and misspelt keys, in the connection string and on `ClientOptions`. Each must be refused when
+//! the options are parsed (`ClientOptions::parse`) or the client is built
+//! (`Client::with_options`), never later, with an error that names the option.
+//!
+//! `maxPoolSize` is in the table as well: its invalid values must be refused, and `0`, which the
+//! URI options specification defines as "no limit", must be accepted (defect B11).
+
+use std::time::Duration;
+
+use mongodb::options::ClientOptions;
+use mongodb::Client;
+
+/// A connection string with one option.
+fn uri(option: &str, value: &str) -> String {
+    format!("mongodb://localhost:27017/?{option}={value}")
+}
+
+/// Parses `uri` (with a client built from it, as an application would) and returns the error
+/// message, or `None` when it was accepted.
+async fn refusal(uri: &str) -> Option<String> {
+    let options = match ClientOptions::parse(uri).await {
+        Ok(options) => options,
+        Err(e) => return Some(e.to_string()),
+    };
+    // Building a client does not connect; it runs the same validation a parse does.
+    match Client::with_options(options) {
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// The invalid values for each option, by the option's connection-string name.
+fn table() -> Vec<(&'static str, Vec<&'static str>)> {
+    let not_integers = ["abc", "1.5", "", "1e3", "0x10", "true"];
+    let mut t: Vec<(&'static str, Vec<&'static str>)> = vec![
+        (
+            "maxAdaptiveRetries",
+            vec!["-1", "4294967296", "99999999999999999999"],
+        ),
+        (
+            "enableOverloadRetargeting",
+            vec!["yes", "1", "", "TRUE", "on"],
+        ),
+        (
+            "timeoutMS",
+            vec!["-1", "18446744073709551616", "99999999999999999999999"],
+        ),
+        ("retryBudget", vec!["yes", "1", "", "TRUE", "on"]),
+        (
+            "retryBudgetPercent",
+            vec![
+                "-1", "-0.5", "1000.5", "1e400", "NaN", "inf", "-inf", "abc", "", "true",
+            ],
+        ),
+        (
+            "retryBudgetMinPerSec",
+            vec!["-1", "100001", "4294967296", "99999999999999999999"],
+        ),
+        (
+            "retryBudgetWindowMS",
+            vec![
+                "-1",
+                "0",
+                "999",
+                "60001",
+                "18446744073709551616",
+                "99999999999999999999",
+            ],
+        ),
+        (
+            "maxPoolSize",
+            vec!["-1", "4294967296", "99999999999999999999"],
+        ),
+    ];
+    // Every integer option also refuses what is not an integer at all.
+    for (option, values) in t.iter_mut() {
+        if matches!(
+            *option,
+            "maxAdaptiveRetries"
+                | "timeoutMS"
+                | "retryBudgetMinPerSec"
+                | "retryBudgetWindowMS"
+                | "maxPoolSize"
+        ) {
+            values.extend(not_integers);
+        }
+    }
+    t
+}
+
+#[tokio::test]
+async fn invalid_values_are_refused_at_parse_time_naming_the_option() {
+    let mut accepted = Vec::new();
+    let mut unnamed = Vec::new();
+    let mut cases = 0;
+    for (option, values) in table() {
+        for value in values {
+            cases += 1;
+            let uri = uri(option, value);
+            match refusal(&uri).await {
+                None => accepted.push(uri),
+                Some(message) => {
+                    // Printed so `--nocapture` shows every message the table produces.
+                    eprintln!("{uri}\n    {message}");
+                    if !message.to_lowercase().contains(&option.to_lowercase()) {
+                        unnamed.push(format!("{uri}: {message}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 60, "the table has {cases} cases");
+    assert!(
+        accepted.is_empty(),
+        "accepted invalid values: {accepted:#?}"
+    );
+    assert!(
+        unnamed.is_empty(),
+        "errors that do not name the option: {unnamed:#?}"
+    );
+}
+
+#[tokio::test]
+async fn misspelt_options_are_refused_and_the_real_one_suggested() {
+    for (misspelt, real) in [
+        ("maxAdaptiveRetry", "maxadaptiveretries"),
+        ("maxAdaptiveRetires", "maxadaptiveretries"),
+        ("enableOverloadRetargetting", "enableoverloadretargeting"),
+        ("enableOverloadRetarget", "enableoverloadretargeting"),
+        ("timeoutMSS", "timeoutms"),
+        ("timoutMS", "timeoutms"),
+        ("retryBudjet", "retrybudget"),
+        ("retryBudgetPercentage", "retrybudgetpercent"),
+        ("retryBudgetPrecent", "retrybudgetpercent"),
+        ("retryBudgetMinPerSecond", "retrybudgetminpersec"),
+        ("retryBudgetWindowMillis", "retrybudgetwindowms"),
+        ("retryBudgetWindow", "retrybudgetwindowms"),
+        ("maxPoolSise", "maxpoolsize"),
+    ] {
+        let message = refusal(&uri(misspelt, "1"))
+            .await
+            .unwrap_or_else(|| panic!("{misspelt} was accepted"));
+        assert!(
+            message.contains(&misspelt.to_lowercase()) || message.contains(misspelt),
+            "the error names the misspelt key {misspelt}: {message}"
+        );
+        assert!(
+            message.contains(&format!("similar name exists: {real}")),
+            "the error for {misspelt} suggests {real}: {message}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn invalid_values_set_on_client_options_are_refused_naming_the_option() {
+    let base = || ClientOptions::parse("mongodb://localhost:27017/");
+    let mut cases: Vec<(&str, ClientOptions)> = Vec::new();
+    for percent in [-1.0, 1000.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let mut o = base().await.expect("parses");
+        o.retry_budget_percent = Some(percent);
+        cases.push(("retryBudgetPercent", o));
+    }
+    for per_sec in [100_001, u32::MAX] {
+        let mut o = base().await.expect("parses");
+        o.retry_budget_min_per_sec = Some(per_sec);
+        cases.push(("retryBudgetMinPerSec", o));
+    }
+    for window in [
+        Duration::ZERO,
+        Duration::from_millis(999),
+        Duration::from_millis(60_001),
+        Duration::MAX,
+    ] {
+        let mut o = base().await.expect("parses");
+        o.retry_budget_window = Some(window);
+        cases.push(("retryBudgetWindowMS", o));
+    }
+    for (option, options) in cases {
+        let message = match Client::with_options(options) {
+            Ok(_) => panic!("{option}: an invalid value was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            message.to_lowercase().contains(&option.to_lowercase()),
+            "the error names {option}: {message}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn valid_edge_values_are_accepted() {
+    // The bounds of each range, so the refusals above are not a parser refusing everything.
+    for (option, value) in [
+        ("maxAdaptiveRetries", "0"),
+        ("maxAdaptiveRetries", "4294967295"),
+        ("enableOverloadRetargeting", "true"),
+        ("timeoutMS", "0"),
+        ("timeoutMS", "1"),
+        ("retryBudget", "false"),
+        ("retryBudgetPercent", "0"),
+        ("retryBudgetPercent", "1000"),
+        ("retryBudgetPercent", "12.5"),
+        ("retryBudgetMinPerSec", "0"),
+        ("retryBudgetMinPerSec", "100000"),
+        ("retryBudgetWindowMS", "1000"),
+        ("retryBudgetWindowMS", "60000"),
+        ("maxPoolSize", "1"),
+        // The URI options specification: 0 means no limit (defect B11).
+        ("maxPoolSize", "0"),
+    ] {
+        let uri = uri(option, value);
+        assert_eq!(refusal(&uri).await, None, "{uri} is valid");
+    }
+}
