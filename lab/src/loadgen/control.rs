@@ -200,6 +200,15 @@ impl Control {
         Ok(())
     }
 
+    /// Switches every member's server model on or off, keeping its settings.
+    pub(crate) async fn set_model_enabled(&self, enabled: bool) -> Result<(), String> {
+        self.admin(
+            doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": enabled } } },
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// `serverStatus.labOverload`, flattened; `None` when the server has no model section.
     pub(crate) async fn overload_status(&self) -> Option<BTreeMap<String, f64>> {
         let st = self.admin(doc! { "serverStatus": 1 }).await.ok()?;

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{doc, Document};
+use bson::Document;
 use indicatif::ProgressBar;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -151,14 +151,25 @@ async fn run_against(
             docs: cfg.docs,
             seed: cfg.seed.wrapping_add(rep as u64 * 1000),
         });
-        for variant in &cfg.variants {
+        // Each repetition starts at a different variant, so that whatever drifts over a run
+        // (the collection grows by the inserts of every variant before) does not always
+        // favour the variants listed first; and every variant starts from the seeded
+        // collection.
+        let first = rep % cfg.variants.len().max(1);
+        let order = cfg.variants[first..].iter().chain(&cfg.variants[..first]);
+        for variant in order {
             if let Some(m) = &model {
                 progress.set_message(format!(
                     "{}: waiting for the server to go idle",
                     variant.name
                 ));
                 control.wait_idle(Duration::from_secs(10)).await;
+                // Re-seeding goes around the model, which could reject it.
+                control.set_model_enabled(false).await?;
+                control.seed(cfg.docs).await?;
                 control.set_model(&m.0, &m.1).await?;
+            } else {
+                control.seed(cfg.docs).await?;
             }
             let server_before = control.overload_status().await;
             let label = if cfg.repeats > 1 {
@@ -214,11 +225,7 @@ async fn run_against(
         }
     }
     if model.is_some() {
-        let _ = control
-            .admin(
-                doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": false } } },
-            )
-            .await;
+        let _ = control.set_model_enabled(false).await;
     }
     control.client.clone().shutdown().immediate(true).await;
     Ok((model.map(|m| m.0), runs, capacity, capacity_note))
