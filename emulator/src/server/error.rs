@@ -151,6 +151,7 @@ pub fn code_name(code: i32) -> Cow<'static, str> {
         86 => "IndexKeySpecsConflict",
         89 => "NetworkTimeout",
         91 => "ShutdownInProgress",
+        95 => "NotSecondary",
         96 => "OperationFailed",
         100 => "UnsatisfiableWriteConcern",
         112 => "WriteConflict",

@@ -45,6 +45,7 @@ pub mod error;
 pub mod failpoint;
 mod hello;
 mod legacy;
+mod repl;
 mod scram;
 mod session;
 
@@ -64,6 +65,7 @@ use failpoint::FailPoint;
 use session::Sessions;
 
 pub use auth::UserConfig;
+pub use repl::StepDown;
 
 /// Shape of the emulated deployment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -262,7 +264,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) next_connection_id: AtomicI64,
     pub(crate) next_conn_serial: AtomicU64,
-    pub(crate) election_id: ObjectId,
+    /// Who is primary, the term and the members' topology counters (replica sets).
+    pub(crate) repl: Mutex<repl::ReplState>,
     pub(crate) started: Instant,
     pub(crate) shutdown: watch::Receiver<bool>,
     /// Signalled when change events were recorded (wakes waiting change-stream getMores).
@@ -428,6 +431,7 @@ impl Emulator {
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("users: {e}"))
             })?;
         let auth_required = !config.users.is_empty();
+        let repl_state = repl::ReplState::new(&config.topology, members.len());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 store: Store::new(),
@@ -446,8 +450,7 @@ impl Emulator {
             counters: Counters::default(),
             next_connection_id: AtomicI64::new(1),
             next_conn_serial: AtomicU64::new(1),
-            election_id: ObjectId::parse_str("7fffffff0000000000000001")
-                .unwrap_or_else(|_| ObjectId::new()),
+            repl: Mutex::new(repl_state),
             started: Instant::now(),
             shutdown: shutdown_rx,
             changes_notify: tokio::sync::Notify::new(),
@@ -529,6 +532,33 @@ impl Emulator {
             .iter()
             .map(|m| m.model.clone())
             .collect()
+    }
+
+    /// Steps the replica set's primary down, as `replSetStepDown` sent to it does: it becomes a
+    /// secondary at once, aborts the transactions in progress, cannot be elected again for
+    /// `step_down_for`, and another electable member becomes primary after `election_delay`.
+    /// Fails if the deployment is not a replica set, has no primary right now, or (without
+    /// `force`) has no other electable member.
+    pub fn step_down(&self, request: &StepDown) -> Result<(), String> {
+        if self.shared.set_name().is_none() {
+            return Err("not a replica set".to_string());
+        }
+        let Some(primary) = self.primary() else {
+            return Err("the replica set has no primary right now".to_string());
+        };
+        repl::step_down(&self.shared, primary, request).map_err(|e| e.errmsg)
+    }
+
+    /// The member index of the replica set's primary (`None` during an election, and for
+    /// other deployments).
+    pub fn primary(&self) -> Option<usize> {
+        lock(&self.shared.repl).primary
+    }
+
+    /// Elections won since start (each step-down is followed by one, unless no member is
+    /// electable).
+    pub fn elections(&self) -> u64 {
+        lock(&self.shared.repl).elections
     }
 
     /// Closes the listeners and all connections and waits for every task to finish.
