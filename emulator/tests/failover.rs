@@ -100,7 +100,10 @@ async fn step_down_elects_another_member_and_changes_the_topology() {
     );
     let waiting = tokio::spawn(async move {
         let started = Instant::now();
-        let reply = waiter.command(&awaitable).await.expect("awaitable hello reply");
+        let reply = waiter
+            .command(&awaitable)
+            .await
+            .expect("awaitable hello reply");
         (reply, started.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -125,10 +128,18 @@ async fn step_down_elects_another_member_and_changes_the_topology() {
         after.get_object_id("electionId"),
         Ok(ObjectId::parse_str("7fffffff0000000000000002").unwrap())
     );
-    assert_eq!(after.get_i32("setVersion"), Ok(1), "mongod keeps setVersion on elections");
+    assert_eq!(
+        after.get_i32("setVersion"),
+        Ok(1),
+        "mongod keeps setVersion on elections"
+    );
     for addr in &addrs {
         let h = hello(*addr).await;
-        assert_eq!(h.get_str("primary"), Ok(addrs[2].to_string().as_str()), "{h}");
+        assert_eq!(
+            h.get_str("primary"),
+            Ok(addrs[2].to_string().as_str()),
+            "{h}"
+        );
         assert_eq!(h.get_array("hosts").map(Vec::len), Ok(3), "{h}");
     }
 
@@ -178,7 +189,7 @@ async fn retryable_write_records_and_transactions_across_a_step_down() {
     let lsid = doc! { "id": bson::Uuid::new() };
     let inc = with_db(
         doc! { "update": "c", "updates": [{ "q": { "_id": 1 }, "u": { "$inc": { "n": 1 } }, "upsert": true }],
-               "lsid": lsid.clone(), "txnNumber": 7i64 },
+        "lsid": lsid.clone(), "txnNumber": 7i64 },
         "db",
     );
     let first = old.command(&inc).await.unwrap();
@@ -189,7 +200,7 @@ async fn retryable_write_records_and_transactions_across_a_step_down() {
     let started = old
         .command(&with_db(
             doc! { "insert": "c", "documents": [{ "_id": 100 }], "lsid": txn_lsid.clone(),
-                   "txnNumber": 1i64, "startTransaction": true, "autocommit": false },
+            "txnNumber": 1i64, "startTransaction": true, "autocommit": false },
             "db",
         ))
         .await
@@ -219,7 +230,7 @@ async fn retryable_write_records_and_transactions_across_a_step_down() {
     let statement = old
         .command(&with_db(
             doc! { "insert": "c", "documents": [{ "_id": 101 }], "lsid": txn_lsid.clone(),
-                   "txnNumber": 1i64, "autocommit": false },
+            "txnNumber": 1i64, "autocommit": false },
             "db",
         ))
         .await
@@ -240,7 +251,10 @@ async fn retryable_write_records_and_transactions_across_a_step_down() {
     assert_eq!(on_new.get_i32("code"), Ok(251), "{on_new}");
     assert_eq!(labels(&on_new), ["TransientTransactionError"]);
     let gone = new
-        .command(&with_db(doc! { "find": "c", "filter": { "_id": 100 } }, "db"))
+        .command(&with_db(
+            doc! { "find": "c", "filter": { "_id": 100 } },
+            "db",
+        ))
         .await
         .unwrap();
     assert_eq!(

