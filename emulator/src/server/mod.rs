@@ -17,14 +17,17 @@
 //!
 //! # Behaviour worth knowing
 //!
-//! * Replica set: member 0 is primary; secondaries refuse writes (10107) and reads without a
+//! * Replica set: member 0 is primary until a step-down (`repl`: `replSetStepDown`,
+//!   [`Emulator::step_down`]) hands over to another member; secondaries refuse writes (10107)
+//!   and reads without a
 //!   non-primary `$readPreference` (13435); "not primary" errors carry the member's
 //!   `topologyVersion` as mongod's do. Sharded: every router is a mongos (`msg: "isdbgrid"`)
 //!   with `recoveryToken`s in transactions.
 //! * Awaitable hello waits up to `maxAwaitTimeMS` (capped by `max_await_time`), in exhaust
-//!   mode when `exhaustAllowed` is set. The topology never changes, so after an error that makes
-//!   a driver mark a member unknown without a `topologyVersion` (shutdown codes) pending
-//!   awaitable hellos are answered 50 ms later instead of after the whole wait.
+//!   mode when `exhaustAllowed` is set. Elections bump every member's `topologyVersion` counter
+//!   and answer pending awaitable hellos at once; after an error that makes a driver mark a
+//!   member unknown without a `topologyVersion` (shutdown codes) pending awaitable hellos are
+//!   answered 50 ms later instead of after the whole wait.
 //! * Retryable writes: `(lsid, txnNumber)` → stored reply (a repeat returns it without
 //!   executing; a lower number is 225). Transactions run on a private copy of the store and
 //!   commit by swapping it in (nothing else wrote) or replaying their writes; documents changed
