@@ -266,3 +266,39 @@ async fn retryable_write_records_and_transactions_across_a_step_down() {
     );
     emu.shutdown().await;
 }
+
+#[tokio::test]
+async fn scheduled_step_downs_keep_electing_new_primaries() {
+    let emu = common::start(common::rs(3)).await;
+    // The old primary may stand again after 100 ms, so the schedule never runs out of members.
+    let schedule = emu.schedule_step_downs(
+        Duration::from_millis(150),
+        StepDown {
+            step_down_for: Duration::from_millis(100),
+            force: false,
+            election_delay: Duration::from_millis(10),
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while schedule.step_downs() < 3 {
+        assert!(Instant::now() < deadline, "3 step-downs within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let done = schedule.stop();
+    assert!(done >= 3);
+    // Each step-down is followed by an election; the last one may still be pending.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while emu.elections() < done as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "an election after every step-down"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Stopped: no further step-downs.
+    let elections = emu.elections();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(emu.elections(), elections);
+    assert!(emu.primary().is_some());
+    emu.shutdown().await;
+}

@@ -379,21 +379,22 @@ macro_rules! driver {
                         log
                     }));
                 }
-                let faults = async {
-                    // Every loop pass sleeps; the loop ends when the workers are done.
+                // The failover fault: a step-down every period; the old primary may stand again
+                // after a second, and the set is without a primary for 300 ms each time.
+                let schedule = emu.schedule_step_downs(
+                    step_down_every,
+                    StepDown {
+                        step_down_for: Duration::from_secs(1),
+                        force: false,
+                        election_delay: Duration::from_millis(300),
+                    },
+                );
+                let counter = step_downs.clone();
+                let watch = async {
+                    // Publishes the schedule's count to the workers; ends with them.
                     while !done.load(Ordering::Relaxed) {
-                        tokio::time::sleep(step_down_every).await;
-                        if done.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        let request = StepDown {
-                            step_down_for: Duration::from_secs(1),
-                            force: false,
-                            election_delay: Duration::from_millis(300),
-                        };
-                        if emu.step_down(&request).is_ok() {
-                            step_downs.fetch_add(1, Ordering::Relaxed);
-                        }
+                        counter.store(schedule.step_downs(), Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 };
                 let work = async {
@@ -404,7 +405,8 @@ macro_rules! driver {
                     done.store(true, Ordering::Relaxed);
                     log
                 };
-                let (log, ()) = tokio::join!(work, faults);
+                let (log, ()) = tokio::join!(work, watch);
+                let step_down_count = schedule.stop();
                 // The faults stop before the audit reads.
                 for addr in emu.addresses() {
                     admin(addr, doc! { "configureFailPoint": "failCommand", "mode": "off" }).await;
@@ -414,7 +416,7 @@ macro_rules! driver {
                     )
                     .await;
                 }
-                (log, step_downs.load(Ordering::Relaxed))
+                (log, step_down_count)
             }
 
             /// Reads the audited collections (retrying: the overload model stays on).

@@ -68,7 +68,7 @@ use failpoint::FailPoint;
 use session::Sessions;
 
 pub use auth::UserConfig;
-pub use repl::StepDown;
+pub use repl::{StepDown, StepDownSchedule};
 
 /// Shape of the emulated deployment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -550,6 +550,12 @@ impl Emulator {
             return Err("the replica set has no primary right now".to_string());
         };
         repl::step_down(&self.shared, primary, request).map_err(|e| e.errmsg)
+    }
+
+    /// Steps the primary down every `every` with `request` (the lab's failover fault) until the
+    /// returned schedule is dropped or the emulator shuts down. Needs a Tokio runtime.
+    pub fn schedule_step_downs(&self, every: Duration, request: StepDown) -> StepDownSchedule {
+        StepDownSchedule::start(self.shared.clone(), every, request)
     }
 
     /// The member index of the replica set's primary (`None` during an election, and for

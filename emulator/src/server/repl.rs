@@ -322,3 +322,72 @@ pub(crate) fn freeze_command(
     }
     Ok(doc! { "ok": 1.0 })
 }
+
+/// A running schedule of step-downs ([`crate::Emulator::schedule_step_downs`]): the lab's
+/// failover fault. Stops when dropped or stopped.
+pub struct StepDownSchedule {
+    task: tokio::task::JoinHandle<()>,
+    done: Arc<std::sync::atomic::AtomicUsize>,
+    refused: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl StepDownSchedule {
+    /// Steps the primary down every `every` (the first after one period) until dropped. A
+    /// step-down that fails (no primary during an election, no electable member) is counted
+    /// in [`StepDownSchedule::refused`] and the schedule goes on.
+    pub(crate) fn start(shared: Arc<Shared>, every: Duration, request: StepDown) -> Self {
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (d, r) = (done.clone(), refused.clone());
+        // A zero period would spin; a millisecond is already far below any election.
+        let every = every.max(Duration::from_millis(1));
+        let task = tokio::spawn(async move {
+            let mut shutdown = shared.shutdown.clone();
+            // Ends with the emulator (shutdown) or when the schedule is dropped (abort).
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = shutdown.changed() => return,
+                }
+                let primary = lock(&shared.repl).primary;
+                let outcome = match primary {
+                    Some(p) => step_down(&shared, p, &request).map_err(|e| e.errmsg),
+                    None => Err("no primary".to_string()),
+                };
+                match outcome {
+                    Ok(()) => d.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "scheduled step-down refused");
+                        r.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    }
+                };
+            }
+        });
+        StepDownSchedule {
+            task,
+            done,
+            refused,
+        }
+    }
+
+    /// Step-downs carried out so far.
+    pub fn step_downs(&self) -> usize {
+        self.done.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Scheduled step-downs that could not happen (no primary, no electable member).
+    pub fn refused(&self) -> usize {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops the schedule; returns the step-downs carried out.
+    pub fn stop(self) -> usize {
+        self.step_downs()
+    }
+}
+
+impl Drop for StepDownSchedule {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
