@@ -302,3 +302,29 @@ async fn scheduled_step_downs_keep_electing_new_primaries() {
     assert!(emu.primary().is_some());
     emu.shutdown().await;
 }
+
+#[tokio::test]
+async fn step_down_needs_a_replica_set() {
+    for topology in [
+        emulator::Topology::Standalone,
+        emulator::Topology::Sharded { routers: 2 },
+    ] {
+        let emu = common::start(topology).await;
+        let mut raw = RawClient::connect(emu.addresses()[0]).await;
+        for cmd in ["replSetStepDown", "replSetFreeze"] {
+            let reply = raw
+                .command(&with_db(doc! { cmd: 10 }, "admin"))
+                .await
+                .unwrap();
+            assert_eq!(reply.get_i32("code"), Ok(76), "{reply}");
+            assert_eq!(
+                reply.get_str("codeName"),
+                Ok("NoReplicationEnabled"),
+                "{reply}"
+            );
+        }
+        assert!(emu.step_down(&StepDown::default()).is_err());
+        assert_eq!(emu.primary(), None);
+        emu.shutdown().await;
+    }
+}

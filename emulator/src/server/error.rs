@@ -146,6 +146,7 @@ pub fn code_name(code: i32) -> Cow<'static, str> {
         64 => "WriteConcernFailed",
         72 => "InvalidOptions",
         73 => "InvalidNamespace",
+        76 => "NoReplicationEnabled",
         79 => "UnknownReplWriteConcern",
         85 => "IndexOptionsConflict",
         86 => "IndexKeySpecsConflict",
