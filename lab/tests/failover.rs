@@ -455,12 +455,14 @@ macro_rules! driver {
 }
 
 driver!(fork, mongodb, "retryBudget=true");
+driver!(fork_default, mongodb, "");
 driver!(upstream, mongodb_upstream, "");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_retried_across_a_step_down_is_applied_once() {
     tokio::time::timeout(Duration::from_secs(60), async {
         fork::retried_across_step_down().await;
+        fork_default::retried_across_step_down().await;
         upstream::retried_across_step_down().await;
     })
     .await
@@ -497,40 +499,52 @@ struct AuditPlan {
     limit: Duration,
 }
 
-/// Runs the audit with the fork, then with upstream, each against a fresh emulator; prints and
-/// returns each driver's figures after checking what both must satisfy.
-async fn run_audit(plan: &AuditPlan) -> Vec<(&'static str, Audit)> {
+/// The drivers an audit runs: the fork with its recommended retry budget (`retryBudget=true`),
+/// the fork with its defaults, and upstream with its defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Fork,
+    ForkDefault,
+    Upstream,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Fork => "fork (retryBudget=true)",
+            Variant::ForkDefault => "fork (defaults)",
+            Variant::Upstream => "upstream (defaults)",
+        }
+    }
+}
+
+/// Runs the audit with each of `variants`, each against a fresh emulator with the same seed;
+/// prints and returns each one's figures after checking what every driver must satisfy (0
+/// duplicates, 0 acknowledged writes missing) and, for the fork, that no unacknowledged write
+/// was applied twice and enough writes were acknowledged for the audit to mean something.
+async fn run_audit(plan: &AuditPlan, variants: &[Variant]) -> Vec<(Variant, Audit)> {
     let mut figures = Vec::new();
-    for (driver, seed) in [("fork", 11u64), ("upstream", 11u64)] {
+    let seed = 11u64;
+    for &variant in variants {
+        let driver = variant.name();
         let emu = start(audit_overload(seed)).await;
         let (log, step_downs, inserted, counters) = tokio::time::timeout(plan.limit, async {
-            let (log, step_downs) = if driver == "fork" {
-                fork::generate(
-                    &emu,
-                    seed,
-                    plan.workers,
-                    plan.per_worker,
-                    plan.min_step_downs,
-                    plan.step_down_every,
-                    plan.max_duration,
-                )
-                .await
-            } else {
-                upstream::generate(
-                    &emu,
-                    seed,
-                    plan.workers,
-                    plan.per_worker,
-                    plan.min_step_downs,
-                    plan.step_down_every,
-                    plan.max_duration,
-                )
-                .await
+            let (w, p, m, e, d) = (
+                plan.workers,
+                plan.per_worker,
+                plan.min_step_downs,
+                plan.step_down_every,
+                plan.max_duration,
+            );
+            let (log, step_downs) = match variant {
+                Variant::Fork => fork::generate(&emu, seed, w, p, m, e, d).await,
+                Variant::ForkDefault => fork_default::generate(&emu, seed, w, p, m, e, d).await,
+                Variant::Upstream => upstream::generate(&emu, seed, w, p, m, e, d).await,
             };
-            let (inserted, counters) = if driver == "fork" {
-                fork::read_back(&emu).await
-            } else {
-                upstream::read_back(&emu).await
+            let (inserted, counters) = match variant {
+                Variant::Fork => fork::read_back(&emu).await,
+                Variant::ForkDefault => fork_default::read_back(&emu).await,
+                Variant::Upstream => upstream::read_back(&emu).await,
             };
             (log, step_downs, inserted, counters)
         })
@@ -563,41 +577,36 @@ async fn run_audit(plan: &AuditPlan) -> Vec<(&'static str, Audit)> {
             "{driver}: the overload model rejected nothing"
         );
         assert_eq!(result.inconsistencies, 0, "{driver}: {result}");
-        figures.push((driver, result));
+        // Retryable writes are deduplicated by the server's records, so no driver may
+        // duplicate or lose an acknowledged write. How many each acknowledges differs: the
+        // retry budget refuses retries under sustained overload, upstream retries without one.
+        assert_eq!(result.duplicates, 0, "{driver}: {result}");
+        assert_eq!(result.missing, 0, "{driver}: {result}");
+        if variant != Variant::Upstream {
+            assert_eq!(result.unacknowledged[2], 0, "{driver}: {result}");
+            assert!(result.acknowledged >= 100, "{driver}: {result}");
+        }
+        figures.push((variant, result));
         emu.shutdown().await;
     }
-    let (_, fork) = &figures[0];
-    let (_, upstream) = &figures[1];
-    // The fork: every acknowledged write exactly once, nothing applied twice.
-    assert_eq!(fork.duplicates, 0, "fork: {fork}");
-    assert_eq!(fork.missing, 0, "fork: {fork}");
-    assert_eq!(fork.unacknowledged[2], 0, "fork: {fork}");
-    // Enough acknowledged writes for the audit to mean something (the retry budget refuses
-    // some retries under this overload, so not all are).
-    assert!(fork.acknowledged >= 100, "fork: {fork}");
-    // Upstream's retryable writes are deduplicated by the same server records, so it must not
-    // duplicate or lose acknowledged writes either. How many it acknowledges differs: it
-    // retries overload errors without a budget.
-    assert_eq!(upstream.duplicates, 0, "upstream: {upstream}");
-    assert_eq!(upstream.missing, 0, "upstream: {upstream}");
     figures
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_audit_under_overload_drops_and_step_downs() {
-    run_audit(&AuditPlan {
+    let plan = AuditPlan {
         workers: 12,
         per_worker: 60,
         min_step_downs: 2,
         step_down_every: Duration::from_secs(2),
         max_duration: Duration::from_secs(15),
         limit: Duration::from_secs(45),
-    })
-    .await;
+    };
+    run_audit(&plan, &[Variant::Fork, Variant::Upstream]).await;
 }
 
 /// The audit at the scale: `FAILOVER_AUDIT_WRITES` writes per driver (default 20,000),
-/// 32 tasks, a step-down every 2 s. Minutes long, so not part of `cargo xtask test`:
+/// 32 tasks, a step-down every 2 s; the fork with its defaults too (`FAILOVER_AUDIT_VARIANTS`). Minutes long, so not part of `cargo xtask test`:
 /// `FAILOVER_AUDIT_WRITES=20000 cargo test -p lab --test failover -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes long: the full-scale audit, run by hand"]
@@ -607,13 +616,25 @@ async fn exactly_once_audit_at_scale() {
         .and_then(|w| w.parse().ok())
         .unwrap_or(20_000);
     let workers = 32;
-    run_audit(&AuditPlan {
+    let plan = AuditPlan {
         workers,
         per_worker: writes.div_ceil(workers),
         min_step_downs: 2,
         step_down_every: Duration::from_secs(2),
         max_duration: Duration::from_secs(3600),
         limit: Duration::from_secs(4000),
-    })
-    .await;
+    };
+    // FAILOVER_AUDIT_VARIANTS=fork,fork-default,upstream (the default) picks the drivers.
+    let chosen = std::env::var("FAILOVER_AUDIT_VARIANTS")
+        .unwrap_or_else(|_| "fork,fork-default,upstream".to_string());
+    let variants: Vec<Variant> = chosen
+        .split(',')
+        .map(|v| match v.trim() {
+            "fork" => Variant::Fork,
+            "fork-default" => Variant::ForkDefault,
+            "upstream" => Variant::Upstream,
+            other => panic!("FAILOVER_AUDIT_VARIANTS: unknown variant {other:?}"),
+        })
+        .collect();
+    run_audit(&plan, &variants).await;
 }
