@@ -12,4 +12,4 @@ pub mod server;
 pub mod tls;
 pub mod wire;
 
-pub use server::{Emulator, EmulatorConfig, Topology, UserConfig};
+pub use server::{Emulator, EmulatorConfig, StepDown, StepDownSchedule, Topology, UserConfig};

@@ -16,9 +16,18 @@ use super::error::{
 use super::failpoint::{self, CommandFacts};
 use super::mangle;
 use super::session::{SessionKey, Transaction, TxnState};
-use super::{cluster_time_doc, hello, lock, Member, Role, Shared, State};
+use super::{cluster_time_doc, hello, lock, repl, Member, Role, Shared, State};
 use crate::model::{CommandInfo, Rejection};
 use crate::wire::OpMsg;
+
+/// What `onPrimaryTransactionalWrite` asks for once a retryable write ran.
+#[derive(Debug, Default)]
+pub(crate) struct AfterWrite {
+    /// Close the connection instead of replying.
+    pub(crate) close: bool,
+    /// Step this member down (lab-only `labStepDown`).
+    pub(crate) step_down: bool,
+}
 
 /// Per-connection facts.
 pub(crate) struct ConnCtx {
@@ -242,10 +251,15 @@ pub(crate) async fn handle(
     };
 
     if is_hello {
+        // Register for wake-ups before comparing topology versions, so an election in between
+        // is not missed.
+        let woken = member.wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
         if let Some(wait) = hello::await_time(shared, member, &body) {
             tokio::select! {
                 _ = sleep_or_shutdown(shared, wait) => {}
-                _ = member.wake.notified() => {}
+                _ = woken => {}
                 _ = &mut disconnected => return Outcome::Close,
             }
         }
@@ -277,21 +291,21 @@ pub(crate) async fn handle(
         Ok(o) => o,
         Err(r) => return rejected(shared, member, &r, label_ctx),
     };
-    let mut close_after = false;
+    let mut after = AfterWrite::default();
     let mut result = execute(
-        shared,
-        member,
-        conn,
-        &name,
-        &db,
-        &body,
-        &generic,
-        &mut close_after,
+        shared, member, conn, &name, &db, &body, &generic, &mut after,
     );
     if result.is_err() {
         member.model.record_failed(&ran);
     }
-    if close_after {
+    if after.step_down {
+        // Lab-only `onPrimaryTransactionalWrite` `labStepDown`: the write was applied, now this
+        // member steps down (as if an election happened before the reply was sent).
+        if let Err(e) = repl::step_down(shared, member.index, &repl::StepDown::default()) {
+            tracing::warn!(member = member.index, error = %e.errmsg, "labStepDown: step-down failed");
+        }
+    }
+    if after.close {
         return Outcome::Close;
     }
     if member.role == Role::Mongos && generic.autocommit == Some(false) {
@@ -385,7 +399,7 @@ fn finish(
                 // mongod reports its current topologyVersion with "not primary" errors, so a
                 // driver that already knows it ignores the error instead of marking the server
                 // unknown.
-                d.insert("topologyVersion", hello::topology_version(member));
+                d.insert("topologyVersion", hello::topology_version(shared, member));
             } else if is_not_primary_code(e.code) || is_shutdown_code(e.code) {
                 wake_soon(member);
             }
@@ -459,6 +473,8 @@ const ADMIN_COMMANDS: &[&str] = &[
     "getCmdLineOpts",
     "hostInfo",
     "getLog",
+    "replSetStepDown",
+    "replSetFreeze",
     "createSearchIndexes",
     "updateSearchIndex",
     "dropSearchIndex",
@@ -476,14 +492,14 @@ fn is_known_command(name: &str) -> bool {
 /// Runs a command under the state lock.
 #[allow(clippy::too_many_arguments)]
 fn execute(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     member: &Member,
     conn: &mut ConnCtx,
     name: &str,
     db: &str,
     body: &Document,
     g: &Generic,
-    close_after: &mut bool,
+    after: &mut AfterWrite,
 ) -> Result<Document, CommandError> {
     let admin_only = |n: &str| -> Result<(), CommandError> {
         if db != "admin" {
@@ -561,6 +577,14 @@ fn execute(
             doc! { "system": { "hostname": member.host.clone() }, "os": {}, "extra": {}, "ok": 1.0 },
         ),
         "getLog" => Ok(doc! { "totalLinesWritten": 0i32, "log": [], "ok": 1.0 }),
+        "replSetStepDown" => {
+            admin_only(name)?;
+            repl::step_down_command(shared, member, body)
+        }
+        "replSetFreeze" => {
+            admin_only(name)?;
+            repl::freeze_command(shared, member, body)
+        }
         // Like a mongod without mongot: the commands exist (so fail points and retries
         // apply to them) but always fail.
         "createSearchIndexes" | "updateSearchIndex" | "dropSearchIndex" => {
@@ -569,7 +593,7 @@ fn execute(
         n if auth::is_auth_command(n) => auth::run(shared, &mut conn.auth, n, db, body),
         n if data::is_data_command(n) => {
             check_role(shared, member, name, body, g)?;
-            run_data_command(shared, member, conn, name, db, body, g, close_after)
+            run_data_command(shared, member, conn, name, db, body, g, after)
         }
         other => Err(CommandError::new(
             codes::COMMAND_NOT_FOUND,
@@ -585,8 +609,7 @@ fn check_role(
     body: &Document,
     g: &Generic,
 ) -> Result<(), CommandError> {
-    let _ = shared;
-    if member.role != Role::Secondary {
+    if repl::role(shared, member) != Role::Secondary {
         return Ok(());
     }
     let writes = data::is_write(name)
@@ -649,7 +672,7 @@ fn run_data_command(
     db: &str,
     body: &Document,
     g: &Generic,
-    close_after: &mut bool,
+    after: &mut AfterWrite,
 ) -> Result<Document, CommandError> {
     let cfg = &shared.config;
     if g.txn_number.is_some() && !shared.is_replicated() {
@@ -843,7 +866,8 @@ fn run_data_command(
             &applied,
             &mut rand::rng(),
         );
-        *close_after = plan.close_after;
+        after.close = plan.close_after;
+        after.step_down = plan.step_down_after;
         if !failpoint::has_statement_errors(name) && !plan.failing.is_empty() {
             // findAndModify and client bulkWrite: the failure is the command's, before any
             // of its statements is applied.

@@ -474,6 +474,9 @@ pub(crate) struct StatementPlan {
     pub(crate) failing: Vec<(usize, i32)>,
     /// The connection is closed after the write (`closeConnection`, true unless `false`).
     pub(crate) close_after: bool,
+    /// The member steps down after the write (lab-only `labStepDown: true`), so the retry
+    /// after the closed connection meets a new primary.
+    pub(crate) step_down_after: bool,
     /// Whether the command is ordered (a failure stops the statements after it).
     pub(crate) ordered: bool,
 }
@@ -514,6 +517,9 @@ pub(crate) fn plan_statement_failures<R: Rng>(
         };
         if !matches!(data.get("closeConnection"), Some(Bson::Boolean(false))) {
             plan.close_after = true;
+        }
+        if matches!(data.get("labStepDown"), Some(Bson::Boolean(true))) {
+            plan.step_down_after = true;
         }
         match data.get("failBeforeCommitExceptionCode") {
             Some(code) => {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
 
-use super::{Member, Role, Shared};
+use super::{lock, repl, Member, Role, Shared};
 use crate::wire::{MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE_BYTES};
 
 /// Whether `name` is one of the hello commands.
@@ -19,9 +19,15 @@ pub(crate) fn is_awaitable(cmd: &Document) -> bool {
         && cmd.contains_key("maxAwaitTimeMS")
 }
 
-/// The `topologyVersion` this member reports (constant: the emulated topology never changes).
-pub(crate) fn topology_version(member: &Member) -> Document {
-    doc! { "processId": member.process_id, "counter": 0i64 }
+/// The `topologyVersion` this member reports: its process id and a counter that every
+/// election (step-down, new primary) increases.
+pub(crate) fn topology_version(shared: &Shared, member: &Member) -> Document {
+    let counter = lock(&shared.repl)
+        .counters
+        .get(member.index)
+        .copied()
+        .unwrap_or(0);
+    doc! { "processId": member.process_id, "counter": counter }
 }
 
 /// How long an awaitable hello should wait before replying, or `None` to reply at once.
@@ -42,9 +48,14 @@ pub(crate) fn await_time(shared: &Shared, member: &Member, cmd: &Document) -> Op
         Some(Bson::Int32(c)) => i64::from(*c),
         _ => return None,
     };
-    // A client that knows an older topology (other process or lower counter) gets the current
-    // state at once; one that is up to date waits for a change, which never comes.
-    if !same_process || counter != 0 || max_await <= 0 {
+    // A client that knows another topology (other process or another counter) gets the current
+    // state at once; one that is up to date waits for a change (an election wakes it).
+    let current = lock(&shared.repl)
+        .counters
+        .get(member.index)
+        .copied()
+        .unwrap_or(0);
+    if !same_process || counter != current || max_await <= 0 {
         return None;
     }
     Some(Duration::from_millis(max_await as u64).min(shared.config.max_await_time))
@@ -59,7 +70,8 @@ pub(crate) fn reply(
     connection_id: i64,
 ) -> Document {
     let legacy = cmd_name != "hello";
-    let writable = matches!(member.role, Role::Standalone | Role::Primary | Role::Mongos);
+    let role = repl::role(shared, member);
+    let writable = matches!(role, Role::Standalone | Role::Primary | Role::Mongos);
     let mut r = Document::new();
     if cmd.get_bool("helloOk").unwrap_or(false)
         || matches!(cmd.get("helloOk"), Some(Bson::Int32(1)))
@@ -74,7 +86,7 @@ pub(crate) fn reply(
         },
         writable,
     );
-    if member.role == Role::Mongos {
+    if role == Role::Mongos {
         r.insert("msg", "isdbgrid");
     }
     if let Some(set_name) = shared.set_name() {
@@ -83,20 +95,25 @@ pub(crate) fn reply(
             .iter()
             .map(|m| Bson::String(m.host.clone()))
             .collect();
-        r.insert("topologyVersion", topology_version(member));
+        let (primary, term) = {
+            let repl = lock(&shared.repl);
+            (repl.primary, repl.term)
+        };
+        r.insert("topologyVersion", topology_version(shared, member));
         r.insert("hosts", hosts);
         r.insert("setName", set_name);
         r.insert("setVersion", 1i32);
-        r.insert("secondary", member.role == Role::Secondary);
-        if let Some(primary) = shared.members.iter().find(|m| m.role == Role::Primary) {
+        r.insert("secondary", role == Role::Secondary);
+        // Between a step-down and the next election no member reports a primary.
+        if let Some(primary) = primary.and_then(|i| shared.members.get(i)) {
             r.insert("primary", primary.host.clone());
         }
         r.insert("me", member.host.clone());
-        if member.role == Role::Primary {
-            r.insert("electionId", shared.election_id);
+        if role == Role::Primary {
+            r.insert("electionId", repl::election_id(term));
         }
     } else if shared.config.topology_version {
-        r.insert("topologyVersion", topology_version(member));
+        r.insert("topologyVersion", topology_version(shared, member));
     }
     if !shared.config.topology_version {
         r.remove("topologyVersion");

@@ -17,14 +17,17 @@
 //!
 //! # Behaviour worth knowing
 //!
-//! * Replica set: member 0 is primary; secondaries refuse writes (10107) and reads without a
+//! * Replica set: member 0 is primary until a step-down (`repl`: `replSetStepDown`,
+//!   [`Emulator::step_down`]) hands over to another member; secondaries refuse writes (10107)
+//!   and reads without a
 //!   non-primary `$readPreference` (13435); "not primary" errors carry the member's
 //!   `topologyVersion` as mongod's do. Sharded: every router is a mongos (`msg: "isdbgrid"`)
 //!   with `recoveryToken`s in transactions.
 //! * Awaitable hello waits up to `maxAwaitTimeMS` (capped by `max_await_time`), in exhaust
-//!   mode when `exhaustAllowed` is set. The topology never changes, so after an error that makes
-//!   a driver mark a member unknown without a `topologyVersion` (shutdown codes) pending
-//!   awaitable hellos are answered 50 ms later instead of after the whole wait.
+//!   mode when `exhaustAllowed` is set. Elections bump every member's `topologyVersion` counter
+//!   and answer pending awaitable hellos at once; after an error that makes a driver mark a
+//!   member unknown without a `topologyVersion` (shutdown codes) pending awaitable hellos are
+//!   answered 50 ms later instead of after the whole wait.
 //! * Retryable writes: `(lsid, txnNumber)` → stored reply (a repeat returns it without
 //!   executing; a lower number is 225). Transactions run on a private copy of the store and
 //!   commit by swapping it in (nothing else wrote) or replaying their writes; documents changed
@@ -45,6 +48,7 @@ pub mod error;
 pub mod failpoint;
 mod hello;
 mod legacy;
+mod repl;
 mod scram;
 pub mod mangle;
 mod session;
@@ -65,6 +69,7 @@ use failpoint::FailPoint;
 use session::Sessions;
 
 pub use auth::UserConfig;
+pub use repl::{StepDown, StepDownSchedule};
 
 /// Shape of the emulated deployment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -263,7 +268,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) next_connection_id: AtomicI64,
     pub(crate) next_conn_serial: AtomicU64,
-    pub(crate) election_id: ObjectId,
+    /// Who is primary, the term and the members' topology counters (replica sets).
+    pub(crate) repl: Mutex<repl::ReplState>,
     pub(crate) started: Instant,
     pub(crate) shutdown: watch::Receiver<bool>,
     /// Signalled when change events were recorded (wakes waiting change-stream getMores).
@@ -431,6 +437,7 @@ impl Emulator {
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("users: {e}"))
             })?;
         let auth_required = !config.users.is_empty();
+        let repl_state = repl::ReplState::new(&config.topology, members.len());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 store: Store::new(),
@@ -449,8 +456,7 @@ impl Emulator {
             counters: Counters::default(),
             next_connection_id: AtomicI64::new(1),
             next_conn_serial: AtomicU64::new(1),
-            election_id: ObjectId::parse_str("7fffffff0000000000000001")
-                .unwrap_or_else(|_| ObjectId::new()),
+            repl: Mutex::new(repl_state),
             started: Instant::now(),
             shutdown: shutdown_rx,
             changes_notify: tokio::sync::Notify::new(),
@@ -554,6 +560,39 @@ impl Emulator {
     /// recorded while mangling was on with `log: true`.
     pub fn take_reply_mangling_log(&self) -> Vec<mangle::MangleRecord> {
         self.shared.mangler.take_log()
+    }
+
+    /// Steps the replica set's primary down, as `replSetStepDown` sent to it does: it becomes a
+    /// secondary at once, aborts the transactions in progress, cannot be elected again for
+    /// `step_down_for`, and another electable member becomes primary after `election_delay`.
+    /// Fails if the deployment is not a replica set, has no primary right now, or (without
+    /// `force`) has no other electable member.
+    pub fn step_down(&self, request: &StepDown) -> Result<(), String> {
+        if self.shared.set_name().is_none() {
+            return Err("not a replica set".to_string());
+        }
+        let Some(primary) = self.primary() else {
+            return Err("the replica set has no primary right now".to_string());
+        };
+        repl::step_down(&self.shared, primary, request).map_err(|e| e.errmsg)
+    }
+
+    /// Steps the primary down every `every` with `request` (the lab's failover fault) until the
+    /// returned schedule is dropped or the emulator shuts down. Needs a Tokio runtime.
+    pub fn schedule_step_downs(&self, every: Duration, request: StepDown) -> StepDownSchedule {
+        StepDownSchedule::start(self.shared.clone(), every, request)
+    }
+
+    /// The member index of the replica set's primary (`None` during an election, and for
+    /// other deployments).
+    pub fn primary(&self) -> Option<usize> {
+        lock(&self.shared.repl).primary
+    }
+
+    /// Elections won since start (each step-down is followed by one, unless no member is
+    /// electable).
+    pub fn elections(&self) -> u64 {
+        lock(&self.shared.repl).elections
     }
 
     /// Closes the listeners and all connections and waits for every task to finish.

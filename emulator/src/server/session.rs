@@ -149,6 +149,22 @@ impl Sessions {
             })
     }
 
+    /// Aborts every transaction in progress (a step-down does, as mongod's does for unprepared
+    /// transactions); returns how many. Retryable-write records stay: they are replicated.
+    pub(crate) fn abort_in_progress(&mut self) -> usize {
+        let mut aborted = 0;
+        for t in self.map.values_mut().filter_map(|s| s.txn.as_mut()) {
+            if t.state == TxnState::InProgress {
+                t.state = TxnState::Aborted;
+                t.snapshot = None;
+                t.writes.clear();
+                t.written.clear();
+                aborted += 1;
+            }
+        }
+        aborted
+    }
+
     /// Forgets a session (endSessions); returns whether it existed.
     pub(crate) fn end(&mut self, key: &SessionKey) -> bool {
         self.map.remove(key).is_some()
