@@ -85,6 +85,19 @@ async fn fail_point(uri: &str, spec: Document) {
         .expect("configureFailPoint");
 }
 
+/// Blocks the next `times` runs of `command` for `block_ms` before they are answered.
+async fn block_commands(uri: &str, command: &str, times: i32, block_ms: i32) {
+    fail_point(
+        uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": times },
+            "data": { "failCommands": [command], "blockConnection": true, "blockTimeMS": block_ms },
+        },
+    )
+    .await;
+}
+
 async fn fail_point_off(uri: &str) {
     fail_point(
         uri,
@@ -580,15 +593,7 @@ async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() 
 #[tokio::test]
 async fn insert_many_batches_share_one_deadline() {
     let server = Server::standalone();
-    fail_point(
-        &server.uri,
-        doc! {
-            "configureFailPoint": "failCommand",
-            "mode": { "times": 2 },
-            "data": { "failCommands": ["insert"], "blockConnection": true, "blockTimeMS": 3010 },
-        },
-    )
-    .await;
+    block_commands(&server.uri, "insert", 2, 3010).await;
     let (client, sent) = client_with(&server.uri, Some(ms(6_000))).await;
     // Each batch is blocked for 3 s, so the first leaves less than 3 s of the 6 s budget (the
     // margin is wide because sending 48 MB takes a while in a debug build on a busy machine).
@@ -810,15 +815,7 @@ async fn a_shorter_per_call_timeout_ends_a_blocked_command_whatever_the_levels_a
     coll.insert_one(doc! {}).await.unwrap();
     for command in OVERRIDDEN_COMMANDS {
         // Blocked far longer than the call's 200 ms, far shorter than the inherited 10 s.
-        fail_point(
-            &server.uri,
-            doc! {
-                "configureFailPoint": "failCommand",
-                "mode": { "times": 1 },
-                "data": { "failCommands": [command], "blockConnection": true, "blockTimeMS": 1500 },
-            },
-        )
-        .await;
+        block_commands(&server.uri, command, 1, 1500).await;
         sent.clear();
         let started = Instant::now();
         let result = call_with_timeout(command, &client, &db, &coll, ms(200)).await;
@@ -841,15 +838,7 @@ async fn a_longer_per_call_timeout_lets_a_slow_command_finish_under_a_short_inhe
     coll.insert_one(doc! {}).timeout(ms(5_000)).await.unwrap();
     for command in OVERRIDDEN_COMMANDS {
         // Blocked for 300 ms: longer than the inherited 100 ms, well within the call's 5 s.
-        fail_point(
-            &server.uri,
-            doc! {
-                "configureFailPoint": "failCommand",
-                "mode": { "times": 1 },
-                "data": { "failCommands": [command], "blockConnection": true, "blockTimeMS": 300 },
-            },
-        )
-        .await;
+        block_commands(&server.uri, command, 1, 300).await;
         sent.clear();
         call_with_timeout(command, &client, &db, &coll, ms(5_000))
             .await
@@ -863,15 +852,7 @@ async fn a_longer_per_call_timeout_lets_a_slow_command_finish_under_a_short_inhe
 #[tokio::test]
 async fn client_bulk_write_batches_share_one_deadline() {
     let server = Server::standalone();
-    fail_point(
-        &server.uri,
-        doc! {
-            "configureFailPoint": "failCommand",
-            "mode": { "times": 2 },
-            "data": { "failCommands": ["bulkWrite"], "blockConnection": true, "blockTimeMS": 3010 },
-        },
-    )
-    .await;
+    block_commands(&server.uri, "bulkWrite", 2, 3010).await;
     // The client's 6 s: each batch blocked for 3 s leaves the second less than 3 s, which the
     // emulator's maxTimeMS then cuts short (code 50). A fresh 6 s for the second batch would
     // outlast the block and succeed.
