@@ -48,9 +48,9 @@ pub mod error;
 pub mod failpoint;
 mod hello;
 mod legacy;
+pub mod mangle;
 mod repl;
 mod scram;
-pub mod mangle;
 mod session;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
