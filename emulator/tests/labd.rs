@@ -3,15 +3,16 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bson::doc;
 
-#[tokio::test]
-async fn labd_serves_and_stops_on_sigint() {
+/// Starts `labd` with `args` and reads the connection string it prints first: returns the
+/// process, that string, and the first member's `host:port`.
+fn start_labd(args: &[&str]) -> (Child, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_labd"))
-        .args(["--topology", "replicaset", "--members", "2", "--port", "0"])
+        .args(args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -22,16 +23,23 @@ async fn labd_serves_and_stops_on_sigint() {
         .read_line(&mut line)
         .unwrap();
     let uri = line.trim().to_string();
-    assert!(
-        uri.starts_with("mongodb://127.0.0.1:") && uri.ends_with("?replicaSet=rs0"),
-        "{uri}"
-    );
     let first = uri
         .trim_start_matches("mongodb://")
         .split(['/', ','])
         .next()
         .unwrap()
         .to_string();
+    (child, uri, first)
+}
+
+#[tokio::test]
+async fn labd_serves_and_stops_on_sigint() {
+    let (mut child, uri, first) =
+        start_labd(&["--topology", "replicaset", "--members", "2", "--port", "0"]);
+    assert!(
+        uri.starts_with("mongodb://127.0.0.1:") && uri.ends_with("?replicaSet=rs0"),
+        "{uri}"
+    );
     let mut raw = common::RawClient::connect(first.parse().unwrap()).await;
     let r = raw
         .command(&doc! { "hello": 1, "$db": "admin" })
@@ -58,37 +66,20 @@ async fn labd_serves_and_stops_on_sigint() {
 
 #[tokio::test]
 async fn labd_configures_each_members_model_from_json() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_labd"))
-        .args([
-            "--topology",
-            "sharded",
-            "--members",
-            "2",
-            "--port",
-            "0",
-            "--random-reject-share",
-            "0.05",
-            "--model-json",
-            r#"{"enabled": true, "costs": {"rejectionMs": 0.25}}"#,
-            "--member-model-json",
-            r#"1={"cores": 3}"#,
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("labd starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let first = line
-        .trim()
-        .trim_start_matches("mongodb://")
-        .split(['/', ','])
-        .next()
-        .unwrap()
-        .to_string();
+    let (mut child, _, first) = start_labd(&[
+        "--topology",
+        "sharded",
+        "--members",
+        "2",
+        "--port",
+        "0",
+        "--random-reject-share",
+        "0.05",
+        "--model-json",
+        r#"{"enabled": true, "costs": {"rejectionMs": 0.25}}"#,
+        "--member-model-json",
+        r#"1={"cores": 3}"#,
+    ]);
     let mut raw = common::RawClient::connect(first.parse().unwrap()).await;
     let r = raw
         .command(&doc! { "getParameter": 1, "labOverloadMembers": 1, "$db": "admin" })
@@ -143,24 +134,8 @@ fn labd_refuses_bad_model_settings() {
 
 #[tokio::test]
 async fn labd_users_turn_authentication_on() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_labd"))
-        .args(["--port", "0", "--user", "alice:pw", "--user", "app.bob:pw2"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("labd starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let first = line
-        .trim()
-        .trim_start_matches("mongodb://")
-        .split(['/', ','])
-        .next()
-        .unwrap()
-        .to_string();
+    let (mut child, _, first) =
+        start_labd(&["--port", "0", "--user", "alice:pw", "--user", "app.bob:pw2"]);
     let mut raw = common::RawClient::connect(first.parse().unwrap()).await;
     let find = raw
         .command(&doc! { "find": "c", "$db": "app" })
