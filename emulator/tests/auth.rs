@@ -201,6 +201,14 @@ async fn authenticate(c: &mut RawClient, mech: Mech, password: &str) -> Vec<Docu
     vec![first, second]
 }
 
+/// Runs `find` on `app.c`: the command every test uses to see whether a connection is
+/// authorized.
+async fn find_in_app(c: &mut RawClient) -> Document {
+    c.command(&doc! { "find": "c", "$db": "app" })
+        .await
+        .expect("reply")
+}
+
 fn error_of(reply: &Document) -> (i32, String, String) {
     assert_eq!(reply.get_f64("ok"), Ok(0.0), "{reply}");
     (
@@ -267,15 +275,9 @@ async fn commands_need_authentication_but_the_handshake_does_not() {
         .await
         .expect("reply");
     assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
-    let r = c
-        .command(&doc! { "find": "c", "$db": "app" })
-        .await
-        .expect("reply");
+    let r = find_in_app(&mut c).await;
     assert_eq!(error_of(&r).0, 91, "{r}");
-    let r = c
-        .command(&doc! { "find": "c", "$db": "app" })
-        .await
-        .expect("reply");
+    let r = find_in_app(&mut c).await;
     assert_eq!(error_of(&r).0, 13, "{r}");
     // An unknown command is still 59, as from mongod.
     let r = c
@@ -312,29 +314,20 @@ async fn a_full_conversation_with_and_without_the_empty_exchange() {
         assert_eq!(second.get_bool("done"), Ok(false), "{second}");
         assert_eq!(payload_text(&second), server_signature);
         // Not authenticated until the exchange is done.
-        let r = c
-            .command(&doc! { "find": "c", "$db": "app" })
-            .await
-            .unwrap();
+        let r = find_in_app(&mut c).await;
         assert_eq!(error_of(&r).0, 13, "{r}");
         // The find above did not end the conversation.
         let third = c.command(&sasl_continue(Vec::new())).await.expect("reply");
         assert_eq!(third.get_bool("done"), Ok(true), "{third}");
         assert_eq!(payload_text(&third), "");
-        let r = c
-            .command(&doc! { "find": "c", "$db": "app" })
-            .await
-            .unwrap();
+        let r = find_in_app(&mut c).await;
         assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
 
         // With skipEmptyExchange: done with the server's signature.
         let mut c = RawClient::connect(emu.addresses()[0]).await;
         let replies = authenticate(&mut c, mech, PASSWORD).await;
         assert_eq!(replies[1].get_bool("done"), Ok(true), "{}", replies[1]);
-        let r = c
-            .command(&doc! { "find": "c", "$db": "app" })
-            .await
-            .unwrap();
+        let r = find_in_app(&mut c).await;
         assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
         let status = c
             .command(&doc! { "connectionStatus": 1, "$db": "admin" })
@@ -352,10 +345,7 @@ async fn a_full_conversation_with_and_without_the_empty_exchange() {
         c.command(&doc! { "logout": 1, "$db": "admin" })
             .await
             .unwrap();
-        let r = c
-            .command(&doc! { "find": "c", "$db": "app" })
-            .await
-            .unwrap();
+        let r = find_in_app(&mut c).await;
         assert_eq!(error_of(&r).0, 13, "{r}");
     }
     emu.shutdown().await;
@@ -407,10 +397,7 @@ async fn failures_answer_as_mongod() {
     let r = c.command(&wrong_id).await.unwrap();
     assert_eq!(error_of(&r).0, 17, "{r}");
     // Still not authenticated after all that.
-    let r = c
-        .command(&doc! { "find": "c", "$db": "app" })
-        .await
-        .unwrap();
+    let r = find_in_app(&mut c).await;
     assert_eq!(error_of(&r).0, 13, "{r}");
     emu.shutdown().await;
 }
@@ -445,10 +432,7 @@ async fn hello_negotiates_mechanisms_and_authenticates_speculatively() {
     let r = c.command(&sasl_continue(final_message)).await.unwrap();
     assert_eq!(r.get_bool("done"), Ok(true), "{r}");
     assert_eq!(payload_text(&r), signature);
-    let r = c
-        .command(&doc! { "find": "c", "$db": "app" })
-        .await
-        .unwrap();
+    let r = find_in_app(&mut c).await;
     assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
 
     // An unknown user: no saslSupportedMechs, no speculativeAuthenticate, no error.
@@ -517,19 +501,13 @@ async fn a_dropped_user_loses_its_rights_and_users_are_stored_as_credentials() {
     let (final_message, _) = client.final_message(&payload_text(&first));
     let r = bob.command(&sasl_continue(final_message)).await.unwrap();
     assert_eq!(r.get_bool("done"), Ok(true), "{r}");
-    let r = bob
-        .command(&doc! { "find": "c", "$db": "app" })
-        .await
-        .unwrap();
+    let r = find_in_app(&mut bob).await;
     assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
     admin
         .command(&doc! { "dropUser": "bob", "$db": "admin" })
         .await
         .unwrap();
-    let r = bob
-        .command(&doc! { "find": "c", "$db": "app" })
-        .await
-        .unwrap();
+    let r = find_in_app(&mut bob).await;
     assert_eq!(error_of(&r).0, 13, "{r}");
     // Bad arguments.
     for (cmd, code) in [
@@ -566,10 +544,7 @@ async fn a_dropped_user_loses_its_rights_and_users_are_stored_as_credentials() {
 async fn without_users_nothing_requires_authentication_but_scram_works() {
     let emu = start_with_users(Topology::Standalone, Vec::new()).await;
     let mut c = RawClient::connect(emu.addresses()[0]).await;
-    let r = c
-        .command(&doc! { "find": "c", "$db": "app" })
-        .await
-        .unwrap();
+    let r = find_in_app(&mut c).await;
     assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
     let r = c
         .command(&doc! { "createUser": USER, "pwd": PASSWORD, "roles": ["root"], "$db": "admin" })
