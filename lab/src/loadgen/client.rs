@@ -406,6 +406,10 @@ mod fork_api {
 
     use super::{ForkStats, OpSpec};
 
+    /// How much of its deadline a request may have used and still run with the collection's
+    /// timeoutMS unchanged.
+    const FIRST_CALL_SLACK: Duration = Duration::from_millis(2);
+
     /// The collection to run `op` on: with `timeoutMS` in force, bounded by the time the
     /// application has left, as an application passes its remaining deadline down (it matters
     /// for the application's own retries, which start later than the request).
@@ -422,7 +426,10 @@ mod fork_api {
             .unwrap_or_default()
             // Zero would mean "no limit".
             .max(Duration::from_millis(1));
-        if timeout.is_zero() || left >= timeout {
+        // A first call starts microseconds after its request: the collection's own timeoutMS
+        // (the deadline) is then right, and building a handle per call would be work on the
+        // hot path that measures nothing.
+        if timeout.is_zero() || left + FIRST_CALL_SLACK >= timeout {
             return coll.clone();
         }
         let options = CollectionOptions::builder().timeout(left).build();
