@@ -82,6 +82,51 @@ pub fn retry_stopped_by_deadline(
     );
 }
 
+/// Logs, at DEBUG, a first attempt the adaptive throttle rejected without sending it:
+/// `probability` is the rejection probability it drew against, `server` the server as
+/// `host:port`.
+pub fn local_rejection(operation: &str, server: &str, probability: f64) {
+    tracing::debug!(
+        target: TARGET,
+        operation,
+        server,
+        probability,
+        "rejecting operation locally: the server is rejecting most requests for overload"
+    );
+}
+
+/// Logs, at DEBUG, the end of an operation's wait for a concurrency slot on `server`: after
+/// `waited`, with a slot (`acquired`) or at its deadline; `limit` is the server's limit then.
+pub fn concurrency_wait(
+    operation: &str,
+    server: &str,
+    waited: std::time::Duration,
+    acquired: bool,
+    limit: u32,
+) {
+    tracing::debug!(
+        target: TARGET,
+        operation,
+        server,
+        waitedMS = waited.as_secs_f64() * 1000.0,
+        acquired,
+        limit,
+        "concurrency slot wait ended"
+    );
+}
+
+/// Logs, at DEBUG, a change of `server`'s concurrency limit (the limit in force, a whole number
+/// of operations) from `from` to `to`.
+pub fn concurrency_limit_changed(server: &str, from: u32, to: u32) {
+    tracing::debug!(
+        target: TARGET,
+        server,
+        from,
+        to,
+        "concurrency limit changed"
+    );
+}
+
 /// Whether [`retry_attempt`] events would be recorded, so callers can skip assembling them.
 pub fn retry_attempts_enabled() -> bool {
     tracing::enabled!(target: TARGET, tracing::Level::DEBUG)

@@ -504,8 +504,14 @@ impl Shared {
         }
     }
 
-    /// Frees one slot at `now` and learns from the outcome.
-    fn release(&self, now: Instant, acquired_at: Instant, probe: Option<u64>, outcome: Outcome) {
+    /// Frees one slot at `now` and learns from the outcome; returns the limit in force after.
+    fn release(
+        &self,
+        now: Instant,
+        acquired_at: Instant,
+        probe: Option<u64>,
+        outcome: Outcome,
+    ) -> u32 {
         let mut state = self.state_at(now);
         // Every permit took one slot, so this never goes below zero; saturate regardless.
         state.in_flight = state.in_flight.saturating_sub(1);
@@ -527,6 +533,7 @@ impl Shared {
                 }
             }
         }
+        self.limit_in_force(&state)
     }
 
     fn sample(&self, state: &mut State, latency: u64, probe: Option<u64>) {
@@ -680,10 +687,14 @@ impl ConcurrencyPermit {
         self.acquired_at
     }
 
-    /// Frees the slot at `now`, telling the limit how the operation ended.
-    pub fn release(mut self, now: Instant, outcome: Outcome) {
-        if let Some(shared) = self.shared.take() {
-            shared.release(now, self.acquired_at, self.probe, outcome);
+    /// Frees the slot at `now`, telling the limit how the operation ended. Returns the limit in
+    /// force after the outcome was learnt from, so the caller can log or publish a change
+    /// without taking the limit's lock again.
+    pub fn release(mut self, now: Instant, outcome: Outcome) -> u32 {
+        match self.shared.take() {
+            Some(shared) => shared.release(now, self.acquired_at, self.probe, outcome),
+            // Unreachable: only `release` and `drop` take `shared`, and both consume the permit.
+            None => 0,
         }
     }
 }
@@ -692,7 +703,7 @@ impl Drop for ConcurrencyPermit {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
             let now = (shared.clock)();
-            shared.release(now, self.acquired_at, self.probe, Outcome::Abandoned);
+            let _limit = shared.release(now, self.acquired_at, self.probe, Outcome::Abandoned);
         }
     }
 }
@@ -1289,7 +1300,9 @@ mod tests {
                     }
                     Event::Answer(nanos) => {
                         if let Some(permit) = held.pop_front() {
-                            permit.release(now, Outcome::Answered(Duration::from_nanos(nanos)));
+                            let after =
+                                permit.release(now, Outcome::Answered(Duration::from_nanos(nanos)));
+                            prop_assert_eq!(after, limit.limit(), "release reports the limit in force");
                         }
                     }
                     Event::Overload => {

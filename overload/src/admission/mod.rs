@@ -87,6 +87,25 @@ pub use concurrency::{
 };
 pub use throttle::{AdaptiveThrottle, ThrottleConfig, ThrottleCounts, ThrottleDecision};
 
+/// Commands that continue or end work the server already admitted: a cursor's later batches
+/// and cleanup, a transaction's outcome, and the end of sessions. Rejecting one locally would
+/// not spare the server the work already done, and could strand it (an open cursor, a
+/// transaction holding its locks until it times out).
+const CONTINUATIONS: [&str; 5] = [
+    "getMore",
+    "killCursors",
+    "commitTransaction",
+    "abortTransaction",
+    "endSessions",
+];
+
+/// Whether the adaptive throttle decides first attempts of the command `name`: every command
+/// that starts new work; not the [continuations](CONTINUATIONS) of admitted work. (The driver
+/// also exempts operations inside a transaction, for the same reason.)
+pub fn throttles_command(name: &str) -> bool {
+    !CONTINUATIONS.contains(&name)
+}
+
 /// An admission-control option out of its range. Its message names the connection-string
 /// option, the value given and the valid range. The option names are provisional until the
 /// driver wiring adds them to the connection string.
@@ -123,6 +142,21 @@ impl fmt::Display for InvalidAdmissionConfig {
 }
 
 impl std::error::Error for InvalidAdmissionConfig {}
+
+#[cfg(test)]
+mod tests {
+    use super::throttles_command;
+
+    #[test]
+    fn continuations_of_admitted_work_are_never_throttled() {
+        for name in ["getMore", "killCursors", "commitTransaction", "abortTransaction"] {
+            assert!(!throttles_command(name), "{name}");
+        }
+        for name in ["find", "insert", "aggregate", "bulkWrite", "ping", "GETMORE"] {
+            assert!(throttles_command(name), "{name}");
+        }
+    }
+}
 
 /// Compiles and runs the examples in `docs/admission.md` as doctests.
 #[cfg(doctest)]
