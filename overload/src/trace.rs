@@ -224,6 +224,40 @@ mod tests {
     }
 
     #[test]
+    fn admission_events_name_the_server_and_what_was_decided() {
+        let text = captured(tracing::Level::DEBUG, || {
+            local_rejection("find", "db1.example:27017", 0.6);
+            concurrency_wait(
+                "insert",
+                "db2.example:27017",
+                Duration::from_millis(40),
+                false,
+                7,
+            );
+            concurrency_limit_changed("db2.example:27017", 8, 7);
+        });
+        for needle in [
+            "rejecting operation locally",
+            "operation=\"find\"",
+            "server=\"db1.example:27017\"",
+            "probability=0.6",
+            "concurrency slot wait ended",
+            "waitedMS=40",
+            "acquired=false",
+            "limit=7",
+            "concurrency limit changed",
+            "from=8",
+            "to=7",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in {text}");
+        }
+        let at_info = captured(tracing::Level::INFO, || {
+            local_rejection("find", "db1.example:27017", 0.6);
+        });
+        assert!(at_info.is_empty(), "{at_info}");
+    }
+
+    #[test]
     fn retry_attempts_are_debug_level() {
         // The same event, emitted for real: one line at DEBUG, nothing when only INFO is on.
         let labels = ["SystemOverloadedError"];

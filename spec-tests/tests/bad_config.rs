@@ -73,6 +73,37 @@ fn table() -> Vec<(&'static str, Vec<&'static str>)> {
             "maxPoolSize",
             vec!["-1", "4294967296", "99999999999999999999"],
         ),
+        ("adaptiveThrottle", vec!["yes", "1", "", "TRUE", "on"]),
+        (
+            "adaptiveThrottleK",
+            vec![
+                "0", "0.999", "10.5", "-2", "1e400", "NaN", "inf", "abc", "", "true",
+            ],
+        ),
+        (
+            "adaptiveThrottleWindowMS",
+            vec!["-1", "0", "999", "60001", "18446744073709551616"],
+        ),
+        (
+            "adaptiveThrottleMinRequests",
+            vec!["-1", "1000001", "4294967296"],
+        ),
+        ("adaptiveConcurrency", vec!["yes", "1", "", "TRUE", "on"]),
+        (
+            "adaptiveConcurrencyMinLimit",
+            // Above the default maxPoolSize (10), and 0.
+            vec!["0", "11", "-1", "4294967296"],
+        ),
+        (
+            "adaptiveConcurrencyTolerance",
+            vec![
+                "0.5", "0.999", "10.5", "-1", "NaN", "inf", "abc", "", "false",
+            ],
+        ),
+        (
+            "adaptiveConcurrencyProbeIntervalMS",
+            vec!["-1", "0", "999", "600001", "18446744073709551616"],
+        ),
     ];
     // Every integer option also refuses what is not an integer at all.
     for (option, values) in t.iter_mut() {
@@ -83,6 +114,10 @@ fn table() -> Vec<(&'static str, Vec<&'static str>)> {
                 | "retryBudgetMinPerSec"
                 | "retryBudgetWindowMS"
                 | "maxPoolSize"
+                | "adaptiveThrottleWindowMS"
+                | "adaptiveThrottleMinRequests"
+                | "adaptiveConcurrencyMinLimit"
+                | "adaptiveConcurrencyProbeIntervalMS"
         ) {
             values.extend(not_integers);
         }
@@ -138,6 +173,15 @@ async fn misspelt_options_are_refused_and_the_real_one_suggested() {
         ("retryBudgetWindowMillis", "retrybudgetwindowms"),
         ("retryBudgetWindow", "retrybudgetwindowms"),
         ("maxPoolSise", "maxpoolsize"),
+        ("adaptiveThrotle", "adaptivethrottle"),
+        ("adaptiveThrottleKK", "adaptivethrottlek"),
+        ("adaptiveThrottleWindow", "adaptivethrottlewindowms"),
+        ("adaptiveConcurency", "adaptiveconcurrency"),
+        ("adaptiveConcurrencyMinLimt", "adaptiveconcurrencyminlimit"),
+        (
+            "adaptiveConcurrencyTolerence",
+            "adaptiveconcurrencytolerance",
+        ),
     ] {
         let message = refusal(&uri(misspelt, "1"))
             .await
@@ -177,6 +221,27 @@ async fn invalid_values_set_on_client_options_are_refused_naming_the_option() {
         o.retry_budget_window = Some(window);
         cases.push(("retryBudgetWindowMS", o));
     }
+    for k in [0.5, 11.0, f64::NAN] {
+        let mut o = base().await.expect("parses");
+        o.adaptive_throttle_k = Some(k);
+        cases.push(("adaptiveThrottleK", o));
+    }
+    for window in [Duration::ZERO, Duration::from_secs(61)] {
+        let mut o = base().await.expect("parses");
+        o.adaptive_throttle_window = Some(window);
+        cases.push(("adaptiveThrottleWindowMS", o));
+    }
+    for (min_limit, pool) in [(0, None), (11, None), (6, Some(5))] {
+        let mut o = base().await.expect("parses");
+        o.adaptive_concurrency_min_limit = Some(min_limit);
+        o.max_pool_size = pool;
+        cases.push(("adaptiveConcurrencyMinLimit", o));
+    }
+    for tolerance in [0.9, f64::INFINITY] {
+        let mut o = base().await.expect("parses");
+        o.adaptive_concurrency_tolerance = Some(tolerance);
+        cases.push(("adaptiveConcurrencyTolerance", o));
+    }
     for (option, options) in cases {
         let message = match Client::with_options(options) {
             Ok(_) => panic!("{option}: an invalid value was accepted"),
@@ -209,6 +274,21 @@ async fn valid_edge_values_are_accepted() {
         ("maxPoolSize", "1"),
         // The URI options specification: 0 means no limit (defect B11).
         ("maxPoolSize", "0"),
+        ("adaptiveThrottle", "true"),
+        ("adaptiveThrottleK", "1"),
+        ("adaptiveThrottleK", "10"),
+        ("adaptiveThrottleK", "1.5"),
+        ("adaptiveThrottleWindowMS", "1000"),
+        ("adaptiveThrottleWindowMS", "60000"),
+        ("adaptiveThrottleMinRequests", "0"),
+        ("adaptiveThrottleMinRequests", "1000000"),
+        ("adaptiveConcurrency", "true"),
+        ("adaptiveConcurrencyMinLimit", "1"),
+        ("adaptiveConcurrencyMinLimit", "10"),
+        ("adaptiveConcurrencyTolerance", "1"),
+        ("adaptiveConcurrencyTolerance", "10"),
+        ("adaptiveConcurrencyProbeIntervalMS", "1000"),
+        ("adaptiveConcurrencyProbeIntervalMS", "600000"),
     ] {
         let uri = uri(option, value);
         assert_eq!(refusal(&uri).await, None, "{uri} is valid");

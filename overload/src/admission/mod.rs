@@ -149,10 +149,22 @@ mod tests {
 
     #[test]
     fn continuations_of_admitted_work_are_never_throttled() {
-        for name in ["getMore", "killCursors", "commitTransaction", "abortTransaction"] {
+        for name in [
+            "getMore",
+            "killCursors",
+            "commitTransaction",
+            "abortTransaction",
+        ] {
             assert!(!throttles_command(name), "{name}");
         }
-        for name in ["find", "insert", "aggregate", "bulkWrite", "ping", "GETMORE"] {
+        for name in [
+            "find",
+            "insert",
+            "aggregate",
+            "bulkWrite",
+            "ping",
+            "GETMORE",
+        ] {
             assert!(throttles_command(name), "{name}");
         }
     }
