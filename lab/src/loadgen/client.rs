@@ -66,6 +66,14 @@ pub struct ForkStats {
     pub app_retries_refused: u64,
     /// Backoff slept before retries, in all (ms).
     pub backoff_slept_ms: f64,
+    /// First attempts the adaptive throttle rejected without sending them.
+    pub local_rejections: u64,
+    /// Operations that waited for a concurrency slot.
+    pub concurrency_waits: u64,
+    /// Of those, the ones whose deadline passed first.
+    pub concurrency_wait_timeouts: u64,
+    /// The concurrency limits of the instances' servers, summed, at the end of the run.
+    pub concurrency_limit: u64,
 }
 
 impl ForkStats {
@@ -77,6 +85,10 @@ impl ForkStats {
         self.app_retries_made += other.app_retries_made;
         self.app_retries_refused += other.app_retries_refused;
         self.backoff_slept_ms += other.backoff_slept_ms;
+        self.local_rejections += other.local_rejections;
+        self.concurrency_waits += other.concurrency_waits;
+        self.concurrency_wait_timeouts += other.concurrency_wait_timeouts;
+        self.concurrency_limit += other.concurrency_limit;
     }
 }
 
@@ -456,6 +468,14 @@ mod fork_api {
             app_retries_made: s.application_retries_made,
             app_retries_refused: s.application_retries_refused,
             backoff_slept_ms: s.backoff_slept.as_secs_f64() * 1000.0,
+            local_rejections: s.local_rejections,
+            concurrency_waits: s.concurrency_waits,
+            concurrency_wait_timeouts: s.concurrency_wait_timeouts,
+            concurrency_limit: s
+                .concurrency_limits
+                .values()
+                .map(|limit| u64::from(limit.limit))
+                .sum(),
         })
     }
 }

@@ -371,6 +371,16 @@ impl Variant {
                 Driver::Fork,
                 &format!("retryBudget=true&{TIMEOUT_AT_DEADLINE}"),
             ),
+            Variant::new("fork-throttle", Driver::Fork, "adaptiveThrottle=true"),
+            Variant::new("fork-concurrency", Driver::Fork, "adaptiveConcurrency=true"),
+            Variant::new(
+                "fork-controls",
+                Driver::Fork,
+                &format!(
+                    "retryBudget=true&{TIMEOUT_AT_DEADLINE}&adaptiveThrottle=true\
+                     &adaptiveConcurrency=true"
+                ),
+            ),
         ]
     }
 

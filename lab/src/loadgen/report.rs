@@ -422,6 +422,9 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
                 format!("{} / {}", f.retries_made, f.retries_refused),
                 format!("{} / {}", f.app_retries_made, f.app_retries_refused),
                 format!("{:.0}", f.backoff_slept_ms),
+                f.local_rejections.to_string(),
+                format!("{} / {}", f.concurrency_waits, f.concurrency_wait_timeouts),
+                f.concurrency_limit.to_string(),
             ])
         })
         .collect();
@@ -440,6 +443,9 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
                     "driver retries made / refused",
                     "application retries made / refused",
                     "backoff slept ms",
+                    "local rejections",
+                    "slot waits / timed out",
+                    "concurrency limits (sum)",
                 ],
                 &fork_stats
             )

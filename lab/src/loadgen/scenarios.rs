@@ -273,6 +273,7 @@ impl ScenarioName {
                 "fork-timeout",
                 "fork-budget",
                 "fork-budget-timeout",
+                "fork-controls",
             ],
             ScenarioName::Sustained | ScenarioName::AppRetries => &[
                 "upstream-default",
@@ -280,26 +281,43 @@ impl ScenarioName {
                 "fork-timeout",
                 "fork-budget",
                 "fork-budget-timeout",
+                "fork-controls",
             ],
             ScenarioName::Transient => &[
                 "upstream-default",
                 "upstream-no-retries",
+                "fork-default",
                 "fork-timeout",
                 "fork-budget",
                 "fork-budget-timeout",
+                "fork-controls",
             ],
             ScenarioName::Flood => &[
                 "upstream-default",
                 "upstream-no-retries",
                 "fork-budget-timeout",
+                "fork-throttle",
+                "fork-controls",
             ],
-            ScenarioName::NoLimiter => &["upstream-default", "upstream-no-retries", "fork-timeout"],
-            ScenarioName::FastPath => &["upstream-default", "fork-default", "fork-budget-timeout"],
+            ScenarioName::NoLimiter => &[
+                "upstream-default",
+                "upstream-no-retries",
+                "fork-timeout",
+                "fork-concurrency",
+                "fork-controls",
+            ],
+            ScenarioName::FastPath => &[
+                "upstream-default",
+                "fork-default",
+                "fork-budget-timeout",
+                "fork-controls",
+            ],
             ScenarioName::HotMember => &[
                 "upstream-default",
                 "upstream-retargeting",
                 "fork-retargeting",
                 "fork-budget-timeout",
+                "fork-controls",
             ],
         };
         names
@@ -366,7 +384,7 @@ mod tests {
             .into_iter()
             .map(|v| v.name)
             .collect();
-        assert_eq!(names.len(), 4, "{names:?}");
+        assert_eq!(names.len(), 5, "{names:?}");
         assert!(names.iter().any(|n| n == "fork-retargeting"));
 
         let mut cfg = LabConfig::default();
@@ -388,6 +406,8 @@ mod tests {
             if s != ScenarioName::NoLimiter {
                 assert!(v.iter().any(|x| x.name == "fork-budget-timeout"), "{s:?}");
             }
+            // Every control together is judged everywhere (issue 15).
+            assert!(v.iter().any(|x| x.name == "fork-controls"), "{s:?}");
         }
         let mut cfg = LabConfig::default();
         ScenarioName::Flood.apply(&mut cfg, Length::Suite, &ScenarioParams::default());

@@ -120,6 +120,10 @@ pub struct ForkStatsPerRequest {
     pub app_retries_made: f64,
     /// Application retries the shared budget refused.
     pub app_retries_refused: f64,
+    /// First attempts the adaptive throttle rejected locally.
+    pub local_rejections: f64,
+    /// Operations that waited for a concurrency slot.
+    pub concurrency_waits: f64,
 }
 
 impl ForkStatsPerRequest {
@@ -136,6 +140,8 @@ impl ForkStatsPerRequest {
             retries_refused: per_request(|s| s.retries_refused)?,
             app_retries_made: per_request(|s| s.app_retries_made)?,
             app_retries_refused: per_request(|s| s.app_retries_refused)?,
+            local_rejections: per_request(|s| s.local_rejections)?,
+            concurrency_waits: per_request(|s| s.concurrency_waits)?,
         })
     }
 }
