@@ -83,10 +83,13 @@ pub const OPTION_WINDOW_MS: &str = "adaptiveThrottleWindowMS";
 /// Connection-string name of [`ThrottleConfig::min_requests`] (provisional).
 pub const OPTION_MIN_REQUESTS: &str = "adaptiveThrottleMinRequests";
 
-/// Default `K`: 2, the SRE book's recommendation. The server then rejects about one request for
-/// each one it serves; 1.1 would be more aggressive (one rejection per ten accepted requests)
-/// but throttles already at 9 % of requests rejected, which transient rejections reach.
-pub const DEFAULT_K: f64 = 2.0;
+/// Default `K`: 1.5. The server then rejects about one request for every two it serves. The
+/// SRE book recommends 2 (one rejection per request served); the lab's `flood` scenario (500 %
+/// of capacity) measured the server's core time spent rejecting at about 18 % with 2 and 12 %
+/// with 1.5, against 35–48 % without the throttle, so 2 leaves a flood costing the server half
+/// what no throttle does. 1.5 still throttles only above a third of requests rejected; 1.1 would
+/// throttle at 9 %, which transient rejections reach (`docs/admission.md`).
+pub const DEFAULT_K: f64 = 1.5;
 /// The smallest `K`. Below 1 the throttle would reject requests the server accepts.
 pub const MIN_K: f64 = 1.0;
 /// The largest `K`. At 10 the throttle engages only when over 90 % of requests are rejected;
@@ -413,7 +416,7 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_values() {
         let config = ThrottleConfig::default();
-        assert_eq!(config.k, 2.0);
+        assert_eq!(config.k, 1.5);
         assert_eq!(config.window, Duration::from_secs(10));
         assert_eq!(config.min_requests, 20);
         assert!(config.validate().is_ok());
@@ -679,7 +682,7 @@ mod tests {
 
     /// A flood at four times capacity for a minute: without the throttle the server would
     /// reject 300 requests per second; with it the server receives about `K ×` what it
-    /// accepts, so it rejects about a third as many.
+    /// accepts (K = 1.5), so it rejects about a sixth as many.
     #[test]
     fn a_flood_is_cut_to_k_times_what_the_server_accepts() {
         let runs = simulate(60, |_| 400, |_| 100);
@@ -690,12 +693,12 @@ mod tests {
         let secs = settled.len() as f64;
         let (sent_rate, rejected_rate) = (sent as f64 / secs, rejected as f64 / secs);
         assert!(
-            (180.0..=230.0).contains(&sent_rate),
-            "about 2 × 100 sent per second: {sent_rate}"
+            (135.0..=180.0).contains(&sent_rate),
+            "about 1.5 × 100 sent per second: {sent_rate}"
         );
         assert!(
-            rejected_rate <= 300.0 / 3.0 + 15.0,
-            "a third of the 300 rejections per second: {rejected_rate}"
+            rejected_rate <= 300.0 / 6.0 + 15.0,
+            "a sixth of the 300 rejections per second: {rejected_rate}"
         );
         let accepted = sent - rejected;
         assert!(
@@ -706,7 +709,7 @@ mod tests {
     }
 
     /// A server rejecting 30 % of requests (transient or mild overload) is never throttled:
-    /// at K = 2 the throttle needs over half rejected.
+    /// at K = 1.5 the throttle needs over a third rejected.
     #[test]
     fn mild_overload_is_never_throttled() {
         let runs = simulate(60, |_| 143, |_| 100);
@@ -715,8 +718,10 @@ mod tests {
     }
 
     /// Thirty seconds at four times capacity, then demand drops to half of capacity. Local
-    /// rejections continue while the flood's part of the window expires; they must end
-    /// within two windows (20 s) and fall below 10 % of the demand within one.
+    /// rejections continue while the flood's part of the window expires (local rejections
+    /// count as requests not accepted, so each window the probability falls by `(K − 1) ×`
+    /// what it lacks of 1: about half as fast at K = 1.5 as at 2). They must end within two
+    /// windows (20 s) and fall below 10 % of the demand within one and a half.
     #[test]
     fn the_throttle_releases_after_the_overload_ends() {
         let runs = simulate(60, |s| if s < 30 { 400 } else { 50 }, |_| 100);
@@ -727,8 +732,8 @@ mod tests {
             "local rejections per second after the flood: {after:?}"
         );
         assert!(
-            after[10..].iter().all(|&local| local <= 5),
-            "after one window, under 10 % of 50: {after:?}"
+            after[15..].iter().all(|&local| local <= 5),
+            "after one and a half windows, under 10 % of 50: {after:?}"
         );
     }
 
