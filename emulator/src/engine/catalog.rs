@@ -49,6 +49,26 @@ fn id_index() -> Document {
 }
 
 /// Validates a database name the way mongod does (no empty names, no `/\. "$` or NUL).
+/// The first `$`-prefixed field name inside an `_id` value, at any depth (5.0+ stores such
+/// names elsewhere in a document, never inside `_id`). The depth is bounded by the document
+/// depth check that runs first; the cap keeps the recursion finite regardless.
+fn dollar_prefixed_in(value: &Bson, depth: usize) -> Option<String> {
+    if depth > crate::engine::MAX_DEPTH {
+        return None;
+    }
+    match value {
+        Bson::Document(d) => d.iter().find_map(|(k, v)| {
+            if k.starts_with('$') {
+                Some(k.clone())
+            } else {
+                dollar_prefixed_in(v, depth + 1)
+            }
+        }),
+        Bson::Array(items) => items.iter().find_map(|v| dollar_prefixed_in(v, depth + 1)),
+        _ => None,
+    }
+}
+
 fn validate_db_name(db: &str) -> EngineResult<()> {
     if db.is_empty()
         || db.len() > 63
@@ -148,6 +168,11 @@ impl Collection {
                 return Err(EngineError::invalid_id_field("can't use a regex for _id"));
             }
             Some(id) => {
+                if let Some(name) = dollar_prefixed_in(id, 0) {
+                    return Err(EngineError::dollar_prefixed_field_name(format!(
+                            "_id fields may not contain '$'-prefixed fields: {name} is not valid for storage."
+                    )));
+                }
                 out.insert("_id", id.clone());
             }
             None => {

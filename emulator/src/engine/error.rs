@@ -45,6 +45,7 @@ macro_rules! codes {
 
 codes! {
     bad_value => 2, "BadValue";
+    dollar_prefixed_field_name => 52, "DollarPrefixedFieldName";
     no_such_key => 4, "NoSuchKey";
     failed_to_parse => 9, "FailedToParse";
     type_mismatch => 14, "TypeMismatch";

@@ -442,9 +442,128 @@ impl Ctx<'_> {
         Ok(args)
     }
 
+    /// `$getField`, `$setField` and `$unsetField` (5.0): read, set or remove one field named
+    /// literally, so names with dots or a leading `$` work. `field` must be a constant string
+    /// (a `$literal` one included); `input` defaults to `$$CURRENT` for `$getField` and must be
+    /// a document, null or missing for the others. `$setField` with `value: "$$REMOVE"` removes.
+    fn field_operator(&mut self, op: &str, arg: &Bson) -> EngineResult<Option<Bson>> {
+        let spec = match (op, arg) {
+            ("$getField", Bson::String(_)) => {
+                let mut d = Document::new();
+                d.insert("field", arg.clone());
+                d
+            }
+            (_, Bson::Document(d)) => d.clone(),
+            _ => {
+                return Err(EngineError::failed_to_parse(format!(
+                    "{op} only supports an object as its argument"
+                )))
+            }
+        };
+        let allowed: &[&str] = match op {
+            "$setField" => &["field", "input", "value"],
+            _ => &["field", "input"],
+        };
+        if let Some(extra) = spec.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(EngineError::failed_to_parse(format!(
+                "{op} found an unknown argument: {extra}"
+            )));
+        }
+        let field = match spec.get("field") {
+            Some(Bson::String(s)) if !s.starts_with('$') => s.clone(),
+            Some(Bson::Document(d)) if d.len() == 1 => match d.get("$literal") {
+                Some(Bson::String(s)) => s.clone(),
+                _ => {
+                    return Err(EngineError::location(
+                        4161106,
+                        format!("{op} requires 'field' to evaluate to a constant string"),
+                    ))
+                }
+            },
+            Some(_) => {
+                return Err(EngineError::location(
+                    4161106,
+                    format!("{op} requires 'field' to evaluate to a constant string"),
+                ))
+            }
+            None => {
+                return Err(EngineError::location(
+                    4161102,
+                    format!("{op} requires 'field' to be specified"),
+                ))
+            }
+        };
+        let input = match spec.get("input") {
+            Some(expr) => self.eval(expr)?,
+            None if op == "$getField" => Some(Bson::Document(self.root.clone())),
+            None => {
+                return Err(EngineError::location(
+                    4161109,
+                    format!("{op} requires 'input' to be specified"),
+                ))
+            }
+        };
+        let input = match input {
+            None => return Ok(if op == "$getField" { None } else { Some(Bson::Null) }),
+            Some(Bson::Null) | Some(Bson::Undefined) => {
+                return Ok(if op == "$getField" {
+                    None
+                } else {
+                    Some(Bson::Null)
+                })
+            }
+            Some(Bson::Document(d)) => d,
+            Some(other) if op == "$getField" => {
+                return Err(EngineError::location(
+                    3041705,
+                    format!(
+                        "$getField requires 'input' to evaluate to type Object, but got {}",
+                        type_name(&other)
+                    ),
+                ))
+            }
+            Some(other) => {
+                return Err(EngineError::location(
+                    4161105,
+                    format!(
+                        "{op} requires 'input' to evaluate to type Object, but got {}",
+                        type_name(&other)
+                    ),
+                ))
+            }
+        };
+        match op {
+            "$getField" => Ok(input.get(&field).cloned()),
+            _ => {
+                let value = match (op, spec.get("value")) {
+                    ("$unsetField", _) => None,
+                    (_, Some(expr)) => self.eval(expr)?,
+                    (_, None) => {
+                        return Err(EngineError::location(
+                            4161103,
+                            "$setField requires 'value' to be specified",
+                        ))
+                    }
+                };
+                let mut out = input;
+                match value {
+                    // Replacing keeps the field's position, as mongod does.
+                    Some(v) => {
+                        out.insert(field, v);
+                    }
+                    None => {
+                        out.remove(&field);
+                    }
+                }
+                Ok(Some(Bson::Document(out)))
+            }
+        }
+    }
+
     fn operator(&mut self, op: &str, arg: &Bson) -> EngineResult<Option<Bson>> {
         let value = match op {
             "$literal" => arg.clone(),
+            "$getField" | "$setField" | "$unsetField" => return self.field_operator(op, arg),
             "$add" | "$multiply" => {
                 let args = self.args(arg)?;
                 let is_add = op == "$add";

@@ -302,7 +302,13 @@ fn count_bson(n: u64) -> Bson {
 }
 
 fn write_error_doc(w: &WriteError) -> Document {
-    doc! { "index": w.index as i32, "code": w.error.code, "errmsg": w.error.message.clone() }
+    let mut d =
+        doc! { "index": w.index as i32, "code": w.error.code, "errmsg": w.error.message.clone() };
+    // DuplicateKey's keyPattern and keyValue, as mongod reports them in each write error.
+    for (k, v) in w.error.details.iter().flat_map(|e| e.iter()) {
+        d.insert(k.clone(), v.clone());
+    }
+    d
 }
 
 fn add_write_errors(reply: &mut Document, errors: &[WriteError]) {
@@ -326,8 +332,29 @@ fn cursor_batch(body: &Document) -> Result<BatchLimit, CommandError> {
     Ok(BatchLimit { size })
 }
 
-/// Runs one data command.
+/// Runs one data command, with the variables of its `let` option bound (find, aggregate,
+/// update, delete, findAndModify and client bulkWrite take one; `$$name` then resolves in
+/// `$expr`, pipelines and pipeline updates).
 pub(crate) fn run(
+    name: &str,
+    db: &str,
+    body: &Document,
+    store: &mut Store,
+    ctx: &mut DataCtx<'_>,
+) -> Result<Document, CommandError> {
+    match body.get("let") {
+        None => run_command(name, db, body, store, ctx),
+        Some(Bson::Document(vars)) => {
+            crate::engine::with_variables(vars, || run_command(name, db, body, store, ctx))?
+        }
+        Some(other) => Err(CommandError::type_mismatch(format!(
+            "BSON field '{name}.let' is the wrong type '{}', expected type 'object'",
+            type_name(Some(other))
+        ))),
+    }
+}
+
+fn run_command(
     name: &str,
     db: &str,
     body: &Document,
@@ -708,6 +735,21 @@ fn aggregate(
         );
     }
     let writes = pipeline_writes(body);
+    let linearizable = body
+        .get_document("readConcern")
+        .ok()
+        .and_then(|rc| rc.get_str("level").ok())
+        == Some("linearizable");
+    if writes && linearizable {
+        let stage = pipeline
+            .last()
+            .and_then(|s| s.keys().next().cloned())
+            .unwrap_or_default();
+        return Err(CommandError::new(
+            codes::INVALID_OPTIONS,
+            format!("{stage} cannot be used with a 'linearizable' read concern level"),
+        ));
+    }
     let docs = if first_stage == "$listLocalSessions" {
         let input = ctx.local_sessions.take().unwrap_or_default();
         store.run_pipeline(db, input, &pipeline[1..])?

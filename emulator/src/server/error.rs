@@ -81,7 +81,8 @@ impl From<EngineError> for CommandError {
             code_name: Cow::Borrowed(e.code_name),
             errmsg: e.message,
             labels: None,
-            extra: None,
+            // DuplicateKey's keyPattern and keyValue, beside errmsg as mongod puts them.
+            extra: e.details,
         }
     }
 }
