@@ -288,6 +288,16 @@ impl Collection {
 
     /// Enforces `unique: true` indexes other than `_id_` by scanning (cheap at emulator sizes).
     fn check_unique(&self, ns: &str, doc: &Document, exclude: Option<usize>) -> EngineResult<()> {
+        // Unique indexes have the simple collation, whatever the command's is.
+        super::collation::with_simple(|| self.check_unique_keys(ns, doc, exclude))
+    }
+
+    fn check_unique_keys(
+        &self,
+        ns: &str,
+        doc: &Document,
+        exclude: Option<usize>,
+    ) -> EngineResult<()> {
         for index in &self.indexes {
             if !matches!(index.get("unique"), Some(Bson::Boolean(true))) {
                 continue;

@@ -249,7 +249,10 @@ fn matching_indexes(
 ) -> EngineResult<Vec<usize>> {
     check_depth(filter)?;
     let docs = collection.map_or(&[][..], |c| c.docs.as_slice());
-    let candidates = collection.and_then(|c| id_index_candidates(c, filter));
+    // The `_id_` index has the simple collation: a query under another one scans.
+    let candidates = collection
+        .filter(|_| !super::collation::is_active())
+        .and_then(|c| id_index_candidates(c, filter));
     let mut hits = Vec::new();
     match &candidates {
         Some(positions) => {

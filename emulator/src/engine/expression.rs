@@ -563,6 +563,16 @@ impl Ctx<'_> {
     fn operator(&mut self, op: &str, arg: &Bson) -> EngineResult<Option<Bson>> {
         let value = match op {
             "$literal" => arg.clone(),
+            // A double in [0, 1), drawn anew at each evaluation.
+            "$rand" => match arg {
+                Bson::Document(d) if d.is_empty() => Bson::Double(rand::random::<f64>()),
+                _ => {
+                    return Err(EngineError::location(
+                        10065,
+                        "invalid parameter: expected an object ($rand)",
+                    ))
+                }
+            },
             "$getField" | "$setField" | "$unsetField" => return self.field_operator(op, arg),
             "$add" | "$multiply" => {
                 let args = self.args(arg)?;

@@ -60,6 +60,7 @@
 
 mod aggregate;
 mod catalog;
+mod collation;
 mod compare;
 mod crud;
 mod error;
@@ -78,6 +79,7 @@ mod fuzz_tests;
 use bson::{Bson, Document};
 
 pub use catalog::Store;
+pub use collation::{with_collation, Collation};
 pub use compare::{compare_bson, id_key, strict_equal, IdKey};
 pub use error::{EngineError, EngineResult};
 pub use expression::{evaluate, with_variables};

@@ -10,7 +10,8 @@ use super::cursor::{self, BatchLimit, CursorEnd, CursorKind, Cursors, StreamStat
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 use crate::engine::{
-    id_key, DeleteStatement, FindAndModifySpec, FindSpec, IdKey, Store, UpdateStatement, WriteError,
+    id_key, with_collation, Collation, DeleteOutcome, DeleteStatement, FindAndModifySpec, FindSpec,
+    IdKey, Store, UpdateOutcome, UpdateStatement, WriteError,
 };
 
 /// Fields the driver adds to every command; never passed on as command options.
@@ -342,16 +343,93 @@ pub(crate) fn run(
     store: &mut Store,
     ctx: &mut DataCtx<'_>,
 ) -> Result<Document, CommandError> {
+    // A command-level collation covers the whole command; update and delete statements and
+    // client bulkWrite operations carry their own (see `update_each`).
+    let collation = match name {
+        "find" | "count" | "distinct" | "aggregate" | "findAndModify" | "findandmodify" => {
+            collation_of(body)?
+        }
+        _ => None,
+    };
+    let run_collated = |store: &mut Store, ctx: &mut DataCtx<'_>| {
+        with_collation(collation.as_ref(), || run_command(name, db, body, store, ctx))
+    };
     match body.get("let") {
-        None => run_command(name, db, body, store, ctx),
+        None => run_collated(store, ctx),
         Some(Bson::Document(vars)) => {
-            crate::engine::with_variables(vars, || run_command(name, db, body, store, ctx))?
+            crate::engine::with_variables(vars, || run_collated(store, ctx))?
         }
         Some(other) => Err(CommandError::type_mismatch(format!(
             "BSON field '{name}.let' is the wrong type '{}', expected type 'object'",
             type_name(Some(other))
         ))),
     }
+}
+
+/// The `collation` of a command, statement or bulkWrite operation (`None`: simple).
+fn collation_of(spec: &Document) -> Result<Option<Collation>, CommandError> {
+    match spec.get("collation") {
+        None | Some(Bson::Null) => Ok(None),
+        Some(value) => Ok(Collation::from_bson(value)?),
+    }
+}
+
+/// Runs write statements one at a time, each under its own collation, and merges the outcomes
+/// as one command's: `n`s add up, per-statement results keep their index in the command, and
+/// an ordered command stops at the first failed statement.
+fn update_each(
+    store: &mut Store,
+    db: &str,
+    coll: &str,
+    stmts: &[UpdateStatement],
+    collations: &[Option<Collation>],
+    ordered: bool,
+) -> UpdateOutcome {
+    let mut merged = UpdateOutcome::default();
+    for (index, (stmt, collation)) in stmts.iter().zip(collations).enumerate() {
+        let out = with_collation(collation.as_ref(), || {
+            store.update(db, coll, std::slice::from_ref(stmt), true)
+        });
+        merged.n += out.n;
+        merged.n_modified += out.n_modified;
+        merged
+            .upserted
+            .extend(out.upserted.into_iter().map(|(_, id)| (index, id)));
+        let failed = !out.write_errors.is_empty();
+        merged
+            .write_errors
+            .extend(out.write_errors.into_iter().map(|w| WriteError { index, ..w }));
+        if failed && ordered {
+            break;
+        }
+    }
+    merged
+}
+
+/// [`update_each`] for delete statements.
+fn delete_each(
+    store: &mut Store,
+    db: &str,
+    coll: &str,
+    stmts: &[DeleteStatement],
+    collations: &[Option<Collation>],
+    ordered: bool,
+) -> DeleteOutcome {
+    let mut merged = DeleteOutcome::default();
+    for (index, (stmt, collation)) in stmts.iter().zip(collations).enumerate() {
+        let out = with_collation(collation.as_ref(), || {
+            store.delete(db, coll, std::slice::from_ref(stmt), true)
+        });
+        merged.n += out.n;
+        let failed = !out.write_errors.is_empty();
+        merged
+            .write_errors
+            .extend(out.write_errors.into_iter().map(|w| WriteError { index, ..w }));
+        if failed && ordered {
+            break;
+        }
+    }
+    merged
 }
 
 fn run_command(
@@ -373,11 +451,21 @@ fn run_command(
         }
         "update" => {
             let coll = coll_arg(body, name)?;
-            let stmts = docs_arg(body, "updates", true)?
+            let docs = docs_arg(body, "updates", true)?;
+            let stmts = docs
                 .iter()
                 .map(UpdateStatement::from_command)
                 .collect::<Result<Vec<_>, _>>()?;
-            let out = store.update(db, coll, &stmts, bool_arg(body, "ordered", true));
+            let collations = docs
+                .iter()
+                .map(collation_of)
+                .collect::<Result<Vec<_>, _>>()?;
+            let ordered = bool_arg(body, "ordered", true);
+            let out = if collations.iter().all(Option::is_none) {
+                store.update(db, coll, &stmts, ordered)
+            } else {
+                update_each(store, db, coll, &stmts, &collations, ordered)
+            };
             let mut r = doc! { "n": count_bson(out.n), "nModified": count_bson(out.n_modified) };
             if !out.upserted.is_empty() {
                 let ups: Vec<Bson> = out
@@ -393,11 +481,21 @@ fn run_command(
         }
         "delete" => {
             let coll = coll_arg(body, name)?;
-            let stmts = docs_arg(body, "deletes", true)?
+            let docs = docs_arg(body, "deletes", true)?;
+            let stmts = docs
                 .iter()
                 .map(DeleteStatement::from_command)
                 .collect::<Result<Vec<_>, _>>()?;
-            let out = store.delete(db, coll, &stmts, bool_arg(body, "ordered", true));
+            let collations = docs
+                .iter()
+                .map(collation_of)
+                .collect::<Result<Vec<_>, _>>()?;
+            let ordered = bool_arg(body, "ordered", true);
+            let out = if collations.iter().all(Option::is_none) {
+                store.delete(db, coll, &stmts, ordered)
+            } else {
+                delete_each(store, db, coll, &stmts, &collations, ordered)
+            };
             let mut r = doc! { "n": count_bson(out.n) };
             add_write_errors(&mut r, &out.write_errors);
             r.insert("ok", 1.0);
@@ -1032,8 +1130,9 @@ fn bulk_op(
                     stmt.insert(key, v.clone());
                 }
             }
+            let collation = collation_of(op)?;
             let stmt = UpdateStatement::from_command(&stmt)?;
-            let out = store.update(db, coll, &[stmt], true);
+            let out = with_collation(collation.as_ref(), || store.update(db, coll, &[stmt], true));
             if let Some(e) = first_error(&out.write_errors) {
                 return Err(e);
             }
@@ -1053,7 +1152,8 @@ fn bulk_op(
                 filter: opt_doc(op, "filter")?.cloned().unwrap_or_default(),
                 just_one: !bool_arg(op, "multi", false),
             };
-            let out = store.delete(db, coll, &[stmt], true);
+            let collation = collation_of(op)?;
+            let out = with_collation(collation.as_ref(), || store.delete(db, coll, &[stmt], true));
             if let Some(e) = first_error(&out.write_errors) {
                 return Err(e);
             }
