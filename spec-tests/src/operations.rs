@@ -1490,9 +1490,10 @@ async fn database_op(
             run!(sess, coll.drop().with_options(options)).map(|()| value(None))
         }
         "listCollections" | "listCollectionObjects" => {
-            let filter = args.opt_doc("filter")?;
+            // `filter` is a field of the options struct: `.filter()` before `with_options`
+            // would be reset by it, so it goes through the struct with the other arguments.
             let options = args.options()?;
-            let action = db.list_collections().filter(filter).with_options(options);
+            let action = db.list_collections().with_options(options);
             drain!(sess, action).map(|specs| {
                 let docs = specs
                     .iter()
@@ -1502,13 +1503,10 @@ async fn database_op(
             })
         }
         "listCollectionNames" => {
-            let filter = args.opt_doc("filter")?;
             let options = args.options()?;
             run!(
                 sess,
-                db.list_collection_names()
-                    .filter(filter)
-                    .with_options(options)
+                db.list_collection_names().with_options(options)
             )
             .map(|names| {
                 value(Some(Bson::Array(
@@ -1810,7 +1808,8 @@ async fn client_op(
     let name = args.op.clone();
     let result: DriverResult = match name.as_str() {
         "listDatabases" | "listDatabaseObjects" => {
-            let filter = args.opt_doc("filter")?;
+            // `filter` stays among the arguments: it is a field of `ListDatabasesOptions`,
+            // which `with_options` sets whole.
             let name_only = match args.take("nameOnly") {
                 None => false,
                 Some(Bson::Boolean(b)) => b,
@@ -1822,7 +1821,7 @@ async fn client_op(
                 // documents holding only `name`, which is what the runner yields.
                 return Ok(run!(
                     sess,
-                    c.list_database_names().filter(filter).with_options(options)
+                    c.list_database_names().with_options(options)
                 )
                 .map(|names| {
                     Produced::Documents(names.into_iter().map(|n| doc! {"name": n}).collect())
@@ -1830,7 +1829,7 @@ async fn client_op(
             }
             run!(
                 sess,
-                c.list_databases().filter(filter).with_options(options)
+                c.list_databases().with_options(options)
             )
             .map(|specs| {
                 let docs = specs
@@ -1841,11 +1840,10 @@ async fn client_op(
             })
         }
         "listDatabaseNames" => {
-            let filter = args.opt_doc("filter")?;
             let options = args.options()?;
             run!(
                 sess,
-                c.list_database_names().filter(filter).with_options(options)
+                c.list_database_names().with_options(options)
             )
             .map(|names| {
                 value(Some(Bson::Array(

@@ -251,7 +251,7 @@ fn matching_indexes(
     let docs = collection.map_or(&[][..], |c| c.docs.as_slice());
     // The `_id_` index has the simple collation: a query under another one scans.
     let candidates = collection
-        .filter(|_| !super::collation::is_active())
+        .filter(|c| !super::collation::is_active() && !c.options.contains_key("timeseries"))
         .and_then(|c| id_index_candidates(c, filter));
     let mut hits = Vec::new();
     match &candidates {
@@ -311,6 +311,21 @@ fn upsert_document(
     };
     apply_update(&mut doc, update, &ctx)?;
     Collection::prepare_for_insert(doc)
+}
+
+/// The distinct values of `key` (dotted, arrays unwound one level) in first-seen order;
+/// values equal under the active collation (and numbers of equal value) count once.
+fn distinct_values<'a>(docs: impl Iterator<Item = &'a Document>, key: &str) -> Vec<Bson> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for d in docs {
+        for v in lookup_unwound(d, key) {
+            if seen.insert(OrdBson(v.clone())) {
+                out.push(v.clone());
+            }
+        }
+    }
+    out
 }
 
 impl Store {
@@ -625,17 +640,21 @@ impl Store {
             )));
         }
         let docs = self.documents(db, coll);
-        let mut seen = BTreeSet::new();
-        let mut out = Vec::new();
-        for idx in matching_indexes(self.collection(db, coll), filter, None)? {
-            let Some(d) = docs.get(idx) else { continue };
-            for v in lookup_unwound(d, key) {
-                if seen.insert(OrdBson(v.clone())) {
-                    out.push(v.clone());
-                }
-            }
+        let hits = matching_indexes(self.collection(db, coll), filter, None)?;
+        Ok(distinct_values(
+            hits.into_iter().filter_map(|idx| docs.get(idx)),
+            key,
+        ))
+    }
+
+    /// `distinct` over documents a view produced (already filtered): the values of `key`.
+    pub fn distinct_in(docs: &[Document], key: &str) -> EngineResult<Vec<Bson>> {
+        if key.is_empty() || key.split('.').any(str::is_empty) {
+            return Err(EngineError::bad_value(format!(
+                "Invalid distinct key: '{key}'"
+            )));
         }
-        Ok(out)
+        Ok(distinct_values(docs.iter(), key))
     }
 }
 

@@ -61,6 +61,7 @@
 mod aggregate;
 mod catalog;
 mod collation;
+mod collmod;
 mod compare;
 mod crud;
 mod error;
@@ -72,6 +73,8 @@ mod projection;
 mod query;
 mod sort;
 mod update;
+mod validation;
+mod view;
 
 #[cfg(test)]
 mod fuzz_tests;
@@ -86,6 +89,8 @@ pub use expression::{evaluate, with_variables};
 pub use limits::{MAX_BSON_SIZE, MAX_DEPTH};
 pub use query::matches;
 pub use update::{apply_update, UpdateContext};
+pub use validation::with_bypass;
+pub use view::{not_supported_on_view, ResolvedView};
 
 /// Which documents a `find` returns and how they are shaped.
 #[derive(Debug, Clone, Default, PartialEq)]

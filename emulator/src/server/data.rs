@@ -10,7 +10,7 @@ use super::cursor::{self, BatchLimit, CursorEnd, CursorKind, Cursors, StreamStat
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 use crate::engine::{
-    id_key, with_collation, Collation, DeleteOutcome, DeleteStatement, FindAndModifySpec, FindSpec,
+    id_key, not_supported_on_view, with_bypass, with_collation, Collation, ResolvedView, DeleteOutcome, DeleteStatement, FindAndModifySpec, FindSpec,
     IdKey, Store, UpdateOutcome, UpdateStatement, WriteError,
 };
 
@@ -52,6 +52,7 @@ pub(crate) fn is_write(name: &str) -> bool {
             | "dropDatabase"
             | "createIndexes"
             | "dropIndexes"
+            | "collMod"
     )
 }
 
@@ -347,12 +348,18 @@ pub(crate) fn run(
     // client bulkWrite operations carry their own (see `update_each`).
     let collation = match name {
         "find" | "count" | "distinct" | "aggregate" | "findAndModify" | "findandmodify" => {
-            collation_of(body)?
+            match collation_of(body)? {
+                Some(c) => Some(c),
+                None => default_collation(store, db, body.get(name))?,
+            }
         }
         _ => None,
     };
+    let bypass = bool_arg(body, "bypassDocumentValidation", false);
     let run_collated = |store: &mut Store, ctx: &mut DataCtx<'_>| {
-        with_collation(collation.as_ref(), || run_command(name, db, body, store, ctx))
+        with_bypass(bypass, || {
+            with_collation(collation.as_ref(), || run_command(name, db, body, store, ctx))
+        })
     };
     match body.get("let") {
         None => run_collated(store, ctx),
@@ -432,6 +439,66 @@ fn delete_each(
     merged
 }
 
+/// The default collation of the collection or view a command names (its `collation` option).
+fn default_collation(
+    store: &Store,
+    db: &str,
+    target: Option<&Bson>,
+) -> Result<Option<Collation>, CommandError> {
+    match target.and_then(Bson::as_str) {
+        Some(coll) => match store.default_collation(db, coll) {
+            Some(spec) => Ok(Collation::parse(&spec)?),
+            None => Ok(None),
+        },
+        None => Ok(None),
+    }
+}
+
+/// A view's pipeline followed by `stages`.
+fn through_view(view: &ResolvedView, stages: impl IntoIterator<Item = Document>) -> Vec<Document> {
+    view.pipeline.iter().cloned().chain(stages).collect()
+}
+
+/// `find` on a view: the view's pipeline, then the find's filter, sort, skip, limit and
+/// projection as stages, as mongod rewrites it.
+fn find_on_view(
+    store: &mut Store,
+    db: &str,
+    view: &ResolvedView,
+    spec: &FindSpec,
+) -> Result<Vec<Document>, CommandError> {
+    let mut stages = vec![doc! { "$match": spec.filter.clone() }];
+    if let Some(sort) = spec.sort.as_ref().filter(|s| !s.is_empty()) {
+        stages.push(doc! { "$sort": sort.clone() });
+    }
+    if spec.skip > 0 {
+        stages.push(doc! { "$skip": i64::try_from(spec.skip).unwrap_or(i64::MAX) });
+    }
+    if let Some(limit) = spec.limit.filter(|l| *l != 0) {
+        stages.push(doc! { "$limit": limit.saturating_abs() });
+    }
+    if let Some(projection) = spec.projection.as_ref().filter(|p| !p.is_empty()) {
+        stages.push(doc! { "$project": projection.clone() });
+    }
+    Ok(store.aggregate(db, &view.source, &through_view(view, stages))?)
+}
+
+/// Commands that write to (or manage the indexes of) the collection they name: on a view they
+/// fail with 166 CommandNotSupportedOnView.
+fn needs_collection(name: &str) -> bool {
+    matches!(
+        name,
+        "insert"
+            | "update"
+            | "delete"
+            | "findAndModify"
+            | "findandmodify"
+            | "createIndexes"
+            | "dropIndexes"
+            | "listIndexes"
+    )
+}
+
 fn run_command(
     name: &str,
     db: &str,
@@ -439,6 +506,13 @@ fn run_command(
     store: &mut Store,
     ctx: &mut DataCtx<'_>,
 ) -> Result<Document, CommandError> {
+    if needs_collection(name) {
+        if let Some(coll) = body.get(name).and_then(Bson::as_str) {
+            if store.is_view(db, coll) {
+                return Err(not_supported_on_view(db, coll).into());
+            }
+        }
+    }
     match name {
         "insert" => {
             let coll = coll_arg(body, name)?;
@@ -514,7 +588,10 @@ fn run_command(
         "find" => {
             let coll = coll_arg(body, name)?;
             let spec = FindSpec::from_command(body)?;
-            let docs = store.find(db, coll, &spec)?;
+            let docs = match store.resolve_view(db, coll)? {
+                Some(view) => find_on_view(store, db, &view, &spec)?,
+                None => store.find(db, coll, &spec)?,
+            };
             let end = find_cursor_end(store, db, coll, &spec, docs.len());
             let mut limit = BatchLimit {
                 size: cursor::batch_size(body.get("batchSize"))?,
@@ -587,7 +664,21 @@ fn run_command(
                 ));
             }
             let limit = int_arg(body, "limit")?.unwrap_or(0);
-            let n = store.count(db, coll, &filter, skip as u64, limit)?;
+            let n = match store.resolve_view(db, coll)? {
+                Some(view) => {
+                    let mut stages = vec![doc! { "$match": filter }];
+                    if skip > 0 {
+                        stages.push(doc! { "$skip": skip });
+                    }
+                    if limit != 0 {
+                        stages.push(doc! { "$limit": limit.saturating_abs() });
+                    }
+                    store
+                        .aggregate(db, &view.source, &through_view(&view, stages))?
+                        .len() as u64
+                }
+                None => store.count(db, coll, &filter, skip as u64, limit)?,
+            };
             Ok(doc! { "n": count_bson(n), "ok": 1.0 })
         }
         "distinct" => {
@@ -601,7 +692,14 @@ fn run_command(
                 }
             };
             let filter = opt_doc(body, "query")?.cloned().unwrap_or_default();
-            let values = store.distinct(db, coll, key, &filter)?;
+            let values = match store.resolve_view(db, coll)? {
+                Some(view) => {
+                    let stages = [doc! { "$match": filter }];
+                    let docs = store.aggregate(db, &view.source, &through_view(&view, stages))?;
+                    Store::distinct_in(&docs, key)?
+                }
+                None => store.distinct(db, coll, key, &filter)?,
+            };
             Ok(doc! { "values": values, "ok": 1.0 })
         }
         "aggregate" => aggregate(db, body, store, ctx),
@@ -627,6 +725,18 @@ fn run_command(
             r.insert("ns", format!("{db}.{coll}"));
             r.insert("ok", 1.0);
             Ok(r)
+        }
+        "collMod" => {
+            let coll = coll_arg(body, name)?;
+            let mut spec = Document::new();
+            for (k, v) in body.iter().skip(1) {
+                if !GENERIC_FIELDS.contains(&k.as_str()) {
+                    spec.insert(k.clone(), v.clone());
+                }
+            }
+            let mut reply = store.modify_collection(db, coll, &spec)?;
+            reply.insert("ok", 1.0);
+            Ok(reply)
         }
         "dropDatabase" => {
             store.drop_database(db);
@@ -860,7 +970,10 @@ fn aggregate(
         let input = vec![coll_stats(store, db, c, &pipeline[0])?];
         store.run_pipeline(db, input, &pipeline[1..])?
     } else if let Some(c) = coll {
-        store.aggregate(db, c, &pipeline)?
+        match store.resolve_view(db, c)? {
+            Some(view) => store.aggregate(db, &view.source, &through_view(&view, pipeline))?,
+            None => store.aggregate(db, c, &pipeline)?,
+        }
     } else {
         store.run_pipeline(db, Vec::new(), &pipeline)?
     };
@@ -1101,6 +1214,9 @@ fn bulk_op(
         })?;
     let (db, coll) = split_ns(ns)
         .ok_or_else(|| CommandError::new(codes::INVALID_NAMESPACE, "invalid namespace"))?;
+    if store.is_view(db, coll) {
+        return Err(not_supported_on_view(db, coll).into());
+    }
     let first_error =
         |errs: &[WriteError]| errs.first().map(|w| CommandError::from(w.error.clone()));
     match kind.as_str() {
