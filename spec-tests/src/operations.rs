@@ -1412,7 +1412,10 @@ async fn collection_op(
                 })
             }
         }
-        "createSearchIndex" | "createSearchIndexes" | "dropSearchIndex" | "listSearchIndexes"
+        "createSearchIndex"
+        | "createSearchIndexes"
+        | "dropSearchIndex"
+        | "listSearchIndexes"
         | "updateSearchIndex" => search_index_op(coll, args).await?,
         "createChangeStream" => {
             let pipeline = args.docs("pipeline").unwrap_or_default();
@@ -1504,11 +1507,7 @@ async fn database_op(
         }
         "listCollectionNames" => {
             let options = args.options()?;
-            run!(
-                sess,
-                db.list_collection_names().with_options(options)
-            )
-            .map(|names| {
+            run!(sess, db.list_collection_names().with_options(options)).map(|names| {
                 value(Some(Bson::Array(
                     names.into_iter().map(Bson::String).collect(),
                 )))
@@ -1598,9 +1597,8 @@ async fn search_index_op(
     args: &mut Args,
 ) -> Result<DriverResult, String> {
     use crate::mongodb::SearchIndexModel;
-    let model = |d: Document| -> Result<SearchIndexModel, String> {
-        from_bson(Bson::Document(d), "model")
-    };
+    let model =
+        |d: Document| -> Result<SearchIndexModel, String> { from_bson(Bson::Document(d), "model") };
     Ok(match args.op.clone().as_str() {
         "createSearchIndex" => {
             let m = model(args.doc("model")?)?;
@@ -1635,13 +1633,15 @@ async fn search_index_op(
             let mut action = coll.list_search_indexes();
             if let Some(name) = args.take("name") {
                 let Bson::String(name) = name else {
-                    return Err(format!("listSearchIndexes: name must be a string, got {name}"));
+                    return Err(format!(
+                        "listSearchIndexes: name must be a string, got {name}"
+                    ));
                 };
                 action = action.name(name);
             }
             if let Some(options) = args.take("aggregationOptions") {
-                let fields =
-                    struct_fields::<crate::mongodb::options::AggregateOptions>().unwrap_or_default();
+                let fields = struct_fields::<crate::mongodb::options::AggregateOptions>()
+                    .unwrap_or_default();
                 if let Some(key) = options
                     .as_document()
                     .and_then(|d| d.keys().find(|k| !fields.contains(&k.as_str())))
@@ -1717,7 +1717,14 @@ fn write_model(model: &Document) -> Result<WriteModel, String> {
             )
         }
         "updateOne" | "updateMany" => {
-            allowed.extend(["filter", "update", "upsert", "collation", "hint", "arrayFilters"]);
+            allowed.extend([
+                "filter",
+                "update",
+                "upsert",
+                "collation",
+                "hint",
+                "arrayFilters",
+            ]);
             let update = match body.get("update") {
                 Some(Bson::Document(d)) => UpdateModifications::Document(d.clone()),
                 Some(Bson::Array(a)) => UpdateModifications::Pipeline(
@@ -1754,7 +1761,14 @@ fn write_model(model: &Document) -> Result<WriteModel, String> {
             }
         }
         "replaceOne" => {
-            allowed.extend(["filter", "replacement", "upsert", "collation", "hint", "sort"]);
+            allowed.extend([
+                "filter",
+                "replacement",
+                "upsert",
+                "collation",
+                "hint",
+                "sort",
+            ]);
             WriteModel::ReplaceOne(
                 ReplaceOneModel::builder()
                     .namespace(ns)
@@ -1819,19 +1833,13 @@ async fn client_op(
             if name_only {
                 // The driver's names-only form sends `nameOnly: true`; the server then returns
                 // documents holding only `name`, which is what the runner yields.
-                return Ok(run!(
-                    sess,
-                    c.list_database_names().with_options(options)
-                )
-                .map(|names| {
-                    Produced::Documents(names.into_iter().map(|n| doc! {"name": n}).collect())
-                }));
+                return Ok(
+                    run!(sess, c.list_database_names().with_options(options)).map(|names| {
+                        Produced::Documents(names.into_iter().map(|n| doc! {"name": n}).collect())
+                    }),
+                );
             }
-            run!(
-                sess,
-                c.list_databases().with_options(options)
-            )
-            .map(|specs| {
+            run!(sess, c.list_databases().with_options(options)).map(|specs| {
                 let docs = specs
                     .iter()
                     .filter_map(|s| bson::to_document(s).ok())
@@ -1841,11 +1849,7 @@ async fn client_op(
         }
         "listDatabaseNames" => {
             let options = args.options()?;
-            run!(
-                sess,
-                c.list_database_names().with_options(options)
-            )
-            .map(|names| {
+            run!(sess, c.list_database_names().with_options(options)).map(|names| {
                 value(Some(Bson::Array(
                     names.into_iter().map(Bson::String).collect(),
                 )))

@@ -891,6 +891,63 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dollar_prefixed_names_inside_id_are_refused() {
+        let mut s = Store::new();
+        let out = s.insert("db", "c", vec![bson::doc! {"_id": {"a": {"$b": 1}}}], true);
+        let e = &out.write_errors[0].error;
+        assert_eq!((e.code, e.code_name), (52, "DollarPrefixedFieldName"));
+        assert!(
+            e.message.contains("$b is not valid for storage"),
+            "{}",
+            e.message
+        );
+        // Elsewhere in the document they are stored (5.0+).
+        let out = s.insert(
+            "db",
+            "c",
+            vec![bson::doc! {"_id": 1, "$a": {"b.c": 1}}],
+            true,
+        );
+        assert!(out.write_errors.is_empty());
+    }
+
+    #[test]
+    fn clustered_and_time_series_collections() {
+        let mut s = Store::new();
+        s.create_collection(
+            "db",
+            "cl",
+            &bson::doc! {"clusteredIndex": {"key": {"_id": 1}, "unique": true, "name": "by id"}},
+        )
+        .unwrap();
+        let indexes = s.list_indexes("db", "cl").unwrap();
+        assert_eq!(
+            indexes,
+            vec![
+                bson::doc! {"v": 2, "key": {"_id": 1}, "name": "by id", "unique": true, "clustered": true}
+            ]
+        );
+        let bad = bson::doc! {"clusteredIndex": {"key": {"x": 1}, "unique": true}};
+        assert!(s.create_collection("db", "cl2", &bad).is_err());
+        s.create_collection("db", "ts", &bson::doc! {"timeseries": {"timeField": "t"}})
+            .unwrap();
+        let t = bson::DateTime::from_millis(1);
+        let out = s.insert(
+            "db",
+            "ts",
+            vec![bson::doc! {"_id": 1, "t": t}, bson::doc! {"_id": 1, "t": t}],
+            true,
+        );
+        assert_eq!((out.n, out.write_errors.len()), (2, 0));
+        let out = s.insert("db", "ts", vec![bson::doc! {"_id": 2}], true);
+        assert_eq!(out.write_errors[0].error.code, 2);
+        let listed = s
+            .list_collections("db", Some(&bson::doc! {"name": "ts"}), true)
+            .unwrap();
+        assert_eq!(listed[0].get_str("type"), Ok("timeseries"));
+    }
     use bson::doc;
 
     #[test]

@@ -161,22 +161,21 @@ impl Collation {
                 "Field 'locale' is invalid in: { locale: \"\" }",
             ));
         }
-        let strength = match spec.get("strength") {
-            None => 3,
-            Some(v) => match super::compare::Num::of(v).map(|n| n.as_f64()) {
-                Some(s) if s.fract() == 0.0 && (1.0..=5.0).contains(&s) => s as u8,
-                Some(s) => {
-                    return Err(EngineError::bad_value(format!(
-                        "Field 'strength' must be an integer 1 through 5. Got: {s}"
-                    )))
-                }
-                None => {
-                    return Err(EngineError::type_mismatch(
+        let strength =
+            match spec.get("strength") {
+                None => 3,
+                Some(v) => match super::compare::Num::of(v).map(|n| n.as_f64()) {
+                    Some(s) if s.fract() == 0.0 && (1.0..=5.0).contains(&s) => s as u8,
+                    Some(s) => {
+                        return Err(EngineError::bad_value(format!(
+                            "Field 'strength' must be an integer 1 through 5. Got: {s}"
+                        )))
+                    }
+                    None => return Err(EngineError::type_mismatch(
                         "BSON field 'collation.strength' is the wrong type, expected type 'int'",
-                    ))
-                }
-            },
-        };
+                    )),
+                },
+            };
         let upper_first = match str_field(spec, "caseFirst")? {
             None | Some("off") | Some("lower") => false,
             Some("upper") => true,

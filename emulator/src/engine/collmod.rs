@@ -67,8 +67,8 @@ impl Store {
                 Some(Bson::String(v)) if allowed.contains(&v.as_str()) => {}
                 Some(other) => {
                     return Err(EngineError::bad_value(format!(
-                        "Enumeration value '{other}' for field 'collMod.{key}' is not a valid value."
-                    )))
+                    "Enumeration value '{other}' for field 'collMod.{key}' is not a valid value."
+                )))
                 }
             }
         }
@@ -134,9 +134,7 @@ fn modify_index(
             .iter()
             .position(|i| i.get_document("key").is_ok_and(|k| k == pattern))
             .ok_or_else(|| {
-                EngineError::index_not_found(format!(
-                    "cannot find index {pattern} for ns {ns}"
-                ))
+                EngineError::index_not_found(format!("cannot find index {pattern} for ns {ns}"))
             })?,
         _ => {
             return Err(EngineError::invalid_options(
@@ -225,4 +223,118 @@ fn duplicate_groups(docs: &[bson::Document], key_pattern: &Document) -> Vec<Vec<
             .push(d.get("_id").cloned().unwrap_or(Bson::Null));
     }
     groups.into_values().filter(|ids| ids.len() > 1).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> Store {
+        let mut s = Store::new();
+        s.insert(
+            "db",
+            "c",
+            vec![doc! {"_id": 1, "x": 1}, doc! {"_id": 2, "x": 1}],
+            true,
+        );
+        s.create_indexes("db", "c", &[doc! {"key": {"x": 1}, "name": "x_1"}])
+            .unwrap();
+        s
+    }
+
+    #[test]
+    fn prepare_unique_refuses_new_duplicates_and_unique_lists_violations() {
+        let mut s = store();
+        let reply = s
+            .modify_collection(
+                "db",
+                "c",
+                &doc! {"index": {"keyPattern": {"x": 1}, "prepareUnique": true}},
+            )
+            .unwrap();
+        assert_eq!(
+            reply,
+            doc! {"prepareUnique_old": false, "prepareUnique_new": true}
+        );
+        let out = s.insert("db", "c", vec![doc! {"_id": 3, "x": 1}], true);
+        assert_eq!(out.write_errors[0].error.code, 11000);
+        let err = s
+            .modify_collection(
+                "db",
+                "c",
+                &doc! {"index": {"keyPattern": {"x": 1}, "unique": true}},
+            )
+            .unwrap_err();
+        assert_eq!(
+            (err.code, err.code_name),
+            (359, "CannotConvertIndexToUnique")
+        );
+        assert_eq!(
+            err.details.as_deref(),
+            Some(&doc! {"violations": [{"ids": [1, 2]}]})
+        );
+        // Once the conflict is gone the index converts.
+        s.delete(
+            "db",
+            "c",
+            &[crate::engine::DeleteStatement {
+                filter: doc! {"_id": 2},
+                just_one: true,
+            }],
+            true,
+        );
+        let reply = s
+            .modify_collection("db", "c", &doc! {"index": {"name": "x_1", "unique": true}})
+            .unwrap();
+        assert_eq!(reply, doc! {"unique_new": true});
+    }
+
+    #[test]
+    fn unique_needs_prepare_and_the_namespace_and_index_must_exist() {
+        let mut s = store();
+        let unique = doc! {"index": {"name": "x_1", "unique": true}};
+        assert_eq!(
+            s.modify_collection("db", "c", &unique).unwrap_err().code,
+            72
+        );
+        assert_eq!(
+            s.modify_collection("db", "none", &doc! {})
+                .unwrap_err()
+                .code,
+            26
+        );
+        let missing = doc! {"index": {"name": "y_1", "hidden": true}};
+        assert_eq!(
+            s.modify_collection("db", "c", &missing).unwrap_err().code,
+            27
+        );
+        assert_eq!(
+            s.modify_collection("db", "c", &doc! {"bogus": 1})
+                .unwrap_err()
+                .code,
+            40415
+        );
+    }
+
+    #[test]
+    fn a_validator_set_by_coll_mod_is_enforced() {
+        let mut s = store();
+        s.modify_collection("db", "c", &doc! {"validator": {"x": {"$type": "string"}}})
+            .unwrap();
+        let out = s.insert("db", "c", vec![doc! {"_id": 5, "x": 1}], true);
+        let e = &out.write_errors[0].error;
+        assert_eq!(e.code, 121);
+        let info = e
+            .details
+            .as_deref()
+            .and_then(|d| d.get_document("errInfo").ok());
+        assert_eq!(
+            info.and_then(|i| i.get("failingDocumentId")),
+            Some(&Bson::Int32(5))
+        );
+        let bypassed = crate::engine::with_bypass(true, || {
+            s.insert("db", "c", vec![doc! {"_id": 6, "x": 1}], true)
+        });
+        assert!(bypassed.write_errors.is_empty());
+    }
 }

@@ -682,6 +682,56 @@ mod tests {
     }
 
     #[test]
+    fn a_collation_applies_to_matching_sorting_and_distinct_but_not_to_the_id_index() {
+        let mut s = store_with(vec![
+            doc! {"_id": "a", "x": "ping"},
+            doc! {"_id": "B", "x": "PING"},
+            doc! {"_id": "c", "x": "pong"},
+        ]);
+        let c = super::super::Collation::parse(&doc! {"locale": "en_US", "strength": 2})
+            .unwrap()
+            .unwrap();
+        let spec = FindSpec {
+            filter: doc! {"x": "Ping"},
+            ..Default::default()
+        };
+        assert!(s.find("db", "c", &spec).unwrap().is_empty());
+        let found = super::super::with_collation(Some(&c), || s.find("db", "c", &spec)).unwrap();
+        assert_eq!(found.len(), 2);
+        // Case-insensitive `_id` equality scans instead of using the binary `_id_` index.
+        let by_id = FindSpec {
+            filter: doc! {"_id": "A"},
+            ..Default::default()
+        };
+        let found = super::super::with_collation(Some(&c), || s.find("db", "c", &by_id)).unwrap();
+        assert_eq!(found.len(), 1);
+        let sorted = FindSpec {
+            sort: Some(doc! {"_id": 1}),
+            ..Default::default()
+        };
+        let ids = |docs: Vec<Document>| -> Vec<String> {
+            docs.iter()
+                .map(|d| d.get_str("_id").unwrap_or("").to_owned())
+                .collect()
+        };
+        assert_eq!(ids(s.find("db", "c", &sorted).unwrap()), ["B", "a", "c"]);
+        let collated = super::super::with_collation(Some(&c), || s.find("db", "c", &sorted));
+        assert_eq!(ids(collated.unwrap()), ["a", "B", "c"]);
+        let values =
+            super::super::with_collation(Some(&c), || s.distinct("db", "c", "x", &doc! {}));
+        assert_eq!(
+            values.unwrap(),
+            vec![Bson::from("ping"), Bson::from("pong")]
+        );
+        // The `_id_` index keeps the simple collation: "A" is a new `_id` beside "a".
+        let out = super::super::with_collation(Some(&c), || {
+            s.insert("db", "c", vec![doc! {"_id": "A"}], true)
+        });
+        assert!(out.write_errors.is_empty());
+        assert_eq!(s.documents("db", "c").len(), 4);
+    }
+
+    #[test]
     fn insert_generates_id_first_and_reports_duplicates() {
         let mut s = Store::new();
         let out = s.insert(

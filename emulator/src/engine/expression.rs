@@ -504,7 +504,13 @@ impl Ctx<'_> {
             }
         };
         let input = match input {
-            None => return Ok(if op == "$getField" { None } else { Some(Bson::Null) }),
+            None => {
+                return Ok(if op == "$getField" {
+                    None
+                } else {
+                    Some(Bson::Null)
+                })
+            }
             Some(Bson::Null) | Some(Bson::Undefined) => {
                 return Ok(if op == "$getField" {
                     None
@@ -1811,6 +1817,55 @@ mod tests {
 
     fn ev(expr: Bson, root: Document) -> Bson {
         evaluate(&expr, &root).expect("valid expression")
+    }
+
+    #[test]
+    fn field_operators_take_dotted_and_dollar_names_literally() {
+        let root = doc! { "a.b": 1, "a": { "b": 2 }, "$x": 3 };
+        assert_eq!(
+            ev(Bson::from(doc! { "$getField": "a.b" }), root.clone()),
+            Bson::Int32(1)
+        );
+        let get_dollar = doc! { "$getField": { "field": { "$literal": "$x" } } };
+        assert_eq!(ev(Bson::from(get_dollar), root.clone()), Bson::Int32(3));
+        let set =
+            doc! { "$setField": { "field": { "$literal": "$y" }, "value": 4, "input": "$$ROOT" } };
+        assert_eq!(
+            ev(Bson::from(set), root.clone()),
+            Bson::from(doc! { "a.b": 1, "a": { "b": 2 }, "$x": 3, "$y": 4 })
+        );
+        // Replacing keeps the field's place; $$REMOVE and $unsetField remove it.
+        let replace = doc! { "$setField": { "field": "a.b", "value": 9, "input": "$$ROOT" } };
+        assert_eq!(
+            ev(Bson::from(replace), root.clone()),
+            Bson::from(doc! { "a.b": 9, "a": { "b": 2 }, "$x": 3 })
+        );
+        let remove =
+            doc! { "$setField": { "field": "a.b", "value": "$$REMOVE", "input": "$$ROOT" } };
+        let unset = doc! { "$unsetField": { "field": "a.b", "input": "$$ROOT" } };
+        let expected = Bson::from(doc! { "a": { "b": 2 }, "$x": 3 });
+        assert_eq!(ev(Bson::from(remove), root.clone()), expected);
+        assert_eq!(ev(Bson::from(unset), root.clone()), expected);
+        // A null input gives null; a non-constant field name is an error.
+        let on_null = doc! { "$setField": { "field": "f", "value": 1, "input": null } };
+        assert_eq!(ev(Bson::from(on_null), root.clone()), Bson::Null);
+        let computed = doc! { "$getField": { "field": "$a", "input": "$$ROOT" } };
+        assert!(evaluate(&Bson::from(computed), &root).is_err());
+    }
+
+    #[test]
+    fn rand_is_a_fresh_double_in_the_unit_interval() {
+        let draws: Vec<f64> = (0..20)
+            .map(
+                |_| match ev(Bson::from(doc! { "$rand": {} }), Document::new()) {
+                    Bson::Double(f) => f,
+                    other => panic!("$rand gave {other}"),
+                },
+            )
+            .collect();
+        assert!(draws.iter().all(|f| (0.0..1.0).contains(f)));
+        assert!(draws.windows(2).any(|w| w[0] != w[1]));
+        assert!(evaluate(&Bson::from(doc! { "$rand": 1 }), &Document::new()).is_err());
     }
 
     #[test]

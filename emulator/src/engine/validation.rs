@@ -82,8 +82,10 @@ pub(crate) fn validate(
             "specifiedAs": validator.clone(),
         },
     };
-    Err(EngineError::document_validation_failure("Document failed validation")
-        .with_details(doc! { "errInfo": info }))
+    Err(
+        EngineError::document_validation_failure("Document failed validation")
+            .with_details(doc! { "errInfo": info }),
+    )
 }
 
 #[cfg(test)]
@@ -95,10 +97,15 @@ mod tests {
         let options = doc! { "validator": { "x": { "$type": "string" } } };
         let bad = doc! { "_id": 1, "x": 1 };
         let err = validate(&options, None, &bad).unwrap_err();
-        assert_eq!((err.code, err.code_name), (121, "DocumentValidationFailure"));
+        assert_eq!(
+            (err.code, err.code_name),
+            (121, "DocumentValidationFailure")
+        );
         let info = err.details.unwrap();
         assert_eq!(
-            info.get_document("errInfo").unwrap().get("failingDocumentId"),
+            info.get_document("errInfo")
+                .unwrap()
+                .get("failingDocumentId"),
             Some(&Bson::Int32(1))
         );
         assert!(validate(&options, None, &doc! { "_id": 2, "x": "s" }).is_ok());

@@ -141,3 +141,67 @@ impl Store {
             .cloned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn views_resolve_through_chains_and_list_as_views() {
+        let mut s = Store::new();
+        s.insert("db", "c", vec![doc! {"_id": 1}, doc! {"_id": 2}], true);
+        s.create_collection(
+            "db",
+            "v1",
+            &doc! {"viewOn": "c", "pipeline": [{"$match": {"_id": {"$gt": 1}}}]},
+        )
+        .unwrap();
+        s.create_collection("db", "v2", &doc! {"viewOn": "v1", "pipeline": [{"$project": {"_id": 1}}], "collation": {"locale": "fr"}})
+            .unwrap();
+        assert!(s.is_view("db", "v2") && !s.is_view("db", "c"));
+        let view = s.resolve_view("db", "v2").unwrap().unwrap();
+        assert_eq!(view.source, "c");
+        assert_eq!(
+            view.pipeline,
+            vec![
+                doc! {"$match": {"_id": {"$gt": 1}}},
+                doc! {"$project": {"_id": 1}}
+            ]
+        );
+        assert_eq!(view.collation, Some(doc! {"locale": "fr"}));
+        assert_eq!(s.resolve_view("db", "c").unwrap(), None);
+        let listed = s
+            .list_collections("db", Some(&doc! {"name": "v1"}), false)
+            .unwrap();
+        assert_eq!(listed[0].get_str("type"), Ok("view"));
+        assert_eq!(
+            listed[0].get_document("info").unwrap().get_bool("readOnly"),
+            Ok(true)
+        );
+        assert!(!listed[0].contains_key("idIndex"));
+        // A view cannot have collection options, and needs a string viewOn.
+        assert!(s
+            .create_collection("db", "v3", &doc! {"viewOn": "c", "capped": true})
+            .is_err());
+        assert!(s
+            .create_collection("db", "v4", &doc! {"viewOn": 1})
+            .is_err());
+    }
+
+    #[test]
+    fn a_view_cycle_stops_at_the_depth_limit() {
+        let mut s = Store::new();
+        s.create_collection("db", "a", &doc! {"viewOn": "b"})
+            .unwrap();
+        s.create_collection("db", "b", &doc! {"viewOn": "a"})
+            .unwrap();
+        let err = s.resolve_view("db", "a").unwrap_err();
+        assert_eq!((err.code, err.code_name), (165, "ViewDepthLimitExceeded"));
+        let write = not_supported_on_view("db", "a");
+        assert_eq!(
+            (write.code, write.message.as_str()),
+            (166, "Namespace db.a is a view, not a collection")
+        );
+    }
+}

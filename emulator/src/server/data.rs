@@ -10,8 +10,9 @@ use super::cursor::{self, BatchLimit, CursorEnd, CursorKind, Cursors, StreamStat
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 use crate::engine::{
-    id_key, not_supported_on_view, with_bypass, with_collation, Collation, ResolvedView, DeleteOutcome, DeleteStatement, FindAndModifySpec, FindSpec,
-    IdKey, Store, UpdateOutcome, UpdateStatement, WriteError,
+    id_key, not_supported_on_view, with_bypass, with_collation, Collation, DeleteOutcome,
+    DeleteStatement, FindAndModifySpec, FindSpec, IdKey, ResolvedView, Store, UpdateOutcome,
+    UpdateStatement, WriteError,
 };
 
 /// Fields the driver adds to every command; never passed on as command options.
@@ -358,7 +359,9 @@ pub(crate) fn run(
     let bypass = bool_arg(body, "bypassDocumentValidation", false);
     let run_collated = |store: &mut Store, ctx: &mut DataCtx<'_>| {
         with_bypass(bypass, || {
-            with_collation(collation.as_ref(), || run_command(name, db, body, store, ctx))
+            with_collation(collation.as_ref(), || {
+                run_command(name, db, body, store, ctx)
+            })
         })
     };
     match body.get("let") {
@@ -403,9 +406,11 @@ fn update_each(
             .upserted
             .extend(out.upserted.into_iter().map(|(_, id)| (index, id)));
         let failed = !out.write_errors.is_empty();
-        merged
-            .write_errors
-            .extend(out.write_errors.into_iter().map(|w| WriteError { index, ..w }));
+        merged.write_errors.extend(
+            out.write_errors
+                .into_iter()
+                .map(|w| WriteError { index, ..w }),
+        );
         if failed && ordered {
             break;
         }
@@ -429,9 +434,11 @@ fn delete_each(
         });
         merged.n += out.n;
         let failed = !out.write_errors.is_empty();
-        merged
-            .write_errors
-            .extend(out.write_errors.into_iter().map(|w| WriteError { index, ..w }));
+        merged.write_errors.extend(
+            out.write_errors
+                .into_iter()
+                .map(|w| WriteError { index, ..w }),
+        );
         if failed && ordered {
             break;
         }
