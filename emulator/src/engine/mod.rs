@@ -42,12 +42,15 @@
 //! `sort.rs`, `projection.rs` (find projections, `$project`, `$addFields`, `$unset`),
 //! `update.rs` (operators, replacement, pipeline updates, upsert seeds), `expression.rs`,
 //! `aggregate.rs` (stages, `$out`, `$merge`), `catalog.rs` (the [`Store`], collections and
-//! indexes), `crud.rs` (the write and read commands and their parsers) and `fuzz_tests.rs`.
+//! indexes), `crud.rs` (the write and read commands and their parsers), `collation.rs`
+//! (locale-aware string order), `view.rs` (views), `collmod.rs` (`collMod`), `validation.rs`
+//! (document validation) and `fuzz_tests.rs`.
 //!
 //! # Not implemented
 //!
-//! Collation, text/geo queries and indexes, `$where`, views, capped-collection semantics,
-//! window functions and `$bucketAuto`.
+//! Text/geo queries and indexes, `$where`, capped-collection semantics, window functions,
+//! `$bucketAuto`, `$jsonSchema` validators and ICU's locale tailorings (`collation.rs` says
+//! which collation rules exist).
 //! Indexes other than unique ones are metadata only (every query is a collection scan).
 //!
 //! # Limits
