@@ -137,6 +137,38 @@ async fn collations_apply_per_command_and_per_statement() {
 }
 
 #[tokio::test]
+async fn a_collection_default_collation_applies_unless_a_command_names_one() {
+    let emu = common::start(common::rs(1)).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    let r = run(
+        &mut raw,
+        doc! { "create": "ci", "collation": { "locale": "en", "strength": 2 } },
+    )
+    .await;
+    assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
+    let docs = vec![doc! { "_id": 1, "x": "a" }, doc! { "_id": 2, "x": "A" }];
+    run(&mut raw, doc! { "insert": "ci", "documents": docs }).await;
+    let r = run(&mut raw, doc! { "find": "ci", "filter": { "x": "a" } }).await;
+    assert_eq!(batch(&r).len(), 2, "{r}");
+    let simple = doc! { "locale": "simple" };
+    let r = run(
+        &mut raw,
+        doc! { "find": "ci", "filter": { "x": "a" }, "collation": simple.clone() },
+    )
+    .await;
+    assert_eq!(batch(&r).len(), 1, "{r}");
+    let r = run(
+        &mut raw,
+        doc! { "update": "ci", "updates": [
+            { "q": { "x": "a" }, "u": { "$set": { "y": 1 } }, "multi": true },
+            { "q": { "x": "a" }, "u": { "$set": { "z": 1 } }, "multi": true, "collation": simple },
+        ] },
+    )
+    .await;
+    assert_eq!(r.get_i32("n"), Ok(3), "{r}");
+}
+
+#[tokio::test]
 async fn let_variables_resolve_in_queries_and_updates() {
     let (_emu, mut raw) = seeded().await;
     let r = run(

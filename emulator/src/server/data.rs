@@ -346,13 +346,12 @@ pub(crate) fn run(
     ctx: &mut DataCtx<'_>,
 ) -> Result<Document, CommandError> {
     // A command-level collation covers the whole command; update and delete statements and
-    // client bulkWrite operations carry their own (see `update_each`).
+    // client bulkWrite operations carry their own (see `update_each`). Without one, the
+    // collection's or view's default collation applies.
     let collation = match name {
         "find" | "count" | "distinct" | "aggregate" | "findAndModify" | "findandmodify" => {
-            match collation_of(body)? {
-                Some(c) => Some(c),
-                None => default_collation(store, db, body.get(name))?,
-            }
+            let default = default_collation(store, db, body.get(name).and_then(Bson::as_str))?;
+            collation_or(body, &default)?
         }
         _ => None,
     };
@@ -376,10 +375,15 @@ pub(crate) fn run(
     }
 }
 
-/// The `collation` of a command, statement or bulkWrite operation (`None`: simple).
-fn collation_of(spec: &Document) -> Result<Option<Collation>, CommandError> {
+/// The `collation` of a command, statement or bulkWrite operation (`None`: simple), or
+/// `default` (the collection's) when it names none; an explicit `locale: "simple"` overrides
+/// the default.
+fn collation_or(
+    spec: &Document,
+    default: &Option<Collation>,
+) -> Result<Option<Collation>, CommandError> {
     match spec.get("collation") {
-        None | Some(Bson::Null) => Ok(None),
+        None | Some(Bson::Null) => Ok(default.clone()),
         Some(value) => Ok(Collation::from_bson(value)?),
     }
 }
@@ -450,9 +454,9 @@ fn delete_each(
 fn default_collation(
     store: &Store,
     db: &str,
-    target: Option<&Bson>,
+    target: Option<&str>,
 ) -> Result<Option<Collation>, CommandError> {
-    match target.and_then(Bson::as_str) {
+    match target {
         Some(coll) => match store.default_collation(db, coll) {
             Some(spec) => Ok(Collation::parse(&spec)?),
             None => Ok(None),
@@ -537,9 +541,10 @@ fn run_command(
                 .iter()
                 .map(UpdateStatement::from_command)
                 .collect::<Result<Vec<_>, _>>()?;
+            let default = default_collation(store, db, Some(coll))?;
             let collations = docs
                 .iter()
-                .map(collation_of)
+                .map(|d| collation_or(d, &default))
                 .collect::<Result<Vec<_>, _>>()?;
             let ordered = bool_arg(body, "ordered", true);
             let out = if collations.iter().all(Option::is_none) {
@@ -567,9 +572,10 @@ fn run_command(
                 .iter()
                 .map(DeleteStatement::from_command)
                 .collect::<Result<Vec<_>, _>>()?;
+            let default = default_collation(store, db, Some(coll))?;
             let collations = docs
                 .iter()
-                .map(collation_of)
+                .map(|d| collation_or(d, &default))
                 .collect::<Result<Vec<_>, _>>()?;
             let ordered = bool_arg(body, "ordered", true);
             let out = if collations.iter().all(Option::is_none) {
@@ -1253,7 +1259,7 @@ fn bulk_op(
                     stmt.insert(key, v.clone());
                 }
             }
-            let collation = collation_of(op)?;
+            let collation = collation_or(op, &default_collation(store, db, Some(coll))?)?;
             let stmt = UpdateStatement::from_command(&stmt)?;
             let out = with_collation(collation.as_ref(), || store.update(db, coll, &[stmt], true));
             if let Some(e) = first_error(&out.write_errors) {
@@ -1275,7 +1281,7 @@ fn bulk_op(
                 filter: opt_doc(op, "filter")?.cloned().unwrap_or_default(),
                 just_one: !bool_arg(op, "multi", false),
             };
-            let collation = collation_of(op)?;
+            let collation = collation_or(op, &default_collation(store, db, Some(coll))?)?;
             let out = with_collation(collation.as_ref(), || store.delete(db, coll, &[stmt], true));
             if let Some(e) = first_error(&out.write_errors) {
                 return Err(e);
