@@ -19,6 +19,7 @@ const NAMES: &[&str] = &[
     "aggregate",
     "findAndModify",
     "create",
+    "collMod",
     "drop",
     "dropDatabase",
     "listDatabases",
@@ -75,6 +76,11 @@ const FIELDS: &[&str] = &[
     "maxAwaitTimeMS",
     "$readPreference",
     "comment",
+    "let",
+    "collation",
+    "viewOn",
+    "validator",
+    "bypassDocumentValidation",
 ];
 
 fn value(rng: &mut StdRng, depth: u32) -> Bson {

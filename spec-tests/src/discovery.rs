@@ -41,6 +41,18 @@ pub const UNIFIED_SUITES: &[Suite] = &[
         spec: "unified-test-format",
         subdir: Some("valid-pass"),
     },
+    Suite {
+        spec: "crud",
+        subdir: None,
+    },
+    Suite {
+        spec: "collection-management",
+        subdir: None,
+    },
+    Suite {
+        spec: "index-management",
+        subdir: None,
+    },
 ];
 
 /// The unified format's `valid-fail` files: valid tests a conforming runner must fail. Run

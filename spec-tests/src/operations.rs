@@ -26,7 +26,10 @@ use crate::schema::{self, EntityDef, ExpectedEvent};
 use crate::skips;
 
 /// Arguments no operation may carry here, and why (checked before anything else).
-const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[("timeoutMode", skips::TIMEOUT_STAGE_2)];
+const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[
+    ("timeoutMode", skips::TIMEOUT_STAGE_2),
+    ("rawData", skips::NO_RAW_DATA),
+];
 
 /// Operations whose driver action takes a per-call `timeoutMS` (`.timeout()`), in stage 1. Their
 /// options structs read `timeoutMS` themselves; `runCommand`'s and `createIndex`'s the runner
@@ -120,6 +123,7 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
             "maxTimeMS",
             "comment",
             "collation",
+            "hint",
         ],
     ),
     (
@@ -366,6 +370,28 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("dropCollection", &["collection", "session"]),
+    // No Rust API: the runner sends `collMod` with the remaining arguments.
+    (
+        "modifyCollection",
+        &[
+            "collection",
+            "session",
+            "index",
+            "validator",
+            "validationLevel",
+            "validationAction",
+            "expireAfterSeconds",
+            "changeStreamPreAndPostImages",
+            "viewOn",
+            "pipeline",
+        ],
+    ),
+    // Atlas Search index management.
+    ("createSearchIndex", &["model"]),
+    ("createSearchIndexes", &["models"]),
+    ("dropSearchIndex", &["name"]),
+    ("listSearchIndexes", &["name", "aggregationOptions"]),
+    ("updateSearchIndex", &["name", "definition"]),
     (
         "listCollections",
         &["filter", "session", "batchSize", "authorizedCollections"],
@@ -1386,6 +1412,11 @@ async fn collection_op(
                 })
             }
         }
+        "createSearchIndex"
+        | "createSearchIndexes"
+        | "dropSearchIndex"
+        | "listSearchIndexes"
+        | "updateSearchIndex" => search_index_op(coll, args).await?,
         "createChangeStream" => {
             let pipeline = args.docs("pipeline").unwrap_or_default();
             let options = change_stream_options(args)?;
@@ -1447,6 +1478,14 @@ async fn database_op(
             let options = args.options()?;
             run!(sess, db.create_collection(collection).with_options(options)).map(|()| value(None))
         }
+        "modifyCollection" => {
+            // The driver has no collMod helper; the operation is the command with the
+            // remaining arguments, as the format describes it.
+            let collection = args.string("collection")?;
+            let mut command = doc! { "collMod": collection };
+            command.extend(std::mem::take(&mut args.doc));
+            run!(sess, db.run_command(command)).map(|d| value(Some(Bson::Document(d))))
+        }
         "dropCollection" => {
             let collection = args.string("collection")?;
             let options: Option<crate::mongodb::options::DropCollectionOptions> = args.options()?;
@@ -1454,9 +1493,10 @@ async fn database_op(
             run!(sess, coll.drop().with_options(options)).map(|()| value(None))
         }
         "listCollections" | "listCollectionObjects" => {
-            let filter = args.opt_doc("filter")?;
+            // `filter` is a field of the options struct: `.filter()` before `with_options`
+            // would be reset by it, so it goes through the struct with the other arguments.
             let options = args.options()?;
-            let action = db.list_collections().filter(filter).with_options(options);
+            let action = db.list_collections().with_options(options);
             drain!(sess, action).map(|specs| {
                 let docs = specs
                     .iter()
@@ -1466,15 +1506,8 @@ async fn database_op(
             })
         }
         "listCollectionNames" => {
-            let filter = args.opt_doc("filter")?;
             let options = args.options()?;
-            run!(
-                sess,
-                db.list_collection_names()
-                    .filter(filter)
-                    .with_options(options)
-            )
-            .map(|names| {
+            run!(sess, db.list_collection_names().with_options(options)).map(|names| {
                 value(Some(Bson::Array(
                     names.into_iter().map(Bson::String).collect(),
                 )))
@@ -1557,6 +1590,75 @@ fn change_stream_options(
     Ok(options)
 }
 
+/// The Atlas Search index operations on a collection. The search index commands take no read
+/// or write concern and no session in the format's files.
+async fn search_index_op(
+    coll: &Collection<Document>,
+    args: &mut Args,
+) -> Result<DriverResult, String> {
+    use crate::mongodb::SearchIndexModel;
+    let model =
+        |d: Document| -> Result<SearchIndexModel, String> { from_bson(Bson::Document(d), "model") };
+    Ok(match args.op.clone().as_str() {
+        "createSearchIndex" => {
+            let m = model(args.doc("model")?)?;
+            coll.create_search_index(m)
+                .await
+                .map(|name| value(Some(Bson::String(name))))
+        }
+        "createSearchIndexes" => {
+            let models = args
+                .docs("models")?
+                .into_iter()
+                .map(model)
+                .collect::<Result<Vec<_>, _>>()?;
+            coll.create_search_indexes(models).await.map(|names| {
+                value(Some(Bson::Array(
+                    names.into_iter().map(Bson::String).collect(),
+                )))
+            })
+        }
+        "dropSearchIndex" => {
+            let name = args.string("name")?;
+            coll.drop_search_index(name).await.map(|()| value(None))
+        }
+        "updateSearchIndex" => {
+            let name = args.string("name")?;
+            let definition = args.doc("definition")?;
+            coll.update_search_index(name, definition)
+                .await
+                .map(|()| value(None))
+        }
+        _ => {
+            let mut action = coll.list_search_indexes();
+            if let Some(name) = args.take("name") {
+                let Bson::String(name) = name else {
+                    return Err(format!(
+                        "listSearchIndexes: name must be a string, got {name}"
+                    ));
+                };
+                action = action.name(name);
+            }
+            if let Some(options) = args.take("aggregationOptions") {
+                let fields = struct_fields::<crate::mongodb::options::AggregateOptions>()
+                    .unwrap_or_default();
+                if let Some(key) = options
+                    .as_document()
+                    .and_then(|d| d.keys().find(|k| !fields.contains(&k.as_str())))
+                {
+                    return Err(format!(
+                        "listSearchIndexes: aggregationOptions.{key} would be dropped"
+                    ));
+                }
+                let options: crate::mongodb::options::AggregateOptions =
+                    from_bson(options, "aggregationOptions")?;
+                action = action.aggregate_options(options);
+            }
+            drain_cursor(action.await).await.map(Produced::Documents)
+        }
+    })
+}
+
 fn namespace(model: &Document) -> Result<Namespace, String> {
     let ns = model
         .get_str("namespace")
@@ -1589,6 +1691,21 @@ fn write_model(model: &Document) -> Result<WriteModel, String> {
         Some(Bson::Boolean(b)) => Some(*b),
         Some(other) => return Err(format!("bulk write model {kind}: upsert {other}")),
     };
+    let opt_doc = |key: &str| -> Result<Option<Document>, String> {
+        match body.get(key) {
+            None => Ok(None),
+            Some(Bson::Document(d)) => Ok(Some(d.clone())),
+            Some(other) => Err(format!("bulk write model {kind}: {key} {other}")),
+        }
+    };
+    let collation = opt_doc("collation")?;
+    let sort = opt_doc("sort")?;
+    let hint = body.get("hint").cloned();
+    let array_filters = match body.get("arrayFilters") {
+        None => None,
+        Some(Bson::Array(a)) => Some(a.clone()),
+        Some(other) => return Err(format!("bulk write model {kind}: arrayFilters {other}")),
+    };
     let model = match kind.as_str() {
         "insertOne" => {
             allowed.push("document");
@@ -1600,7 +1717,14 @@ fn write_model(model: &Document) -> Result<WriteModel, String> {
             )
         }
         "updateOne" | "updateMany" => {
-            allowed.extend(["filter", "update", "upsert"]);
+            allowed.extend([
+                "filter",
+                "update",
+                "upsert",
+                "collation",
+                "hint",
+                "arrayFilters",
+            ]);
             let update = match body.get("update") {
                 Some(Bson::Document(d)) => UpdateModifications::Document(d.clone()),
                 Some(Bson::Array(a)) => UpdateModifications::Pipeline(
@@ -1609,12 +1733,17 @@ fn write_model(model: &Document) -> Result<WriteModel, String> {
                 _ => return Err(format!("bulk write model {kind}: bad `update`")),
             };
             if kind == "updateOne" {
+                allowed.push("sort");
                 WriteModel::UpdateOne(
                     UpdateOneModel::builder()
                         .namespace(ns)
                         .filter(get("filter")?)
                         .update(update)
                         .upsert(upsert)
+                        .collation(collation)
+                        .hint(hint)
+                        .array_filters(array_filters)
+                        .sort(sort)
                         .build(),
                 )
             } else {
@@ -1624,36 +1753,53 @@ fn write_model(model: &Document) -> Result<WriteModel, String> {
                         .filter(get("filter")?)
                         .update(update)
                         .upsert(upsert)
+                        .collation(collation)
+                        .hint(hint)
+                        .array_filters(array_filters)
                         .build(),
                 )
             }
         }
         "replaceOne" => {
-            allowed.extend(["filter", "replacement", "upsert"]);
+            allowed.extend([
+                "filter",
+                "replacement",
+                "upsert",
+                "collation",
+                "hint",
+                "sort",
+            ]);
             WriteModel::ReplaceOne(
                 ReplaceOneModel::builder()
                     .namespace(ns)
                     .filter(get("filter")?)
                     .replacement(get("replacement")?)
                     .upsert(upsert)
+                    .collation(collation)
+                    .hint(hint)
+                    .sort(sort)
                     .build(),
             )
         }
         "deleteOne" => {
-            allowed.push("filter");
+            allowed.extend(["filter", "collation", "hint"]);
             WriteModel::DeleteOne(
                 DeleteOneModel::builder()
                     .namespace(ns)
                     .filter(get("filter")?)
+                    .collation(collation)
+                    .hint(hint)
                     .build(),
             )
         }
         "deleteMany" => {
-            allowed.push("filter");
+            allowed.extend(["filter", "collation", "hint"]);
             WriteModel::DeleteMany(
                 DeleteManyModel::builder()
                     .namespace(ns)
                     .filter(get("filter")?)
+                    .collation(collation)
+                    .hint(hint)
                     .build(),
             )
         }
@@ -1676,7 +1822,8 @@ async fn client_op(
     let name = args.op.clone();
     let result: DriverResult = match name.as_str() {
         "listDatabases" | "listDatabaseObjects" => {
-            let filter = args.opt_doc("filter")?;
+            // `filter` stays among the arguments: it is a field of `ListDatabasesOptions`,
+            // which `with_options` sets whole.
             let name_only = match args.take("nameOnly") {
                 None => false,
                 Some(Bson::Boolean(b)) => b,
@@ -1686,19 +1833,13 @@ async fn client_op(
             if name_only {
                 // The driver's names-only form sends `nameOnly: true`; the server then returns
                 // documents holding only `name`, which is what the runner yields.
-                return Ok(run!(
-                    sess,
-                    c.list_database_names().filter(filter).with_options(options)
-                )
-                .map(|names| {
-                    Produced::Documents(names.into_iter().map(|n| doc! {"name": n}).collect())
-                }));
+                return Ok(
+                    run!(sess, c.list_database_names().with_options(options)).map(|names| {
+                        Produced::Documents(names.into_iter().map(|n| doc! {"name": n}).collect())
+                    }),
+                );
             }
-            run!(
-                sess,
-                c.list_databases().filter(filter).with_options(options)
-            )
-            .map(|specs| {
+            run!(sess, c.list_databases().with_options(options)).map(|specs| {
                 let docs = specs
                     .iter()
                     .filter_map(|s| bson::to_document(s).ok())
@@ -1707,13 +1848,8 @@ async fn client_op(
             })
         }
         "listDatabaseNames" => {
-            let filter = args.opt_doc("filter")?;
             let options = args.options()?;
-            run!(
-                sess,
-                c.list_database_names().filter(filter).with_options(options)
-            )
-            .map(|names| {
+            run!(sess, c.list_database_names().with_options(options)).map(|names| {
                 value(Some(Bson::Array(
                     names.into_iter().map(Bson::String).collect(),
                 )))

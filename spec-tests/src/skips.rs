@@ -33,6 +33,9 @@ pub const NO_PER_CALL_TIMEOUT: &str =
     "the driver has no per-call timeoutMS for this operation in stage 1 (it only inherits the \
      client's, database's or collection's)";
 
+/// The `rawData` argument (timeseries buckets, server 8.2) on any operation.
+pub const NO_RAW_DATA: &str = "the Rust driver has no rawData option";
+
 /// Operations (by `name`, any object) the runner cannot execute, and why.
 pub const UNSUPPORTED_OPERATIONS: &[(&str, &str)] = &[
     ("bulkWrite", "collection-level bulkWrite has no Rust API"),
@@ -176,12 +179,47 @@ pub const URI_SRV_NEEDS_DNS: &str = "mongodb+srv URIs need DNS SRV lookups (no n
 pub const NO_TARGET: &str =
     "no server: built without the emulator feature and MONGODB_URI is unset";
 
+/// The Rust driver refuses unacknowledged writes outright.
+pub const UNACKNOWLEDGED: &str = "the Rust driver rejects unacknowledged (w: 0) writes";
+
+/// insertMany's error (`InsertManyError`) exposes no partial result (its inserted ids are
+/// crate-private), so a partial-result assertion has nothing to read.
+pub const INSERT_MANY_NO_PARTIAL_RESULT: &str =
+    "the Rust driver's insertMany error exposes no partial result";
+
 /// Cases (`<spec>/<file-stem>/<description>`, or a `<spec>/<file-stem>` prefix) that test
 /// something the Rust driver has no API for, found only by running them.
 pub const SKIPPED_CASES: &[(&str, &str)] = &[
     (
         "retryable-writes/unacknowledged-write-concern",
-        "the Rust driver rejects unacknowledged (w: 0) writes",
+        UNACKNOWLEDGED,
+    ),
+    // CRUD files whose collection entity has `w: 0`; the pre-4.4 cases skip on the version.
+    ("crud/deleteMany-hint-unacknowledged", UNACKNOWLEDGED),
+    ("crud/deleteOne-hint-unacknowledged", UNACKNOWLEDGED),
+    ("crud/findOneAndDelete-hint-unacknowledged", UNACKNOWLEDGED),
+    ("crud/findOneAndReplace-hint-unacknowledged", UNACKNOWLEDGED),
+    ("crud/findOneAndUpdate-hint-unacknowledged", UNACKNOWLEDGED),
+    ("crud/replaceOne-hint-unacknowledged", UNACKNOWLEDGED),
+    ("crud/updateMany-hint-unacknowledged", UNACKNOWLEDGED),
+    ("crud/updateOne-hint-unacknowledged", UNACKNOWLEDGED),
+    // The driver refuses every w: 0 write with its own message before it could check the
+    // combination these cases are about.
+    (
+        "crud/client-bulkWrite-errors/Requesting unacknowledged write with verboseResults is a client-side error",
+        UNACKNOWLEDGED,
+    ),
+    (
+        "crud/client-bulkWrite-errors/Requesting unacknowledged write with ordered is a client-side error",
+        UNACKNOWLEDGED,
+    ),
+    (
+        "crud/insertMany/InsertMany continue-on-error behavior with unordered (preexisting duplicate key)",
+        INSERT_MANY_NO_PARTIAL_RESULT,
+    ),
+    (
+        "crud/insertMany/InsertMany continue-on-error behavior with unordered (duplicate key in requests)",
+        INSERT_MANY_NO_PARTIAL_RESULT,
     ),
     // CSOT files for the later stages of `timeoutMS`.
     (

@@ -11,9 +11,12 @@ use crate::project::Project;
 
 /// The specifications whose test JSON the project runs (`source/<name>/tests/`). Inside each,
 /// the runner discovers files by layout, so new files arrive with the next sync.
-pub const SUITES: [&str; 8] = [
+pub const SUITES: [&str; 11] = [
     "client-backpressure",
     "client-side-operations-timeout",
+    "collection-management",
+    "crud",
+    "index-management",
     "retryable-reads",
     "retryable-writes",
     "server-discovery-and-monitoring",

@@ -48,6 +48,58 @@ fn id_index() -> Document {
     d
 }
 
+/// The first `$`-prefixed field name inside an `_id` value, at any depth (5.0+ stores such
+/// names elsewhere in a document, never inside `_id`). The depth is bounded by the document
+/// depth check that runs first; the cap keeps the recursion finite regardless.
+fn dollar_prefixed_in(value: &Bson, depth: usize) -> Option<String> {
+    if depth > crate::engine::MAX_DEPTH {
+        return None;
+    }
+    match value {
+        Bson::Document(d) => d.iter().find_map(|(k, v)| {
+            if k.starts_with('$') {
+                Some(k.clone())
+            } else {
+                dollar_prefixed_in(v, depth + 1)
+            }
+        }),
+        Bson::Array(items) => items.iter().find_map(|v| dollar_prefixed_in(v, depth + 1)),
+        _ => None,
+    }
+}
+
+/// `create`'s options with a `clusteredIndex` checked (`key: {_id: 1}`, `unique: true`) and
+/// completed with `v: 2`, as mongod stores and lists it.
+fn clustered_options(mut options: Document) -> EngineResult<Document> {
+    let Some(spec) = options.get("clusteredIndex") else {
+        return Ok(options);
+    };
+    let Bson::Document(spec) = spec else {
+        return Err(EngineError::type_mismatch(
+            "BSON field 'create.clusteredIndex' is the wrong type, expected type 'object'",
+        ));
+    };
+    let key_is_id = spec
+        .get_document("key")
+        .is_ok_and(|k| k.len() == 1 && k.get("_id").is_some_and(|v| bson_eq(v, &Bson::Int32(1))));
+    if !key_is_id {
+        return Err(EngineError::invalid_options(
+            "The clustered index specification must have key {_id: 1}",
+        ));
+    }
+    if !matches!(spec.get("unique"), Some(Bson::Boolean(true))) {
+        return Err(EngineError::invalid_options(
+            "The clustered index specification must have 'unique: true'",
+        ));
+    }
+    let mut spec = spec.clone();
+    if !spec.contains_key("v") {
+        spec.insert("v", 2);
+    }
+    options.insert("clusteredIndex", spec);
+    Ok(options)
+}
+
 /// Validates a database name the way mongod does (no empty names, no `/\. "$` or NUL).
 fn validate_db_name(db: &str) -> EngineResult<()> {
     if db.is_empty()
@@ -148,6 +200,11 @@ impl Collection {
                 return Err(EngineError::invalid_id_field("can't use a regex for _id"));
             }
             Some(id) => {
+                if let Some(name) = dollar_prefixed_in(id, 0) {
+                    return Err(EngineError::dollar_prefixed_field_name(format!(
+                            "_id fields may not contain '$'-prefixed fields: {name} is not valid for storage."
+                    )));
+                }
                 out.insert("_id", id.clone());
             }
             None => {
@@ -166,6 +223,19 @@ impl Collection {
     /// Inserts a prepared document after the `_id` and unique-index checks; returns its `_id`.
     pub(crate) fn insert_prepared(&mut self, ns: &str, doc: Document) -> EngineResult<Bson> {
         let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+        if let Ok(timeseries) = self.options.get_document("timeseries") {
+            // A time-series collection has no `_id` index: `_id`s may repeat, and every
+            // measurement needs its time field as a date.
+            let time_field = timeseries.get_str("timeField").unwrap_or("time");
+            if !matches!(doc.get(time_field), Some(Bson::DateTime(_))) {
+                return Err(EngineError::bad_value(format!(
+                    "'{time_field}' must be present and contain a valid BSON UTC datetime value"
+                )));
+            }
+            super::validation::validate(&self.options, None, &doc)?;
+            self.docs.push(doc);
+            return Ok(id);
+        }
         if self.ids.contains_key(&id_key(&id)) {
             let mut pattern = Document::new();
             pattern.insert("_id", 1);
@@ -176,6 +246,7 @@ impl Collection {
                 &[("_id".to_owned(), id)],
             ));
         }
+        super::validation::validate(&self.options, None, &doc)?;
         self.check_unique(ns, &doc, None)?;
         self.ids.insert(id_key(&id), self.docs.len());
         self.docs.push(doc);
@@ -190,6 +261,7 @@ impl Collection {
                 super::limits::MAX_BSON_SIZE
             ))
         })?;
+        super::validation::validate(&self.options, self.docs.get(idx), &doc)?;
         self.check_unique(ns, &doc, Some(idx))?;
         if let Some(slot) = self.docs.get_mut(idx) {
             *slot = doc;
@@ -263,8 +335,22 @@ impl Collection {
 
     /// Enforces `unique: true` indexes other than `_id_` by scanning (cheap at emulator sizes).
     fn check_unique(&self, ns: &str, doc: &Document, exclude: Option<usize>) -> EngineResult<()> {
+        // Unique indexes have the simple collation, whatever the command's is.
+        super::collation::with_simple(|| self.check_unique_keys(ns, doc, exclude))
+    }
+
+    fn check_unique_keys(
+        &self,
+        ns: &str,
+        doc: &Document,
+        exclude: Option<usize>,
+    ) -> EngineResult<()> {
         for index in &self.indexes {
-            if !matches!(index.get("unique"), Some(Bson::Boolean(true))) {
+            // `prepareUnique` (collMod) refuses new duplicates before the index turns unique.
+            let enforced = ["unique", "prepareUnique"]
+                .iter()
+                .any(|k| matches!(index.get(*k), Some(Bson::Boolean(true))));
+            if !enforced {
                 continue;
             }
             let Ok(key) = index.get_document("key") else {
@@ -381,15 +467,37 @@ impl Store {
         validate_db_name(db)?;
         validate_coll_name(db, name)?;
         check_depth(options)?;
+        let options = if options.contains_key("viewOn") {
+            super::view::view_options(options)?
+        } else {
+            options.clone()
+        };
         let database = self.databases.entry(db.to_owned()).or_default();
         if database.collections.contains_key(name) {
             return Err(EngineError::namespace_exists(format!(
                 "Collection {db}.{name} already exists."
             )));
         }
-        database
-            .collections
-            .insert(name.to_owned(), Collection::new(options.clone()));
+        let options = clustered_options(options)?;
+        let mut collection = Collection::new(options);
+        if collection.is_view() {
+            // A view has no documents and no indexes.
+            collection.indexes.clear();
+        }
+        if let Ok(clustered) = collection.options.get_document("clusteredIndex") {
+            // The clustered index takes the `_id_` index's place in listIndexes.
+            let mut index = Document::new();
+            index.insert("v", clustered.get("v").cloned().unwrap_or(Bson::Int32(2)));
+            index.insert("key", clustered.get("key").cloned().unwrap_or_default());
+            index.insert(
+                "name",
+                clustered.get_str("name").unwrap_or("_id_").to_owned(),
+            );
+            index.insert("unique", true);
+            index.insert("clustered", true);
+            collection.indexes = vec![index];
+        }
+        database.collections.insert(name.to_owned(), collection);
         Ok(())
     }
 
@@ -524,14 +632,26 @@ impl Store {
         for (name, c) in &database.collections {
             let mut d = Document::new();
             d.insert("name", name.clone());
-            d.insert("type", "collection");
+            let kind = if c.is_view() {
+                "view"
+            } else if c.options.contains_key("timeseries") {
+                "timeseries"
+            } else {
+                "collection"
+            };
+            d.insert("type", kind);
             if !name_only {
                 d.insert("options", c.options.clone());
                 let mut info = Document::new();
-                info.insert("readOnly", false);
-                info.insert("uuid", c.uuid);
+                // mongod lists a view as read-only, without a uuid or an `_id` index.
+                info.insert("readOnly", c.is_view());
+                if !c.is_view() {
+                    info.insert("uuid", c.uuid);
+                }
                 d.insert("info", info);
-                d.insert("idIndex", id_index());
+                if !c.is_view() {
+                    d.insert("idIndex", id_index());
+                }
             }
             if let Some(f) = filter {
                 if !matches(f, &d)? {
@@ -771,6 +891,63 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dollar_prefixed_names_inside_id_are_refused() {
+        let mut s = Store::new();
+        let out = s.insert("db", "c", vec![bson::doc! {"_id": {"a": {"$b": 1}}}], true);
+        let e = &out.write_errors[0].error;
+        assert_eq!((e.code, e.code_name), (52, "DollarPrefixedFieldName"));
+        assert!(
+            e.message.contains("$b is not valid for storage"),
+            "{}",
+            e.message
+        );
+        // Elsewhere in the document they are stored (5.0+).
+        let out = s.insert(
+            "db",
+            "c",
+            vec![bson::doc! {"_id": 1, "$a": {"b.c": 1}}],
+            true,
+        );
+        assert!(out.write_errors.is_empty());
+    }
+
+    #[test]
+    fn clustered_and_time_series_collections() {
+        let mut s = Store::new();
+        s.create_collection(
+            "db",
+            "cl",
+            &bson::doc! {"clusteredIndex": {"key": {"_id": 1}, "unique": true, "name": "by id"}},
+        )
+        .unwrap();
+        let indexes = s.list_indexes("db", "cl").unwrap();
+        assert_eq!(
+            indexes,
+            vec![
+                bson::doc! {"v": 2, "key": {"_id": 1}, "name": "by id", "unique": true, "clustered": true}
+            ]
+        );
+        let bad = bson::doc! {"clusteredIndex": {"key": {"x": 1}, "unique": true}};
+        assert!(s.create_collection("db", "cl2", &bad).is_err());
+        s.create_collection("db", "ts", &bson::doc! {"timeseries": {"timeField": "t"}})
+            .unwrap();
+        let t = bson::DateTime::from_millis(1);
+        let out = s.insert(
+            "db",
+            "ts",
+            vec![bson::doc! {"_id": 1, "t": t}, bson::doc! {"_id": 1, "t": t}],
+            true,
+        );
+        assert_eq!((out.n, out.write_errors.len()), (2, 0));
+        let out = s.insert("db", "ts", vec![bson::doc! {"_id": 2}], true);
+        assert_eq!(out.write_errors[0].error.code, 2);
+        let listed = s
+            .list_collections("db", Some(&bson::doc! {"name": "ts"}), true)
+            .unwrap();
+        assert_eq!(listed[0].get_str("type"), Ok("timeseries"));
+    }
     use bson::doc;
 
     #[test]

@@ -110,7 +110,8 @@ pub(crate) fn cmp_num(a: Num, b: Num) -> Ordering {
 /// Total order over BSON values as mongod sorts and compares them: first by canonical type
 /// (MinKey < null < numbers < strings < objects < arrays < binData < ObjectId < bool < date <
 /// timestamp < regex < ... < MaxKey), then by value. int32, int64 and double compare by
-/// numeric value, so `1 == 1i64 == 1.0`. Strings compare bytewise (no collation).
+/// numeric value, so `1 == 1i64 == 1.0`. Strings compare bytewise, or under the collation
+/// active on this thread (`collation::with_collation`).
 pub fn compare_bson(a: &Bson, b: &Bson) -> Ordering {
     let (ra, rb) = (type_rank(a), type_rank(b));
     if ra != rb {
@@ -121,7 +122,7 @@ pub fn compare_bson(a: &Bson, b: &Bson) -> Ordering {
             (Some(x), Some(y)) => cmp_num(x, y),
             _ => Ordering::Equal,
         },
-        _ if ra == 4 => str_of(a).cmp(str_of(b)),
+        _ if ra == 4 => super::collation::compare_strings(str_of(a), str_of(b)),
         (Bson::Document(x), Bson::Document(y)) => compare_documents(x, y),
         (Bson::Array(x), Bson::Array(y)) => compare_arrays(x, y),
         (Bson::Binary(x), Bson::Binary(y)) => x
@@ -246,8 +247,28 @@ impl Ord for OrdBson {
 /// compare by exact value across int32, int64 and double (`1 == 1i64 == 1.0`) while distinct
 /// int64s stay distinct above 2^53, as in mongod. The catalog's index, change events and
 /// transaction write conflicts all key documents by it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+///
+/// Index keys ignore any active collation (the `_id_` index has the simple collation), so the
+/// order of the catalog's map never depends on the command that happens to look into it.
+#[derive(Debug, Clone)]
 pub struct IdKey(OrdBson);
+
+impl PartialEq for IdKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for IdKey {}
+impl PartialOrd for IdKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for IdKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        super::collation::with_simple(|| compare_bson(&self.0 .0, &other.0 .0))
+    }
+}
 
 /// The [`IdKey`] of an `_id` value.
 pub fn id_key(id: &Bson) -> IdKey {

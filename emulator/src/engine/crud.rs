@@ -249,7 +249,10 @@ fn matching_indexes(
 ) -> EngineResult<Vec<usize>> {
     check_depth(filter)?;
     let docs = collection.map_or(&[][..], |c| c.docs.as_slice());
-    let candidates = collection.and_then(|c| id_index_candidates(c, filter));
+    // The `_id_` index has the simple collation: a query under another one scans.
+    let candidates = collection
+        .filter(|c| !super::collation::is_active() && !c.options.contains_key("timeseries"))
+        .and_then(|c| id_index_candidates(c, filter));
     let mut hits = Vec::new();
     match &candidates {
         Some(positions) => {
@@ -308,6 +311,21 @@ fn upsert_document(
     };
     apply_update(&mut doc, update, &ctx)?;
     Collection::prepare_for_insert(doc)
+}
+
+/// The distinct values of `key` (dotted, arrays unwound one level) in first-seen order;
+/// values equal under the active collation (and numbers of equal value) count once.
+fn distinct_values<'a>(docs: impl Iterator<Item = &'a Document>, key: &str) -> Vec<Bson> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for d in docs {
+        for v in lookup_unwound(d, key) {
+            if seen.insert(OrdBson(v.clone())) {
+                out.push(v.clone());
+            }
+        }
+    }
+    out
 }
 
 impl Store {
@@ -622,17 +640,21 @@ impl Store {
             )));
         }
         let docs = self.documents(db, coll);
-        let mut seen = BTreeSet::new();
-        let mut out = Vec::new();
-        for idx in matching_indexes(self.collection(db, coll), filter, None)? {
-            let Some(d) = docs.get(idx) else { continue };
-            for v in lookup_unwound(d, key) {
-                if seen.insert(OrdBson(v.clone())) {
-                    out.push(v.clone());
-                }
-            }
+        let hits = matching_indexes(self.collection(db, coll), filter, None)?;
+        Ok(distinct_values(
+            hits.into_iter().filter_map(|idx| docs.get(idx)),
+            key,
+        ))
+    }
+
+    /// `distinct` over documents a view produced (already filtered): the values of `key`.
+    pub fn distinct_in(docs: &[Document], key: &str) -> EngineResult<Vec<Bson>> {
+        if key.is_empty() || key.split('.').any(str::is_empty) {
+            return Err(EngineError::bad_value(format!(
+                "Invalid distinct key: '{key}'"
+            )));
         }
-        Ok(out)
+        Ok(distinct_values(docs.iter(), key))
     }
 }
 
@@ -657,6 +679,56 @@ mod tests {
             array_filters: vec![],
             sort: None,
         }
+    }
+
+    #[test]
+    fn a_collation_applies_to_matching_sorting_and_distinct_but_not_to_the_id_index() {
+        let mut s = store_with(vec![
+            doc! {"_id": "a", "x": "ping"},
+            doc! {"_id": "B", "x": "PING"},
+            doc! {"_id": "c", "x": "pong"},
+        ]);
+        let c = super::super::Collation::parse(&doc! {"locale": "en_US", "strength": 2})
+            .unwrap()
+            .unwrap();
+        let spec = FindSpec {
+            filter: doc! {"x": "Ping"},
+            ..Default::default()
+        };
+        assert!(s.find("db", "c", &spec).unwrap().is_empty());
+        let found = super::super::with_collation(Some(&c), || s.find("db", "c", &spec)).unwrap();
+        assert_eq!(found.len(), 2);
+        // Case-insensitive `_id` equality scans instead of using the binary `_id_` index.
+        let by_id = FindSpec {
+            filter: doc! {"_id": "A"},
+            ..Default::default()
+        };
+        let found = super::super::with_collation(Some(&c), || s.find("db", "c", &by_id)).unwrap();
+        assert_eq!(found.len(), 1);
+        let sorted = FindSpec {
+            sort: Some(doc! {"_id": 1}),
+            ..Default::default()
+        };
+        let ids = |docs: Vec<Document>| -> Vec<String> {
+            docs.iter()
+                .map(|d| d.get_str("_id").unwrap_or("").to_owned())
+                .collect()
+        };
+        assert_eq!(ids(s.find("db", "c", &sorted).unwrap()), ["B", "a", "c"]);
+        let collated = super::super::with_collation(Some(&c), || s.find("db", "c", &sorted));
+        assert_eq!(ids(collated.unwrap()), ["a", "B", "c"]);
+        let values =
+            super::super::with_collation(Some(&c), || s.distinct("db", "c", "x", &doc! {}));
+        assert_eq!(
+            values.unwrap(),
+            vec![Bson::from("ping"), Bson::from("pong")]
+        );
+        // The `_id_` index keeps the simple collation: "A" is a new `_id` beside "a".
+        let out = super::super::with_collation(Some(&c), || {
+            s.insert("db", "c", vec![doc! {"_id": "A"}], true)
+        });
+        assert!(out.write_errors.is_empty());
+        assert_eq!(s.documents("db", "c").len(), 4);
     }
 
     #[test]

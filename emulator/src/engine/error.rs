@@ -45,6 +45,7 @@ macro_rules! codes {
 
 codes! {
     bad_value => 2, "BadValue";
+    dollar_prefixed_field_name => 52, "DollarPrefixedFieldName";
     no_such_key => 4, "NoSuchKey";
     failed_to_parse => 9, "FailedToParse";
     type_mismatch => 14, "TypeMismatch";
@@ -62,7 +63,11 @@ codes! {
     invalid_namespace => 73, "InvalidNamespace";
     index_options_conflict => 85, "IndexOptionsConflict";
     index_key_specs_conflict => 86, "IndexKeySpecsConflict";
+    view_depth_limit_exceeded => 165, "ViewDepthLimitExceeded";
+    command_not_supported_on_view => 166, "CommandNotSupportedOnView";
     invalid_pipeline_operator => 168, "InvalidPipelineOperator";
+    cannot_convert_index_to_unique => 359, "CannotConvertIndexToUnique";
+    document_validation_failure => 121, "DocumentValidationFailure";
     bson_object_too_large => 10334, "BSONObjectTooLarge";
     duplicate_key => 11000, "DuplicateKey";
     merge_stage_no_matching_document => 13113, "MergeStageNoMatchingDocument";

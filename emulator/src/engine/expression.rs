@@ -442,9 +442,144 @@ impl Ctx<'_> {
         Ok(args)
     }
 
+    /// `$getField`, `$setField` and `$unsetField` (5.0): read, set or remove one field named
+    /// literally, so names with dots or a leading `$` work. `field` must be a constant string
+    /// (a `$literal` one included); `input` defaults to `$$CURRENT` for `$getField` and must be
+    /// a document, null or missing for the others. `$setField` with `value: "$$REMOVE"` removes.
+    fn field_operator(&mut self, op: &str, arg: &Bson) -> EngineResult<Option<Bson>> {
+        let spec = match (op, arg) {
+            ("$getField", Bson::String(_)) => {
+                let mut d = Document::new();
+                d.insert("field", arg.clone());
+                d
+            }
+            (_, Bson::Document(d)) => d.clone(),
+            _ => {
+                return Err(EngineError::failed_to_parse(format!(
+                    "{op} only supports an object as its argument"
+                )))
+            }
+        };
+        let allowed: &[&str] = match op {
+            "$setField" => &["field", "input", "value"],
+            _ => &["field", "input"],
+        };
+        if let Some(extra) = spec.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(EngineError::failed_to_parse(format!(
+                "{op} found an unknown argument: {extra}"
+            )));
+        }
+        let field = match spec.get("field") {
+            Some(Bson::String(s)) if !s.starts_with('$') => s.clone(),
+            Some(Bson::Document(d)) if d.len() == 1 => match d.get("$literal") {
+                Some(Bson::String(s)) => s.clone(),
+                _ => {
+                    return Err(EngineError::location(
+                        4161106,
+                        format!("{op} requires 'field' to evaluate to a constant string"),
+                    ))
+                }
+            },
+            Some(_) => {
+                return Err(EngineError::location(
+                    4161106,
+                    format!("{op} requires 'field' to evaluate to a constant string"),
+                ))
+            }
+            None => {
+                return Err(EngineError::location(
+                    4161102,
+                    format!("{op} requires 'field' to be specified"),
+                ))
+            }
+        };
+        let input = match spec.get("input") {
+            Some(expr) => self.eval(expr)?,
+            None if op == "$getField" => Some(Bson::Document(self.root.clone())),
+            None => {
+                return Err(EngineError::location(
+                    4161109,
+                    format!("{op} requires 'input' to be specified"),
+                ))
+            }
+        };
+        let input = match input {
+            None => {
+                return Ok(if op == "$getField" {
+                    None
+                } else {
+                    Some(Bson::Null)
+                })
+            }
+            Some(Bson::Null) | Some(Bson::Undefined) => {
+                return Ok(if op == "$getField" {
+                    None
+                } else {
+                    Some(Bson::Null)
+                })
+            }
+            Some(Bson::Document(d)) => d,
+            Some(other) if op == "$getField" => {
+                return Err(EngineError::location(
+                    3041705,
+                    format!(
+                        "$getField requires 'input' to evaluate to type Object, but got {}",
+                        type_name(&other)
+                    ),
+                ))
+            }
+            Some(other) => {
+                return Err(EngineError::location(
+                    4161105,
+                    format!(
+                        "{op} requires 'input' to evaluate to type Object, but got {}",
+                        type_name(&other)
+                    ),
+                ))
+            }
+        };
+        match op {
+            "$getField" => Ok(input.get(&field).cloned()),
+            _ => {
+                let value = match (op, spec.get("value")) {
+                    ("$unsetField", _) => None,
+                    (_, Some(expr)) => self.eval(expr)?,
+                    (_, None) => {
+                        return Err(EngineError::location(
+                            4161103,
+                            "$setField requires 'value' to be specified",
+                        ))
+                    }
+                };
+                let mut out = input;
+                match value {
+                    // Replacing keeps the field's position, as mongod does.
+                    Some(v) => {
+                        out.insert(field, v);
+                    }
+                    None => {
+                        out.remove(&field);
+                    }
+                }
+                Ok(Some(Bson::Document(out)))
+            }
+        }
+    }
+
     fn operator(&mut self, op: &str, arg: &Bson) -> EngineResult<Option<Bson>> {
         let value = match op {
             "$literal" => arg.clone(),
+            // A double in [0, 1), drawn anew at each evaluation.
+            "$rand" => match arg {
+                Bson::Document(d) if d.is_empty() => Bson::Double(rand::random::<f64>()),
+                _ => {
+                    return Err(EngineError::location(
+                        10065,
+                        "invalid parameter: expected an object ($rand)",
+                    ))
+                }
+            },
+            "$getField" | "$setField" | "$unsetField" => return self.field_operator(op, arg),
             "$add" | "$multiply" => {
                 let args = self.args(arg)?;
                 let is_add = op == "$add";
@@ -1682,6 +1817,55 @@ mod tests {
 
     fn ev(expr: Bson, root: Document) -> Bson {
         evaluate(&expr, &root).expect("valid expression")
+    }
+
+    #[test]
+    fn field_operators_take_dotted_and_dollar_names_literally() {
+        let root = doc! { "a.b": 1, "a": { "b": 2 }, "$x": 3 };
+        assert_eq!(
+            ev(Bson::from(doc! { "$getField": "a.b" }), root.clone()),
+            Bson::Int32(1)
+        );
+        let get_dollar = doc! { "$getField": { "field": { "$literal": "$x" } } };
+        assert_eq!(ev(Bson::from(get_dollar), root.clone()), Bson::Int32(3));
+        let set =
+            doc! { "$setField": { "field": { "$literal": "$y" }, "value": 4, "input": "$$ROOT" } };
+        assert_eq!(
+            ev(Bson::from(set), root.clone()),
+            Bson::from(doc! { "a.b": 1, "a": { "b": 2 }, "$x": 3, "$y": 4 })
+        );
+        // Replacing keeps the field's place; $$REMOVE and $unsetField remove it.
+        let replace = doc! { "$setField": { "field": "a.b", "value": 9, "input": "$$ROOT" } };
+        assert_eq!(
+            ev(Bson::from(replace), root.clone()),
+            Bson::from(doc! { "a.b": 9, "a": { "b": 2 }, "$x": 3 })
+        );
+        let remove =
+            doc! { "$setField": { "field": "a.b", "value": "$$REMOVE", "input": "$$ROOT" } };
+        let unset = doc! { "$unsetField": { "field": "a.b", "input": "$$ROOT" } };
+        let expected = Bson::from(doc! { "a": { "b": 2 }, "$x": 3 });
+        assert_eq!(ev(Bson::from(remove), root.clone()), expected);
+        assert_eq!(ev(Bson::from(unset), root.clone()), expected);
+        // A null input gives null; a non-constant field name is an error.
+        let on_null = doc! { "$setField": { "field": "f", "value": 1, "input": null } };
+        assert_eq!(ev(Bson::from(on_null), root.clone()), Bson::Null);
+        let computed = doc! { "$getField": { "field": "$a", "input": "$$ROOT" } };
+        assert!(evaluate(&Bson::from(computed), &root).is_err());
+    }
+
+    #[test]
+    fn rand_is_a_fresh_double_in_the_unit_interval() {
+        let draws: Vec<f64> = (0..20)
+            .map(
+                |_| match ev(Bson::from(doc! { "$rand": {} }), Document::new()) {
+                    Bson::Double(f) => f,
+                    other => panic!("$rand gave {other}"),
+                },
+            )
+            .collect();
+        assert!(draws.iter().all(|f| (0.0..1.0).contains(f)));
+        assert!(draws.windows(2).any(|w| w[0] != w[1]));
+        assert!(evaluate(&Bson::from(doc! { "$rand": 1 }), &Document::new()).is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! pipelines must produce results or errors, never panics. Seeds are fixed so failures
 //! reproduce.
 
-use bson::{oid::ObjectId, Binary, Bson, Document, Regex};
+use bson::{doc, oid::ObjectId, Binary, Bson, Document, Regex};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -66,6 +66,10 @@ const EXPR_OPS: &[&str] = &[
     "$objectToArray",
     "$arrayToObject",
     "$setUnion",
+    "$getField",
+    "$setField",
+    "$unsetField",
+    "$rand",
     "$reverseArray",
     "$add",
     "$subtract",
@@ -342,6 +346,80 @@ fn random_pipelines_and_finds_never_panic() {
             true,
         );
         let _ = evaluate(&value(&mut rng, 3, EXPR_OPS), &stored_doc(&mut rng));
+    }
+}
+
+/// Keys of collation, `collMod` and view options, mixed with junk, for the test below.
+const OPTION_KEYS: &[&str] = &[
+    "locale",
+    "strength",
+    "caseLevel",
+    "caseFirst",
+    "numericOrdering",
+    "alternate",
+    "backwards",
+    "validator",
+    "validationLevel",
+    "validationAction",
+    "index",
+    "keyPattern",
+    "name",
+    "prepareUnique",
+    "unique",
+    "hidden",
+    "viewOn",
+    "pipeline",
+    "clusteredIndex",
+    "timeseries",
+    "timeField",
+    "bogus",
+];
+
+#[test]
+fn collations_views_and_coll_mod_never_panic() {
+    let mut rng = rng_for(0x5eed_0005);
+    for _ in 0..iterations(400) {
+        let mut store = Store::new();
+        let docs: Vec<Document> = (0..rng.random_range(0..6))
+            .map(|_| stored_doc(&mut rng))
+            .collect();
+        store.insert("db", "c", docs, false);
+        let _ = store.create_indexes("db", "c", &[doc! {"key": {"a": 1}, "name": "a_1"}]);
+        // Random collations, applied to a find and a distinct when they parse.
+        let mut spec = document(&mut rng, 1, OPTION_KEYS);
+        if rng.random_bool(0.7) {
+            spec.insert("locale", pick(&mut rng, &["en", "simple", "", "fr_CA"]));
+        }
+        if let Ok(Some(collation)) = Collation::parse(&spec) {
+            let filter = document(&mut rng, 2, QUERY_OPS);
+            let find = FindSpec {
+                filter,
+                sort: Some(doc! {"a": 1}),
+                ..Default::default()
+            };
+            let _ = with_collation(Some(&collation), || store.find("db", "c", &find));
+            let _ = with_collation(Some(&collation), || {
+                store.distinct("db", "c", pick(&mut rng, FIELDS), &Document::new())
+            });
+            let a = scalar(&mut rng);
+            let b = scalar(&mut rng);
+            let _ = with_collation(Some(&collation), || compare_bson(&a, &b));
+        }
+        // Random collMod specs, then writes that meet whatever they set.
+        let _ = store.modify_collection("db", "c", &document(&mut rng, 2, OPTION_KEYS));
+        let _ = store.insert("db", "c", vec![stored_doc(&mut rng)], true);
+        // Random views (possibly chained or cyclic) and reads through them.
+        for name in ["v1", "v2"] {
+            let mut options = document(&mut rng, 1, OPTION_KEYS);
+            if rng.random_bool(0.8) {
+                options.insert("viewOn", pick(&mut rng, &["c", "v1", "v2", ""]));
+            }
+            let _ = store.create_collection("db", name, &options);
+        }
+        if let Ok(Some(view)) = store.resolve_view("db", "v2") {
+            let _ = store.aggregate("db", &view.source, &view.pipeline);
+        }
+        let _ = store.list_collections("db", None, false);
     }
 }
 

@@ -42,12 +42,15 @@
 //! `sort.rs`, `projection.rs` (find projections, `$project`, `$addFields`, `$unset`),
 //! `update.rs` (operators, replacement, pipeline updates, upsert seeds), `expression.rs`,
 //! `aggregate.rs` (stages, `$out`, `$merge`), `catalog.rs` (the [`Store`], collections and
-//! indexes), `crud.rs` (the write and read commands and their parsers) and `fuzz_tests.rs`.
+//! indexes), `crud.rs` (the write and read commands and their parsers), `collation.rs`
+//! (locale-aware string order), `view.rs` (views), `collmod.rs` (`collMod`), `validation.rs`
+//! (document validation) and `fuzz_tests.rs`.
 //!
 //! # Not implemented
 //!
-//! Collation, text/geo queries and indexes, `$where`, views, capped-collection semantics,
-//! window functions and `$bucketAuto`.
+//! Text/geo queries and indexes, `$where`, capped-collection semantics, window functions,
+//! `$bucketAuto`, `$jsonSchema` validators and ICU's locale tailorings (`collation.rs` says
+//! which collation rules exist).
 //! Indexes other than unique ones are metadata only (every query is a collection scan).
 //!
 //! # Limits
@@ -60,6 +63,8 @@
 
 mod aggregate;
 mod catalog;
+mod collation;
+mod collmod;
 mod compare;
 mod crud;
 mod error;
@@ -71,6 +76,8 @@ mod projection;
 mod query;
 mod sort;
 mod update;
+mod validation;
+mod view;
 
 #[cfg(test)]
 mod fuzz_tests;
@@ -78,12 +85,15 @@ mod fuzz_tests;
 use bson::{Bson, Document};
 
 pub use catalog::Store;
+pub use collation::{with_collation, Collation};
 pub use compare::{compare_bson, id_key, strict_equal, IdKey};
 pub use error::{EngineError, EngineResult};
 pub use expression::{evaluate, with_variables};
 pub use limits::{MAX_BSON_SIZE, MAX_DEPTH};
 pub use query::matches;
 pub use update::{apply_update, UpdateContext};
+pub use validation::with_bypass;
+pub use view::{not_supported_on_view, ResolvedView};
 
 /// Which documents a `find` returns and how they are shaped.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -682,16 +682,17 @@ fn run_data_command(
         ));
     }
     let mut guard = shared.state();
+    let key = g.lsid.as_ref().map(SessionKey::from_lsid);
+    if let (Some(key), Some(lsid)) = (&key, &g.lsid) {
+        guard.sessions.touch(key, lsid, cfg.max_sessions);
+    }
+    // After the touch: like mongod's session cache, the list holds the command's own session.
     let local = if wants_local_sessions(name, body) {
         Some(local_sessions(&guard))
     } else {
         None
     };
     let st = &mut *guard;
-    let key = g.lsid.as_ref().map(SessionKey::from_lsid);
-    if let (Some(key), Some(lsid)) = (&key, &g.lsid) {
-        st.sessions.touch(key, lsid, cfg.max_sessions);
-    }
     let replicated = shared.is_replicated();
     let bulk_write_batch_size = match st.params.values.get("labBulkWriteBatchSize") {
         Some(Bson::Int32(n)) if *n > 0 => usize::try_from(*n).ok(),

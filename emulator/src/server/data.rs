@@ -10,7 +10,9 @@ use super::cursor::{self, BatchLimit, CursorEnd, CursorKind, Cursors, StreamStat
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 use crate::engine::{
-    id_key, DeleteStatement, FindAndModifySpec, FindSpec, IdKey, Store, UpdateStatement, WriteError,
+    id_key, not_supported_on_view, with_bypass, with_collation, Collation, DeleteOutcome,
+    DeleteStatement, FindAndModifySpec, FindSpec, IdKey, ResolvedView, Store, UpdateOutcome,
+    UpdateStatement, WriteError,
 };
 
 /// Fields the driver adds to every command; never passed on as command options.
@@ -51,6 +53,7 @@ pub(crate) fn is_write(name: &str) -> bool {
             | "dropDatabase"
             | "createIndexes"
             | "dropIndexes"
+            | "collMod"
     )
 }
 
@@ -302,7 +305,13 @@ fn count_bson(n: u64) -> Bson {
 }
 
 fn write_error_doc(w: &WriteError) -> Document {
-    doc! { "index": w.index as i32, "code": w.error.code, "errmsg": w.error.message.clone() }
+    let mut d =
+        doc! { "index": w.index as i32, "code": w.error.code, "errmsg": w.error.message.clone() };
+    // DuplicateKey's keyPattern and keyValue, as mongod reports them in each write error.
+    for (k, v) in w.error.details.iter().flat_map(|e| e.iter()) {
+        d.insert(k.clone(), v.clone());
+    }
+    d
 }
 
 fn add_write_errors(reply: &mut Document, errors: &[WriteError]) {
@@ -326,7 +335,9 @@ fn cursor_batch(body: &Document) -> Result<BatchLimit, CommandError> {
     Ok(BatchLimit { size })
 }
 
-/// Runs one data command.
+/// Runs one data command, with the variables of its `let` option bound (find, aggregate,
+/// update, delete, findAndModify and client bulkWrite take one; `$$name` then resolves in
+/// `$expr`, pipelines and pipeline updates).
 pub(crate) fn run(
     name: &str,
     db: &str,
@@ -334,6 +345,185 @@ pub(crate) fn run(
     store: &mut Store,
     ctx: &mut DataCtx<'_>,
 ) -> Result<Document, CommandError> {
+    // A command-level collation covers the whole command; update and delete statements and
+    // client bulkWrite operations carry their own (see `update_each`). Without one, the
+    // collection's or view's default collation applies.
+    let collation = match name {
+        "find" | "count" | "distinct" | "aggregate" | "findAndModify" | "findandmodify" => {
+            let default = default_collation(store, db, body.get(name).and_then(Bson::as_str))?;
+            collation_or(body, &default)?
+        }
+        _ => None,
+    };
+    let bypass = bool_arg(body, "bypassDocumentValidation", false);
+    let run_collated = |store: &mut Store, ctx: &mut DataCtx<'_>| {
+        with_bypass(bypass, || {
+            with_collation(collation.as_ref(), || {
+                run_command(name, db, body, store, ctx)
+            })
+        })
+    };
+    match body.get("let") {
+        None => run_collated(store, ctx),
+        Some(Bson::Document(vars)) => {
+            crate::engine::with_variables(vars, || run_collated(store, ctx))?
+        }
+        Some(other) => Err(CommandError::type_mismatch(format!(
+            "BSON field '{name}.let' is the wrong type '{}', expected type 'object'",
+            type_name(Some(other))
+        ))),
+    }
+}
+
+/// The `collation` of a command, statement or bulkWrite operation (`None`: simple), or
+/// `default` (the collection's) when it names none; an explicit `locale: "simple"` overrides
+/// the default.
+fn collation_or(
+    spec: &Document,
+    default: &Option<Collation>,
+) -> Result<Option<Collation>, CommandError> {
+    match spec.get("collation") {
+        None | Some(Bson::Null) => Ok(default.clone()),
+        Some(value) => Ok(Collation::from_bson(value)?),
+    }
+}
+
+/// Runs write statements one at a time, each under its own collation, and merges the outcomes
+/// as one command's: `n`s add up, per-statement results keep their index in the command, and
+/// an ordered command stops at the first failed statement.
+fn update_each(
+    store: &mut Store,
+    db: &str,
+    coll: &str,
+    stmts: &[UpdateStatement],
+    collations: &[Option<Collation>],
+    ordered: bool,
+) -> UpdateOutcome {
+    let mut merged = UpdateOutcome::default();
+    for (index, (stmt, collation)) in stmts.iter().zip(collations).enumerate() {
+        let out = with_collation(collation.as_ref(), || {
+            store.update(db, coll, std::slice::from_ref(stmt), true)
+        });
+        merged.n += out.n;
+        merged.n_modified += out.n_modified;
+        merged
+            .upserted
+            .extend(out.upserted.into_iter().map(|(_, id)| (index, id)));
+        let failed = !out.write_errors.is_empty();
+        merged.write_errors.extend(
+            out.write_errors
+                .into_iter()
+                .map(|w| WriteError { index, ..w }),
+        );
+        if failed && ordered {
+            break;
+        }
+    }
+    merged
+}
+
+/// [`update_each`] for delete statements.
+fn delete_each(
+    store: &mut Store,
+    db: &str,
+    coll: &str,
+    stmts: &[DeleteStatement],
+    collations: &[Option<Collation>],
+    ordered: bool,
+) -> DeleteOutcome {
+    let mut merged = DeleteOutcome::default();
+    for (index, (stmt, collation)) in stmts.iter().zip(collations).enumerate() {
+        let out = with_collation(collation.as_ref(), || {
+            store.delete(db, coll, std::slice::from_ref(stmt), true)
+        });
+        merged.n += out.n;
+        let failed = !out.write_errors.is_empty();
+        merged.write_errors.extend(
+            out.write_errors
+                .into_iter()
+                .map(|w| WriteError { index, ..w }),
+        );
+        if failed && ordered {
+            break;
+        }
+    }
+    merged
+}
+
+/// The default collation of the collection or view a command names (its `collation` option).
+fn default_collation(
+    store: &Store,
+    db: &str,
+    target: Option<&str>,
+) -> Result<Option<Collation>, CommandError> {
+    match target {
+        Some(coll) => match store.default_collation(db, coll) {
+            Some(spec) => Ok(Collation::parse(&spec)?),
+            None => Ok(None),
+        },
+        None => Ok(None),
+    }
+}
+
+/// A view's pipeline followed by `stages`.
+fn through_view(view: &ResolvedView, stages: impl IntoIterator<Item = Document>) -> Vec<Document> {
+    view.pipeline.iter().cloned().chain(stages).collect()
+}
+
+/// `find` on a view: the view's pipeline, then the find's filter, sort, skip, limit and
+/// projection as stages, as mongod rewrites it.
+fn find_on_view(
+    store: &mut Store,
+    db: &str,
+    view: &ResolvedView,
+    spec: &FindSpec,
+) -> Result<Vec<Document>, CommandError> {
+    let mut stages = vec![doc! { "$match": spec.filter.clone() }];
+    if let Some(sort) = spec.sort.as_ref().filter(|s| !s.is_empty()) {
+        stages.push(doc! { "$sort": sort.clone() });
+    }
+    if spec.skip > 0 {
+        stages.push(doc! { "$skip": i64::try_from(spec.skip).unwrap_or(i64::MAX) });
+    }
+    if let Some(limit) = spec.limit.filter(|l| *l != 0) {
+        stages.push(doc! { "$limit": limit.saturating_abs() });
+    }
+    if let Some(projection) = spec.projection.as_ref().filter(|p| !p.is_empty()) {
+        stages.push(doc! { "$project": projection.clone() });
+    }
+    Ok(store.aggregate(db, &view.source, &through_view(view, stages))?)
+}
+
+/// Commands that write to (or manage the indexes of) the collection they name: on a view they
+/// fail with 166 CommandNotSupportedOnView.
+fn needs_collection(name: &str) -> bool {
+    matches!(
+        name,
+        "insert"
+            | "update"
+            | "delete"
+            | "findAndModify"
+            | "findandmodify"
+            | "createIndexes"
+            | "dropIndexes"
+            | "listIndexes"
+    )
+}
+
+fn run_command(
+    name: &str,
+    db: &str,
+    body: &Document,
+    store: &mut Store,
+    ctx: &mut DataCtx<'_>,
+) -> Result<Document, CommandError> {
+    if needs_collection(name) {
+        if let Some(coll) = body.get(name).and_then(Bson::as_str) {
+            if store.is_view(db, coll) {
+                return Err(not_supported_on_view(db, coll).into());
+            }
+        }
+    }
     match name {
         "insert" => {
             let coll = coll_arg(body, name)?;
@@ -346,11 +536,22 @@ pub(crate) fn run(
         }
         "update" => {
             let coll = coll_arg(body, name)?;
-            let stmts = docs_arg(body, "updates", true)?
+            let docs = docs_arg(body, "updates", true)?;
+            let stmts = docs
                 .iter()
                 .map(UpdateStatement::from_command)
                 .collect::<Result<Vec<_>, _>>()?;
-            let out = store.update(db, coll, &stmts, bool_arg(body, "ordered", true));
+            let default = default_collation(store, db, Some(coll))?;
+            let collations = docs
+                .iter()
+                .map(|d| collation_or(d, &default))
+                .collect::<Result<Vec<_>, _>>()?;
+            let ordered = bool_arg(body, "ordered", true);
+            let out = if collations.iter().all(Option::is_none) {
+                store.update(db, coll, &stmts, ordered)
+            } else {
+                update_each(store, db, coll, &stmts, &collations, ordered)
+            };
             let mut r = doc! { "n": count_bson(out.n), "nModified": count_bson(out.n_modified) };
             if !out.upserted.is_empty() {
                 let ups: Vec<Bson> = out
@@ -366,11 +567,22 @@ pub(crate) fn run(
         }
         "delete" => {
             let coll = coll_arg(body, name)?;
-            let stmts = docs_arg(body, "deletes", true)?
+            let docs = docs_arg(body, "deletes", true)?;
+            let stmts = docs
                 .iter()
                 .map(DeleteStatement::from_command)
                 .collect::<Result<Vec<_>, _>>()?;
-            let out = store.delete(db, coll, &stmts, bool_arg(body, "ordered", true));
+            let default = default_collation(store, db, Some(coll))?;
+            let collations = docs
+                .iter()
+                .map(|d| collation_or(d, &default))
+                .collect::<Result<Vec<_>, _>>()?;
+            let ordered = bool_arg(body, "ordered", true);
+            let out = if collations.iter().all(Option::is_none) {
+                store.delete(db, coll, &stmts, ordered)
+            } else {
+                delete_each(store, db, coll, &stmts, &collations, ordered)
+            };
             let mut r = doc! { "n": count_bson(out.n) };
             add_write_errors(&mut r, &out.write_errors);
             r.insert("ok", 1.0);
@@ -389,7 +601,10 @@ pub(crate) fn run(
         "find" => {
             let coll = coll_arg(body, name)?;
             let spec = FindSpec::from_command(body)?;
-            let docs = store.find(db, coll, &spec)?;
+            let docs = match store.resolve_view(db, coll)? {
+                Some(view) => find_on_view(store, db, &view, &spec)?,
+                None => store.find(db, coll, &spec)?,
+            };
             let end = find_cursor_end(store, db, coll, &spec, docs.len());
             let mut limit = BatchLimit {
                 size: cursor::batch_size(body.get("batchSize"))?,
@@ -462,7 +677,21 @@ pub(crate) fn run(
                 ));
             }
             let limit = int_arg(body, "limit")?.unwrap_or(0);
-            let n = store.count(db, coll, &filter, skip as u64, limit)?;
+            let n = match store.resolve_view(db, coll)? {
+                Some(view) => {
+                    let mut stages = vec![doc! { "$match": filter }];
+                    if skip > 0 {
+                        stages.push(doc! { "$skip": skip });
+                    }
+                    if limit != 0 {
+                        stages.push(doc! { "$limit": limit.saturating_abs() });
+                    }
+                    store
+                        .aggregate(db, &view.source, &through_view(&view, stages))?
+                        .len() as u64
+                }
+                None => store.count(db, coll, &filter, skip as u64, limit)?,
+            };
             Ok(doc! { "n": count_bson(n), "ok": 1.0 })
         }
         "distinct" => {
@@ -476,7 +705,14 @@ pub(crate) fn run(
                 }
             };
             let filter = opt_doc(body, "query")?.cloned().unwrap_or_default();
-            let values = store.distinct(db, coll, key, &filter)?;
+            let values = match store.resolve_view(db, coll)? {
+                Some(view) => {
+                    let stages = [doc! { "$match": filter }];
+                    let docs = store.aggregate(db, &view.source, &through_view(&view, stages))?;
+                    Store::distinct_in(&docs, key)?
+                }
+                None => store.distinct(db, coll, key, &filter)?,
+            };
             Ok(doc! { "values": values, "ok": 1.0 })
         }
         "aggregate" => aggregate(db, body, store, ctx),
@@ -502,6 +738,18 @@ pub(crate) fn run(
             r.insert("ns", format!("{db}.{coll}"));
             r.insert("ok", 1.0);
             Ok(r)
+        }
+        "collMod" => {
+            let coll = coll_arg(body, name)?;
+            let mut spec = Document::new();
+            for (k, v) in body.iter().skip(1) {
+                if !GENERIC_FIELDS.contains(&k.as_str()) {
+                    spec.insert(k.clone(), v.clone());
+                }
+            }
+            let mut reply = store.modify_collection(db, coll, &spec)?;
+            reply.insert("ok", 1.0);
+            Ok(reply)
         }
         "dropDatabase" => {
             store.drop_database(db);
@@ -708,6 +956,21 @@ fn aggregate(
         );
     }
     let writes = pipeline_writes(body);
+    let linearizable = body
+        .get_document("readConcern")
+        .ok()
+        .and_then(|rc| rc.get_str("level").ok())
+        == Some("linearizable");
+    if writes && linearizable {
+        let stage = pipeline
+            .last()
+            .and_then(|s| s.keys().next().cloned())
+            .unwrap_or_default();
+        return Err(CommandError::new(
+            codes::INVALID_OPTIONS,
+            format!("{stage} cannot be used with a 'linearizable' read concern level"),
+        ));
+    }
     let docs = if first_stage == "$listLocalSessions" {
         let input = ctx.local_sessions.take().unwrap_or_default();
         store.run_pipeline(db, input, &pipeline[1..])?
@@ -720,7 +983,10 @@ fn aggregate(
         let input = vec![coll_stats(store, db, c, &pipeline[0])?];
         store.run_pipeline(db, input, &pipeline[1..])?
     } else if let Some(c) = coll {
-        store.aggregate(db, c, &pipeline)?
+        match store.resolve_view(db, c)? {
+            Some(view) => store.aggregate(db, &view.source, &through_view(&view, pipeline))?,
+            None => store.aggregate(db, c, &pipeline)?,
+        }
     } else {
         store.run_pipeline(db, Vec::new(), &pipeline)?
     };
@@ -961,6 +1227,9 @@ fn bulk_op(
         })?;
     let (db, coll) = split_ns(ns)
         .ok_or_else(|| CommandError::new(codes::INVALID_NAMESPACE, "invalid namespace"))?;
+    if store.is_view(db, coll) {
+        return Err(not_supported_on_view(db, coll).into());
+    }
     let first_error =
         |errs: &[WriteError]| errs.first().map(|w| CommandError::from(w.error.clone()));
     match kind.as_str() {
@@ -990,8 +1259,9 @@ fn bulk_op(
                     stmt.insert(key, v.clone());
                 }
             }
+            let collation = collation_or(op, &default_collation(store, db, Some(coll))?)?;
             let stmt = UpdateStatement::from_command(&stmt)?;
-            let out = store.update(db, coll, &[stmt], true);
+            let out = with_collation(collation.as_ref(), || store.update(db, coll, &[stmt], true));
             if let Some(e) = first_error(&out.write_errors) {
                 return Err(e);
             }
@@ -1011,7 +1281,8 @@ fn bulk_op(
                 filter: opt_doc(op, "filter")?.cloned().unwrap_or_default(),
                 just_one: !bool_arg(op, "multi", false),
             };
-            let out = store.delete(db, coll, &[stmt], true);
+            let collation = collation_or(op, &default_collation(store, db, Some(coll))?)?;
+            let out = with_collation(collation.as_ref(), || store.delete(db, coll, &[stmt], true));
             if let Some(e) = first_error(&out.write_errors) {
                 return Err(e);
             }

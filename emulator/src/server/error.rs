@@ -22,13 +22,15 @@ pub struct CommandError {
 }
 
 impl CommandError {
-    /// The reply of a mongod without a search deployment (mongot) to the search-index
-    /// commands and `$listSearchIndexes`.
+    /// The reply of a mongod 8.0 without a search deployment (mongot) to the search-index
+    /// commands and `$listSearchIndexes`: its text names Atlas, which the index-management
+    /// suite checks.
     pub fn search_not_enabled() -> Self {
         CommandError::new(
             codes::SEARCH_NOT_ENABLED,
-            "Search index commands and the $listSearchIndexes stage require additional \
-             configuration: this server has no search deployment",
+            "Using Atlas Search Database Commands and the $listSearchIndexes aggregation stage \
+             requires additional configuration. Please connect to Atlas or an AtlasCLI local \
+             deployment to enable.",
         )
     }
 
@@ -81,7 +83,8 @@ impl From<EngineError> for CommandError {
             code_name: Cow::Borrowed(e.code_name),
             errmsg: e.message,
             labels: None,
-            extra: None,
+            // DuplicateKey's keyPattern and keyValue, beside errmsg as mongod puts them.
+            extra: e.details,
         }
     }
 }
