@@ -32,6 +32,9 @@ struct Args {
     /// Concurrent tasks per slice (and the pool size).
     #[arg(long, default_value_t = 32)]
     tasks: usize,
+    /// A further fork variant, `NAME=URI_OPTIONS` (e.g. `fork-t0=timeoutMS=0`); repeatable.
+    #[arg(long = "fork-variant")]
+    fork_variants: Vec<String>,
 }
 
 /// Documents seeded for the finds.
@@ -116,7 +119,7 @@ enum Handle {
 }
 
 struct Variant {
-    name: &'static str,
+    name: String,
     handle: Handle,
     ops: u64,
     errors: u64,
@@ -196,10 +199,20 @@ async fn run(args: &Args) -> Result<(), String> {
         .map_err(|e| format!("cannot start the emulator: {e}"))?;
     let uri = emulator.uri();
     let tasks = args.tasks.max(1);
+    let mut specs: Vec<(String, Option<String>)> = VARIANTS
+        .iter()
+        .map(|(name, options)| (name.to_string(), options.map(str::to_owned)))
+        .collect();
+    for extra in &args.fork_variants {
+        let (name, options) = extra
+            .split_once('=')
+            .ok_or_else(|| format!("--fork-variant {extra:?}: expected NAME=URI_OPTIONS"))?;
+        specs.push((name.to_owned(), Some(options.to_owned())));
+    }
     let mut variants = Vec::new();
-    for (name, fork_options) in VARIANTS {
+    for (name, fork_options) in specs {
         let handle = match fork_options {
-            Some(options) => Handle::Fork(fork::collection(&uri, options, tasks).await?),
+            Some(options) => Handle::Fork(fork::collection(&uri, &options, tasks).await?),
             None => Handle::Upstream(upstream::collection(&uri, "", tasks).await?),
         };
         variants.push(Variant {
