@@ -227,17 +227,21 @@ impl ServiceTime {
     /// The median of the samples still recent at `now` (the upper median of an even count,
     /// erring towards declining a retry that would not fit), or zero when none are.
     pub fn typical(&self, now: Instant) -> Duration {
-        let mut recent: Vec<Duration> = self
-            .samples
-            .iter()
-            .filter(|(at, _)| now.saturating_duration_since(*at) <= self.max_age)
-            .map(|(_, duration)| *duration)
-            .collect();
-        if recent.is_empty() {
+        // On the stack: the driver asks under a lock, and an allocation there showed.
+        let mut recent = [Duration::ZERO; SERVICE_TIME_SAMPLES];
+        let mut len = 0;
+        for (at, duration) in &self.samples {
+            if len < SERVICE_TIME_SAMPLES && now.saturating_duration_since(*at) <= self.max_age {
+                recent[len] = *duration;
+                len += 1;
+            }
+        }
+        if len == 0 {
             return Duration::ZERO;
         }
+        let recent = &mut recent[..len];
         recent.sort_unstable();
-        recent[recent.len() / 2]
+        recent[len / 2]
     }
 }
 
