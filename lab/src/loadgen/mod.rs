@@ -21,6 +21,7 @@ pub mod runner;
 mod sampler;
 pub mod scenarios;
 pub mod schedule;
+pub mod soak;
 pub mod summary;
 pub mod sys;
 pub mod verdict;
