@@ -141,6 +141,13 @@ struct RunArgs {
     /// faults, sampled every second, then a drain check (docs/lab.md "Soak").
     #[arg(long, value_name = "MINUTES", conflicts_with_all = ["suite", "phases", "full"])]
     soak: Option<f64>,
+    /// Runs the exactly-once audit with WRITES writes per driver instead of a scenario
+    /// (docs/lab.md "Exactly-once audit").
+    #[arg(long, value_name = "WRITES", conflicts_with_all = ["suite", "phases", "full", "soak"])]
+    audit: Option<u64>,
+    /// With --audit: the drivers (comma-separated: fork, fork-default, upstream).
+    #[arg(long, value_delimiter = ',', requires = "audit")]
+    audit_drivers: Vec<String>,
     /// With --soak: seconds between step-downs (0: none).
     #[arg(long, default_value_t = lab::loadgen::soak::STEP_DOWN_EVERY_SECS, requires = "soak")]
     step_down_secs: f64,
@@ -263,6 +270,9 @@ async fn run(a: RunArgs) -> Result<bool, String> {
     if let Some(minutes) = a.soak {
         return soak(&a, minutes).await;
     }
+    if let Some(writes) = a.audit {
+        return audit(&a, writes).await;
+    }
     if a.suite {
         return suite(a).await;
     }
@@ -345,6 +355,39 @@ async fn soak(a: &RunArgs, minutes: f64) -> Result<bool, String> {
     println!("\n{}", soak::markdown(&report));
     println!("report: {}", out.join("soak.md").display());
     Ok(report.passed)
+}
+
+/// `--audit WRITES`: the exactly-once audit of each driver (`false` when one failed).
+async fn audit(a: &RunArgs, writes: u64) -> Result<bool, String> {
+    use lab::loadgen::audit::{self, AuditDriver, AuditPlan};
+    if writes == 0 || writes > 10_000_000 {
+        return Err("--audit must be between 1 and 10,000,000 writes".into());
+    }
+    let drivers = if a.audit_drivers.is_empty() {
+        AuditDriver::ALL.to_vec()
+    } else {
+        a.audit_drivers
+            .iter()
+            .map(|d| AuditDriver::parse(d))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let plan = AuditPlan {
+        seed: a.seed,
+        ..AuditPlan::for_writes(writes)
+    };
+    let out = a.out.clone().unwrap_or_else(default_out);
+    let mut runs = Vec::new();
+    for d in drivers {
+        println!("audit: {} ...", d.name());
+        let run = audit::run_one(&plan, d).await?;
+        println!("audit: {}: {} ({:.0} s)", d.name(), run.audit, run.seconds);
+        runs.push(run);
+        // Written after each driver, so a long run leaves its figures so far.
+        audit::write(&plan, &runs, &out)?;
+    }
+    println!("\n{}", audit::markdown(&plan, &runs));
+    println!("report: {}", out.join("audit.md").display());
+    Ok(runs.iter().all(|r| r.failures(&plan).is_empty()))
 }
 
 /// `--suite`: every scenario (or those named) with its variants, then the verdict.

@@ -8,6 +8,7 @@
 //! spawned task. [`metrics`] books per-second figures, [`summary`] reduces them, and
 //! [`report`] writes `report.md`, `series.csv`, `summary.json` and SVG charts.
 
+pub mod audit;
 mod calibrate;
 pub mod client;
 pub mod config;

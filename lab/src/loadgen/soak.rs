@@ -556,6 +556,10 @@ async fn run_against(
         )
         .await?;
     let status = &status;
+    // Every admin client's monitors connect (their RTT connections a little after the first
+    // reply) before the baseline of connections.
+    Members::admin(status, doc! { "ping": 1 }).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let before_clients = server_figures(status).await.unwrap_or_default();
 
     // The clients, each counting its calls in flight.
