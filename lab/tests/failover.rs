@@ -54,7 +54,9 @@ macro_rules! driver {
             /// The driver's connection-string options on top of the emulator's.
             pub const URI_OPTIONS: &str = $uri_options;
 
-            pub async fn client(emu: &Emulator) -> (Client, Arc<std::sync::Mutex<Vec<CommandEvent>>>) {
+            pub async fn client(
+                emu: &Emulator,
+            ) -> (Client, Arc<std::sync::Mutex<Vec<CommandEvent>>>) {
                 let uri = format!("{}&{URI_OPTIONS}", emu.uri());
                 let mut opts = ClientOptions::parse(uri.trim_end_matches('&'))
                     .await
@@ -64,8 +66,8 @@ macro_rules! driver {
                 opts.connect_timeout = Some(Duration::from_secs(5));
                 let events: Arc<std::sync::Mutex<Vec<CommandEvent>>> = Arc::default();
                 let sink = events.clone();
-                opts.command_event_handler =
-                    Some($m::event::EventHandler::callback(move |ev: CommandEvent| {
+                opts.command_event_handler = Some($m::event::EventHandler::callback(
+                    move |ev: CommandEvent| {
                         if let Ok(mut e) = sink.lock() {
                             // Bounded: the focused test needs only a few events; the audit's
                             // thousands are not needed.
@@ -73,7 +75,8 @@ macro_rules! driver {
                                 e.push(ev);
                             }
                         }
-                    }));
+                    },
+                ));
                 (Client::with_options(opts).expect("client builds"), events)
             }
 
@@ -98,7 +101,9 @@ macro_rules! driver {
                 let emu = start(ModelConfig::default()).await;
                 let (client, events) = client(&emu).await;
                 let coll: Collection<Document> = client.database("db").collection("c");
-                coll.insert_one(doc! { "_id": 0, "n": 0 }).await.expect("seed document");
+                coll.insert_one(doc! { "_id": 0, "n": 0 })
+                    .await
+                    .expect("seed document");
                 let addrs = emu.addresses();
 
                 for (step, write) in ["insert", "update"].into_iter().enumerate() {
@@ -129,9 +134,20 @@ macro_rules! driver {
                     }
                     let sent = targets(&events, write);
                     let sent = &sent[before..];
-                    assert_eq!(sent.len(), 2, "{write}: one attempt and one retry: {sent:?}");
-                    assert_eq!(sent[0], addrs[primary].to_string(), "{write}: first attempt");
-                    assert_ne!(sent[1], sent[0], "{write}: the retry goes to the new primary");
+                    assert_eq!(
+                        sent.len(),
+                        2,
+                        "{write}: one attempt and one retry: {sent:?}"
+                    );
+                    assert_eq!(
+                        sent[0],
+                        addrs[primary].to_string(),
+                        "{write}: first attempt"
+                    );
+                    assert_ne!(
+                        sent[1], sent[0],
+                        "{write}: the retry goes to the new primary"
+                    );
                     assert_eq!(emu.elections(), step as u64 + 1);
                 }
                 let docs: Vec<Document> = {
@@ -186,9 +202,19 @@ async fn run_audit(plan: &AuditPlan, drivers: &[AuditDriver]) -> Vec<AuditRun> {
             run.rejections,
             run.errors
         );
-        assert_eq!(run.failures(plan), Vec::<String>::new(), "{}", driver.name());
+        assert_eq!(
+            run.failures(plan),
+            Vec::<String>::new(),
+            "{}",
+            driver.name()
+        );
         if driver != AuditDriver::Upstream {
-            assert!(run.audit.acknowledged >= 100, "{}: {}", driver.name(), run.audit);
+            assert!(
+                run.audit.acknowledged >= 100,
+                "{}: {}",
+                driver.name(),
+                run.audit
+            );
         }
         runs.push(run);
     }

@@ -386,7 +386,11 @@ macro_rules! audit_driver {
                     }
                     ref other => {
                         let debug = format!("{other:?}");
-                        debug.split(['(', ' ', '{']).next().unwrap_or("?").to_string()
+                        debug
+                            .split(['(', ' ', '{'])
+                            .next()
+                            .unwrap_or("?")
+                            .to_string()
                     }
                 }
             }
@@ -418,8 +422,12 @@ macro_rules! audit_driver {
                 let mut tasks = Vec::new();
                 for w in 0..plan.workers {
                     let (db, done, step_downs) = (db.clone(), done.clone(), step_downs.clone());
-                    let (seed, per_worker, min_step_downs, max_duration) =
-                        (plan.seed, plan.per_worker, plan.min_step_downs, plan.max_duration);
+                    let (seed, per_worker, min_step_downs, max_duration) = (
+                        plan.seed,
+                        plan.per_worker,
+                        plan.min_step_downs,
+                        plan.max_duration,
+                    );
                     tasks.push(tokio::spawn(async move {
                         let inserts: Collection<Document> = db.collection("inserts");
                         let counters: Collection<Document> = db.collection("counters");
@@ -679,8 +687,7 @@ pub fn write(plan: &AuditPlan, runs: &[AuditRun], out: &std::path::Path) -> Resu
     let json = serde_json::to_string_pretty(&serde_json::json!({ "plan": plan, "runs": runs }))
         .map_err(|e| e.to_string())?;
     std::fs::write(out.join("audit.json"), json).map_err(|e| format!("audit.json: {e}"))?;
-    std::fs::write(out.join("audit.md"), markdown(plan, runs))
-        .map_err(|e| format!("audit.md: {e}"))
+    std::fs::write(out.join("audit.md"), markdown(plan, runs)).map_err(|e| format!("audit.md: {e}"))
 }
 
 #[cfg(test)]
@@ -712,7 +719,13 @@ mod tests {
         // recorded ids (2 + 2) disagree with n, and id 3 has no increment: 2 inconsistencies.
         assert_eq!(a.inconsistencies, 2, "{a}");
         assert_eq!(
-            (a.writes, a.acknowledged, a.exactly_once, a.missing, a.duplicates),
+            (
+                a.writes,
+                a.acknowledged,
+                a.exactly_once,
+                a.missing,
+                a.duplicates
+            ),
             (5, 3, 1, 1, 2),
             "{a}"
         );
@@ -720,7 +733,11 @@ mod tests {
 
         let clean = vec![doc! { "_id": 0i64, "n": 2i64, "ops": [4i64] }];
         let a = audit(&log[..4], &[1, 3], &clean);
-        assert_eq!((a.inconsistencies, a.duplicates, a.missing), (0, 0, 1), "{a}");
+        assert_eq!(
+            (a.inconsistencies, a.duplicates, a.missing),
+            (0, 0, 1),
+            "{a}"
+        );
     }
 
     #[test]
@@ -764,7 +781,10 @@ mod tests {
             ..run
         };
         assert!(upstream.failures(&plan).is_empty());
-        assert_eq!(AuditDriver::parse("fork-default"), Ok(AuditDriver::ForkDefault));
+        assert_eq!(
+            AuditDriver::parse("fork-default"),
+            Ok(AuditDriver::ForkDefault)
+        );
         assert!(AuditDriver::parse("nope").is_err());
     }
 }

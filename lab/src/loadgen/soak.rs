@@ -56,8 +56,9 @@ pub const DROP_BEFORE_SHARE: f64 = 0.002;
 pub const DROP_AFTER_WRITE_SHARE: f64 = 0.005;
 /// Default period of the scheduled step-downs.
 pub const STEP_DOWN_EVERY_SECS: f64 = 30.0;
-/// How long a stepped-down primary cannot be elected again.
-const STEP_DOWN_FOR_SECS: i64 = 10;
+/// How long a stepped-down primary cannot be elected again: short, so that frequent
+/// step-downs (the test's every 3 s) always find another electable member.
+const STEP_DOWN_FOR_SECS: i64 = 1;
 /// How long the set is without a primary after each step-down.
 const ELECTION_DELAY_MS: i64 = 300;
 /// Most sessions the soak's server keeps (least recently used ones are forgotten beyond it).
@@ -118,8 +119,13 @@ impl SoakConfig {
         SoakConfig {
             length,
             lab,
-            variant: Variant::parse("fork-budget-timeout")
-                .unwrap_or_else(|_| Variant::new("fork-budget-timeout", super::config::Driver::Fork, "retryBudget=true&timeoutMS={deadline}")),
+            variant: Variant::parse("fork-budget-timeout").unwrap_or_else(|_| {
+                Variant::new(
+                    "fork-budget-timeout",
+                    super::config::Driver::Fork,
+                    "retryBudget=true&timeoutMS={deadline}",
+                )
+            }),
             step_down_every: Some(Duration::from_secs_f64(STEP_DOWN_EVERY_SECS)),
             grace,
         }
@@ -188,14 +194,14 @@ pub struct Drain {
     /// Driver calls still in flight after the grace period (must be 0).
     pub in_flight: i64,
     /// Server connections that are no pool's (monitors, the lab's control clients) before
-    /// the load and after the grace period: equal when no connection was leaked outside the
-    /// pools.
+    /// the load and after the grace period: no more after than before when no connection was
+    /// leaked outside the pools.
     pub outside_pools_before: i64,
     /// After the grace period.
     pub outside_pools_after: i64,
     /// The driver's pooled connections after the grace period (all idle: nothing in flight).
     pub pool_connections: i64,
-    /// Largest pool size the clients may have (instances × maxPoolSize).
+    /// Most connections the clients' pools may hold (instances × members × maxPoolSize).
     pub pool_limit: i64,
     /// Open cursors after the grace period (must be 0: every cursor was exhausted or killed).
     pub cursors: i64,
@@ -408,7 +414,9 @@ struct ServerFigures {
 }
 
 async fn server_figures(member: &mongodb::Client) -> Option<ServerFigures> {
-    let st = Members::admin(member, doc! { "serverStatus": 1 }).await.ok()?;
+    let st = Members::admin(member, doc! { "serverStatus": 1 })
+        .await
+        .ok()?;
     let int = |path: &[&str]| -> i64 {
         let mut d = &st;
         for key in &path[..path.len() - 1] {
@@ -650,8 +658,8 @@ async fn run_against(
             let mut totals = Totals::default();
             for k in 0..segments {
                 let seg_start = start + Duration::from_secs(k * SEGMENT_SECS);
-                let secs = (length.as_secs_f64() - (k * SEGMENT_SECS) as f64)
-                    .min(SEGMENT_SECS as f64);
+                let secs =
+                    (length.as_secs_f64() - (k * SEGMENT_SECS) as f64).min(SEGMENT_SECS as f64);
                 if secs <= 0.0 {
                     break;
                 }
@@ -666,7 +674,12 @@ async fn run_against(
                     seed: seed.wrapping_add(k * 7919),
                 });
                 // Built ahead of time, then waits for its start.
-                tokio::time::sleep_until(seg_start.checked_sub(Duration::from_millis(100)).unwrap_or(seg_start)).await;
+                tokio::time::sleep_until(
+                    seg_start
+                        .checked_sub(Duration::from_millis(100))
+                        .unwrap_or(seg_start),
+                )
+                .await;
                 let clients = clients.clone();
                 running.spawn(async move {
                     let recorder = Arc::new(Recorder::new(seg_start));
@@ -755,7 +768,10 @@ async fn run_against(
         outside_pools_before: outside_before,
         outside_pools_after: at_drain.connections - events.pool,
         pool_connections: events.pool,
-        pool_limit: (lab.instances.max(1) as i64) * i64::from(lab.max_pool_size),
+        // A pool per member and client: after step-downs each client keeps connections to
+        // the former primaries.
+        pool_limit: (lab.instances.max(1) * lab.members.max(2)) as i64
+            * i64::from(lab.max_pool_size),
         cursors: at_drain.cursors,
         server_connections_before_clients: before_clients.connections,
         ..Drain::default()
@@ -819,7 +835,11 @@ fn rss_figures(samples: &[Sample], baseline_at: Duration) -> (u64, u64, u64) {
     };
     let baseline = samples[first].rss_kib;
     let end = samples.last().map_or(0, |s| s.rss_kib);
-    let max = samples[first..].iter().map(|s| s.rss_kib).max().unwrap_or(0);
+    let max = samples[first..]
+        .iter()
+        .map(|s| s.rss_kib)
+        .max()
+        .unwrap_or(0);
     (baseline, end, max)
 }
 
@@ -832,7 +852,9 @@ fn drain_failures(d: &Drain) -> Vec<String> {
     if d.cursors != 0 {
         f.push(format!("{} cursors still open on the server", d.cursors));
     }
-    if d.outside_pools_after != d.outside_pools_before {
+    // Monitors may replace a connection (or not yet have replaced one) after a step-down, so
+    // fewer is no leak; more means sockets the pools no longer know about.
+    if d.outside_pools_after > d.outside_pools_before {
         f.push(format!(
             "server connections outside the pools: {} before the load, {} after it",
             d.outside_pools_before, d.outside_pools_after
@@ -844,8 +866,7 @@ fn drain_failures(d: &Drain) -> Vec<String> {
             d.pool_connections, d.pool_limit
         ));
     }
-    if d.sessions_after_shutdown < 0 || d.sessions_after_shutdown as u64 > d.connections_closed
-    {
+    if d.sessions_after_shutdown < 0 || d.sessions_after_shutdown as u64 > d.connections_closed {
         f.push(format!(
             "{} sessions left on the server after the clients shut down, more than the {} \
              connections closed during the soak, each of which may have discarded one",
@@ -927,8 +948,14 @@ pub fn markdown(r: &SoakReport) -> String {
             r.drain.network_errors, r.drain.connections_closed
         ),
     );
-    row("max driver calls in flight", max(|s| s.in_flight).to_string());
-    row("max pooled connections", max(|s| s.pool_connections).to_string());
+    row(
+        "max driver calls in flight",
+        max(|s| s.in_flight).to_string(),
+    );
+    row(
+        "max pooled connections",
+        max(|s| s.pool_connections).to_string(),
+    );
     row(
         "max server connections",
         max(|s| s.server_connections).to_string(),
@@ -1054,6 +1081,9 @@ mod tests {
         };
         let f = drain_failures(&leaky);
         assert_eq!(f.len(), 4, "{f:?}");
-        assert!(f[0].contains("in flight") && f[1].contains("cursors"), "{f:?}");
+        assert!(
+            f[0].contains("in flight") && f[1].contains("cursors"),
+            "{f:?}"
+        );
     }
 }
