@@ -137,6 +137,20 @@ struct RunArgs {
     /// Seconds to wait for late completions after the schedule.
     #[arg(long, default_value_t = 2.0)]
     drain_secs: f64,
+    /// Soak for MINUTES instead of a scenario: the fork's recommended settings at 150 % with
+    /// faults, sampled every second, then a drain check (docs/lab.md "Soak").
+    #[arg(long, value_name = "MINUTES", conflicts_with_all = ["suite", "phases", "full"])]
+    soak: Option<f64>,
+    /// Runs the exactly-once audit with WRITES writes per driver instead of a scenario
+    /// (docs/lab.md "Exactly-once audit").
+    #[arg(long, value_name = "WRITES", conflicts_with_all = ["suite", "phases", "full", "soak"])]
+    audit: Option<u64>,
+    /// With --audit: the drivers (comma-separated: fork, fork-default, upstream).
+    #[arg(long, value_delimiter = ',', requires = "audit")]
+    audit_drivers: Vec<String>,
+    /// With --soak: seconds between step-downs (0: none).
+    #[arg(long, default_value_t = lab::loadgen::soak::STEP_DOWN_EVERY_SECS, requires = "soak")]
+    step_down_secs: f64,
 }
 
 fn length(a: &RunArgs) -> Length {
@@ -253,6 +267,12 @@ fn default_out() -> PathBuf {
 }
 
 async fn run(a: RunArgs) -> Result<bool, String> {
+    if let Some(minutes) = a.soak {
+        return soak(&a, minutes).await;
+    }
+    if let Some(writes) = a.audit {
+        return audit(&a, writes).await;
+    }
     if a.suite {
         return suite(a).await;
     }
@@ -292,6 +312,82 @@ async fn run(a: RunArgs) -> Result<bool, String> {
     }
     println!("report: {}", out.join("report.md").display());
     Ok(!invalid)
+}
+
+/// `--soak MINUTES`: the soak run and its verdict (`false` when it failed).
+async fn soak(a: &RunArgs, minutes: f64) -> Result<bool, String> {
+    use lab::loadgen::soak;
+    if !(minutes.is_finite() && minutes > 0.0 && minutes <= 24.0 * 60.0) {
+        return Err("--soak must be between 0 and 1440 minutes".into());
+    }
+    if !(a.step_down_secs.is_finite() && a.step_down_secs >= 0.0) {
+        return Err("--step-down-secs must be >= 0".into());
+    }
+    let mut base = config(a, a.scenario)?;
+    let mut cfg = soak::SoakConfig::new(Duration::from_secs_f64(minutes * 60.0), base.clone());
+    // A mix given on the command line wins over the soak's.
+    if a.mix.is_some() {
+        base.persona = cfg.lab.persona;
+        base.members = cfg.lab.members;
+        cfg.lab = base;
+    }
+    // The scenario's settings do not apply: the soak has its own load and faults.
+    cfg.lab.limiter_share = lab::loadgen::config::LabConfig::default().limiter_share;
+    cfg.lab.model_overrides = None;
+    cfg.lab.random_reject_share = 0.0;
+    cfg.step_down_every =
+        (a.step_down_secs > 0.0).then(|| Duration::from_secs_f64(a.step_down_secs));
+    if !a.variants.is_empty() {
+        cfg.variant = Variant::parse(&a.variants[0])?;
+    }
+    let out = a.out.clone().unwrap_or_else(default_out);
+    let bar = ProgressBar::new(cfg.length.as_secs());
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len}s {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let result = soak::run(&cfg, &bar).await;
+    bar.finish_and_clear();
+    let report = result?;
+    soak::write(&report, &out)?;
+    println!("\n{}", soak::markdown(&report));
+    println!("report: {}", out.join("soak.md").display());
+    Ok(report.passed)
+}
+
+/// `--audit WRITES`: the exactly-once audit of each driver (`false` when one failed).
+async fn audit(a: &RunArgs, writes: u64) -> Result<bool, String> {
+    use lab::loadgen::audit::{self, AuditDriver, AuditPlan};
+    if writes == 0 || writes > 10_000_000 {
+        return Err("--audit must be between 1 and 10,000,000 writes".into());
+    }
+    let drivers = if a.audit_drivers.is_empty() {
+        AuditDriver::ALL.to_vec()
+    } else {
+        a.audit_drivers
+            .iter()
+            .map(|d| AuditDriver::parse(d))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let plan = AuditPlan {
+        seed: a.seed,
+        ..AuditPlan::for_writes(writes)
+    };
+    let out = a.out.clone().unwrap_or_else(default_out);
+    let mut runs = Vec::new();
+    for d in drivers {
+        println!("audit: {} ...", d.name());
+        let run = audit::run_one(&plan, d).await?;
+        println!("audit: {}: {} ({:.0} s)", d.name(), run.audit, run.seconds);
+        runs.push(run);
+        // Written after each driver, so a long run leaves its figures so far.
+        audit::write(&plan, &runs, &out)?;
+    }
+    println!("\n{}", audit::markdown(&plan, &runs));
+    println!("report: {}", out.join("audit.md").display());
+    Ok(runs.iter().all(|r| r.failures(&plan).is_empty()))
 }
 
 /// `--suite`: every scenario (or those named) with its variants, then the verdict.

@@ -8,6 +8,7 @@
 //! spawned task. [`metrics`] books per-second figures, [`summary`] reduces them, and
 //! [`report`] writes `report.md`, `series.csv`, `summary.json` and SVG charts.
 
+pub mod audit;
 mod calibrate;
 pub mod client;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod runner;
 mod sampler;
 pub mod scenarios;
 pub mod schedule;
+pub mod soak;
 pub mod summary;
 pub mod sys;
 pub mod verdict;
