@@ -576,7 +576,6 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
             EntityDef::ClientEncryption(_) => "clientEncryption",
             EntityDef::Client(c) => {
                 let fields = [
-                    ("observeLogMessages", c.observe_log_messages.is_some()),
                     ("autoEncryptOpts", c.auto_encrypt_opts.is_some()),
                     (
                         "storeEventsAsEntities",
@@ -2582,6 +2581,7 @@ mod tests {
             observe: vec!["commandStartedEvent".into()],
             ignore_commands: vec!["hello".into()],
             observe_sensitive: false,
+            logs: None,
         };
         for name in ["ping", "configureFailPoint", "hello"] {
             let mut event = started(None);

@@ -318,6 +318,7 @@ pub struct Test {
     pub skip_reason: Option<String>,
     pub operations: Vec<Operation>,
     pub expect_events: Option<Vec<ExpectedEventsForClient>>,
+    pub expect_log_messages: Option<Vec<crate::logs::ExpectedLogMessagesForClient>>,
     pub outcome: Option<Vec<CollectionData>>,
 }
 

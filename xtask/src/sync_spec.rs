@@ -11,12 +11,16 @@ use crate::project::Project;
 
 /// The specifications whose test JSON the project runs (`source/<name>/tests/`). Inside each,
 /// the runner discovers files by layout, so new files arrive with the next sync.
-pub const SUITES: [&str; 8] = [
+pub const SUITES: [&str; 12] = [
+    "change-streams",
     "client-backpressure",
     "client-side-operations-timeout",
+    "command-logging-and-monitoring",
     "retryable-reads",
     "retryable-writes",
+    "run-command",
     "server-discovery-and-monitoring",
+    "sessions",
     "transactions",
     "unified-test-format",
     "uri-options",
