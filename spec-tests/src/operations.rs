@@ -427,6 +427,7 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("endSession", &[]),
+    ("getSnapshotTime", &[]),
     // Cursor operations.
     ("iterateUntilDocumentOrError", &[]),
     ("iterateOnce", &[]),
@@ -1787,6 +1788,11 @@ async fn session_op(
                 .map(|()| value(None))
         }
         "commitTransaction" => s.commit_transaction().await.map(|()| value(None)),
+        // A snapshot session's time, once its first read chose one (or its options set one).
+        "getSnapshotTime" => match s.snapshot_time() {
+            Some(ts) => Ok(value(Some(Bson::Timestamp(ts)))),
+            None => return Err("getSnapshotTime: the session has no snapshot time".into()),
+        },
         "abortTransaction" => s.abort_transaction().await.map(|()| value(None)),
         "withTransaction" => {
             let callback: Vec<schema::Operation> = match args.take("callback") {
@@ -2260,6 +2266,18 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                 if let Some(o) = &s.session_options {
                     options.causal_consistency = o.causal_consistency;
                     options.snapshot = o.snapshot;
+                    if let Some(saved) = &o.snapshot_time {
+                        options.snapshot_time = match crate::matching::EntityLookup::bson_entity(&ctx.entities, saved) {
+                            Some(Bson::Timestamp(ts)) => Some(ts),
+                            other => {
+                                return Err(format!(
+                                    "session {}: snapshotTime {saved:?} is not a saved \
+                                     timestamp: {other:?}",
+                                    s.id
+                                ))
+                            }
+                        };
+                    }
                     options.default_transaction_options = o
                         .default_transaction_options
                         .clone()

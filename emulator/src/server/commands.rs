@@ -16,7 +16,7 @@ use super::error::{
 use super::failpoint::{self, CommandFacts};
 use super::mangle;
 use super::session::{SessionKey, Transaction, TxnState};
-use super::{cluster_time_doc, hello, lock, repl, Member, Role, Shared, State};
+use super::{cluster_time_doc, hello, lock, repl, snapshot, Member, Role, Shared, State};
 use crate::model::{CommandInfo, Rejection};
 use crate::wire::OpMsg;
 
@@ -693,6 +693,24 @@ fn run_data_command(
         st.sessions.touch(key, lsid, cfg.max_sessions);
     }
     let replicated = shared.is_replicated();
+    // A snapshot read outside a transaction reads a recorded copy of the store (`snapshot.rs`).
+    let snapshot_read = match snapshot::requested(body).filter(|_| g.autocommit.is_none()) {
+        Some(at) => {
+            if let Some(refused) = snapshot::refusal(name, body, replicated) {
+                return Err(refused);
+            }
+            Some(match at {
+                Some(at) => (at, st.snapshots.at(at)?),
+                None => {
+                    let now = st.tick();
+                    let copy = st.store.clone();
+                    st.snapshots.record(now, &copy);
+                    (now, copy)
+                }
+            })
+        }
+        None => None,
+    };
     let bulk_write_batch_size = match st.params.values.get("labBulkWriteBatchSize") {
         Some(Bson::Int32(n)) if *n > 0 => usize::try_from(*n).ok(),
         _ => None,
@@ -719,6 +737,12 @@ fn run_data_command(
         changes: &mut st.changes,
         bulk_write_batch_size,
     };
+
+    if let Some((at, mut view)) = snapshot_read {
+        let mut reply = data::run(name, db, body, &mut view, &mut ctx)?;
+        snapshot::stamp(&mut reply, at);
+        return Ok(reply);
+    }
 
     // Transaction statement.
     if g.autocommit.is_some() {

@@ -52,6 +52,7 @@ pub mod mangle;
 mod repl;
 mod scram;
 mod session;
+mod snapshot;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -221,6 +222,8 @@ pub(crate) struct State {
     pub(crate) cursors: Cursors,
     pub(crate) params: Params,
     pub(crate) changes: changes::ChangeLog,
+    /// Store copies for snapshot reads at a cluster time (empty until the first one).
+    pub(crate) snapshots: snapshot::SnapshotHistory,
     /// Bumped by every write to `store` (transactions commit by swapping in their copy when
     /// nothing else wrote meanwhile).
     pub(crate) write_version: u64,
@@ -445,6 +448,7 @@ impl Emulator {
                 cursors: Cursors::default(),
                 params: Params { values: params },
                 changes: Default::default(),
+                snapshots: Default::default(),
                 write_version: 0,
                 cluster_time: Timestamp {
                     time: 0,
