@@ -9,7 +9,6 @@ use bson::{doc, Bson, Document};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::matching::EntityLookup;
-use crate::mongodb::change_stream::event::ChangeStreamEvent;
 use crate::mongodb::change_stream::ChangeStream;
 use crate::mongodb::event::cmap::{CmapEvent, ConnectionClosedReason};
 use crate::mongodb::event::command::CommandEvent;
@@ -328,7 +327,7 @@ pub enum Entity {
     Session(SessionEntity),
     Bson(Bson),
     Cursor(Arc<AsyncMutex<Cursor<Document>>>),
-    ChangeStream(Arc<AsyncMutex<ChangeStream<ChangeStreamEvent<Document>>>>),
+    ChangeStream(Arc<AsyncMutex<ChangeStream<Document>>>),
     Thread(ThreadEntity),
 }
 
@@ -396,7 +395,7 @@ impl EntityMap {
     getter!(
         change_stream,
         ChangeStream,
-        Arc<AsyncMutex<ChangeStream<ChangeStreamEvent<Document>>>>
+        Arc<AsyncMutex<ChangeStream<Document>>>
     );
 
     pub fn clients(&self) -> Vec<ClientEntity> {

@@ -1105,10 +1105,6 @@ fn delete_result(r: DeleteResult) -> Bson {
     Bson::Document(doc! {"deletedCount": count(r.deleted_count)})
 }
 
-fn to_bson<T: serde::Serialize>(value: &T) -> Result<Bson, String> {
-    bson::to_bson(value).map_err(|e| format!("cannot convert a result to BSON: {e}"))
-}
-
 /// Reads every document of a cursor the operation opened.
 async fn drain_cursor<T>(
     cursor: Result<crate::mongodb::Cursor<T>, DriverError>,
@@ -1393,7 +1389,7 @@ async fn collection_op(
                 .pipeline(pipeline)
                 .with_options(options)
                 .await
-                .map(|cs| Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(cs)))))
+                .map(change_stream_entity)
         }
         other => {
             return Err(format!(
@@ -1493,7 +1489,7 @@ async fn database_op(
                 .pipeline(pipeline)
                 .with_options(options)
                 .await
-                .map(|cs| Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(cs)))))
+                .map(change_stream_entity)
         }
         other => return Err(format!("operation {other} is not supported on a database")),
     };
@@ -1750,7 +1746,7 @@ async fn client_op(
                 .pipeline(pipeline)
                 .with_options(options)
                 .await
-                .map(|cs| Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(cs)))))
+                .map(change_stream_entity)
         }
         other => return Err(format!("operation {other} is not supported on a client")),
     };
@@ -1873,23 +1869,30 @@ async fn cursor_op(
     }
 }
 
+/// A change stream entity. Its events are raw documents: the format matches what the server
+/// sent (new fields, other `ns` shapes, projections), which the driver's typed
+/// `ChangeStreamEvent` would reject or drop.
+fn change_stream_entity(
+    stream: crate::mongodb::change_stream::ChangeStream<
+        crate::mongodb::change_stream::event::ChangeStreamEvent<Document>,
+    >,
+) -> Produced {
+    Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(
+        stream.with_type::<Document>(),
+    ))))
+}
+
 async fn change_stream_op(
     ctx: &mut Ctx,
     id: &str,
-    stream: Arc<
-        AsyncMutex<
-            crate::mongodb::change_stream::ChangeStream<
-                crate::mongodb::change_stream::event::ChangeStreamEvent<Document>,
-            >,
-        >,
-    >,
+    stream: Arc<AsyncMutex<crate::mongodb::change_stream::ChangeStream<Document>>>,
     args: &Args,
 ) -> Result<DriverResult, String> {
     match args.op.as_str() {
         "iterateUntilDocumentOrError" => {
             let mut cs = stream.lock().await;
             match cs.try_next().await {
-                Ok(Some(event)) => Ok(Ok(value(Some(to_bson(&event)?)))),
+                Ok(Some(event)) => Ok(Ok(value(Some(Bson::Document(event))))),
                 Ok(None) => Err(format!("change stream {id:?} ended")),
                 Err(e) => Ok(Err(e)),
             }

@@ -187,6 +187,7 @@ pub(crate) async fn handle(
                 && data::is_retryable_write(&name),
             in_transaction: g.autocommit == Some(false),
             commit_or_abort: matches!(name.as_str(), "commitTransaction" | "abortTransaction"),
+            change_stream_get_more: name == "getMore" && is_change_stream_cursor(shared, &body),
         },
         Err(_) => LabelContext::default(),
     };
@@ -286,6 +287,23 @@ pub(crate) async fn handle(
         }
     }
 
+    if name == "getMore" {
+        // mongod's failGetMoreAfterCursorCheckout: the getMore fails once it holds its cursor.
+        let fired = lock(&member.get_more_fail_point).evaluate_mode(&mut rand::rng());
+        if let Some(data) = fired {
+            if data.get_bool("closeConnection").unwrap_or(false) {
+                return Outcome::Close;
+            }
+            let code = match data.get("errorCode") {
+                Some(Bson::Int32(c)) => *c,
+                Some(Bson::Int64(c)) => i32::try_from(*c).unwrap_or(codes::BAD_VALUE),
+                _ => codes::BAD_VALUE,
+            };
+            let err = CommandError::new(code, "Failing command via 'failGetMoreAfterCursorCheckout' failpoint");
+            return Outcome::Reply(finish(shared, member, Err(err), label_ctx, None, None));
+        }
+    }
+
     // Overload model, step 2: ticket, virtual cores, yields and the deadline.
     let ran = match admission.execute(&mut disconnected).await {
         Ok(o) => o,
@@ -329,6 +347,14 @@ pub(crate) async fn handle(
         override_labels,
         wce,
     ))
+}
+
+/// Whether a getMore continues a change stream's cursor.
+fn is_change_stream_cursor(shared: &Shared, body: &Document) -> bool {
+    match body.get("getMore") {
+        Some(Bson::Int64(id)) => shared.state().cursors.stream_position(*id).is_some(),
+        _ => false,
+    }
 }
 
 /// How long a change-stream getMore waits for events (none when events are already there).
@@ -1454,9 +1480,11 @@ fn configure_fail_point(member: &Member, body: &Document) -> Result<Document, Co
     let slot = match name {
         "failCommand" => &member.fail_point,
         "onPrimaryTransactionalWrite" => &member.primary_write_fail_point,
+        "failGetMoreAfterCursorCheckout" => &member.get_more_fail_point,
         _ => {
             return Err(CommandError::bad_value(format!(
-                "Cannot find FailPoint named {name} (the emulator has failCommand and onPrimaryTransactionalWrite)"
+                "Cannot find FailPoint named {name} (the emulator has failCommand, \
+                 onPrimaryTransactionalWrite and failGetMoreAfterCursorCheckout)"
             )))
         }
     };

@@ -201,6 +201,9 @@ pub(crate) struct Member {
     /// mongod's `onPrimaryTransactionalWrite`: acts on retryable writes (close the connection
     /// after the write, or fail before it with `failBeforeCommitExceptionCode`).
     pub(crate) primary_write_fail_point: Mutex<FailPoint>,
+    /// mongod's `failGetMoreAfterCursorCheckout`: fails getMores (`errorCode`) or closes their
+    /// connection (`closeConnection`).
+    pub(crate) get_more_fail_point: Mutex<FailPoint>,
     /// Wakes pending awaitable hellos early (after errors that make drivers mark the member
     /// unknown).
     pub(crate) wake: tokio::sync::Notify,
@@ -413,6 +416,7 @@ impl Emulator {
                 process_id: ObjectId::new(),
                 fail_point: Mutex::new(FailPoint::default()),
                 primary_write_fail_point: Mutex::new(FailPoint::default()),
+                get_more_fail_point: Mutex::new(FailPoint::default()),
                 wake: tokio::sync::Notify::new(),
                 model,
             }));
