@@ -533,7 +533,10 @@ pub async fn create_client(
     let logs = match &def.observe_log_messages {
         Some(observe) => {
             crate::logs::install()?;
-            Some(crate::logs::Collector::new(observe).map_err(|e| format!("client {}: {e}", def.id))?)
+            Some(
+                crate::logs::Collector::new(observe)
+                    .map_err(|e| format!("client {}: {e}", def.id))?,
+            )
         }
         None => None,
     };

@@ -79,7 +79,9 @@ impl Collector {
         let mut levels = HashMap::new();
         for (component, level) in observe {
             let Some((known, _)) = COMPONENTS.iter().find(|(c, _)| c == component) else {
-                return Err(format!("observeLogMessages: unknown component {component:?}"));
+                return Err(format!(
+                    "observeLogMessages: unknown component {component:?}"
+                ));
             };
             let Bson::String(level) = level else {
                 return Err(format!(
@@ -128,7 +130,9 @@ pub fn install() -> Result<(), String> {
     INSTALLED
         .get_or_init(|| {
             tracing::subscriber::set_global_default(Capture).map_err(|e| {
-                format!("cannot capture log messages: another tracing subscriber is installed ({e})")
+                format!(
+                    "cannot capture log messages: another tracing subscriber is installed ({e})"
+                )
             })
         })
         .clone()
@@ -323,7 +327,11 @@ pub fn check(
     let ignored = expected.ignore_messages.as_deref().unwrap_or_default();
     let actual: Vec<&LogMessage> = captured
         .iter()
-        .filter(|m| !ignored.iter().any(|i| match_message(i, m, entities).is_ok()))
+        .filter(|m| {
+            !ignored
+                .iter()
+                .any(|i| match_message(i, m, entities).is_ok())
+        })
         .collect();
     let describe = |m: &LogMessage| format!("{} {} {}", m.component, m.level, m.data);
     for (i, want) in expected.messages.iter().enumerate() {

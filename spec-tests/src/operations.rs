@@ -2270,7 +2270,10 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                     options.causal_consistency = o.causal_consistency;
                     options.snapshot = o.snapshot;
                     if let Some(saved) = &o.snapshot_time {
-                        options.snapshot_time = match crate::matching::EntityLookup::bson_entity(&ctx.entities, saved) {
+                        options.snapshot_time = match crate::matching::EntityLookup::bson_entity(
+                            &ctx.entities,
+                            saved,
+                        ) {
                             Some(Bson::Timestamp(ts)) => Some(ts),
                             other => {
                                 return Err(format!(

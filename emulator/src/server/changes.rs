@@ -38,6 +38,27 @@ struct Event {
     coll: String,
     cluster_time: Timestamp,
     doc: Document,
+    /// The document before and after the change, kept when the collection had
+    /// `changeStreamPreAndPostImages` enabled at the time of the write.
+    images: Images,
+    /// An expanded event (create, createIndexes, dropIndexes, modify): only streams opened with
+    /// `showExpandedEvents` see it.
+    expanded: bool,
+    /// An invalidate event: only collection streams see it.
+    invalidate: bool,
+}
+
+/// The pre- and post-image of a change, when recorded.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Images {
+    pub(crate) pre: Option<Document>,
+    pub(crate) post: Option<Document>,
+}
+
+/// What a stream asked to see, beyond its scope.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Visibility {
+    pub(crate) show_expanded: bool,
 }
 
 /// The change log.
@@ -104,9 +125,15 @@ impl ChangeLog {
         Ok(self.next_seq)
     }
 
-    /// Up to `max` events at or after `from` within `scope`, in order, and the position after
-    /// the last event examined.
-    pub(crate) fn read(&self, from: u64, scope: &Scope, max: usize) -> (Vec<(u64, Document)>, u64) {
+    /// Up to `max` events at or after `from` within `scope` that `visibility` admits, in order,
+    /// with their images, and the position after the last event examined.
+    pub(crate) fn read(
+        &self,
+        from: u64,
+        scope: &Scope,
+        visibility: Visibility,
+        max: usize,
+    ) -> (Vec<(u64, Document, Images)>, u64) {
         let mut out = Vec::new();
         let mut next = from;
         for e in self.events.iter().filter(|e| e.seq >= from) {
@@ -114,14 +141,72 @@ impl ChangeLog {
                 return (out, next);
             }
             next = e.seq + 1;
-            if scope.matches(&e.db, &e.coll) {
-                out.push((e.seq, e.doc.clone()));
+            let visible = (!e.expanded || visibility.show_expanded)
+                && (!e.invalidate || matches!(scope, Scope::Collection(..)));
+            if visible && scope.matches(&e.db, &e.coll) {
+                out.push((e.seq, e.doc.clone(), e.images.clone()));
             }
         }
         (out, self.next_seq.max(from))
     }
 
-    fn push(&mut self, db: &str, coll: &str, cluster_time: Timestamp, mut body: Document) {
+    /// Records a catalog event (`drop`, `create`, …) on `db.coll`; `expanded` ones are shown
+    /// only to streams with `showExpandedEvents`. A dropped collection also invalidates the
+    /// streams on it, as mongod's do.
+    pub(crate) fn record_catalog(
+        &mut self,
+        db: &str,
+        coll: &str,
+        cluster_time: Timestamp,
+        body: Document,
+        expanded: bool,
+    ) {
+        let drop = body.get_str("operationType") == Ok("drop");
+        self.push_event(
+            db,
+            coll,
+            cluster_time,
+            body,
+            Images::default(),
+            expanded,
+            false,
+        );
+        if drop {
+            self.push_event(
+                db,
+                coll,
+                cluster_time,
+                doc! { "operationType": "invalidate" },
+                Images::default(),
+                false,
+                true,
+            );
+        }
+    }
+
+    fn push(&mut self, db: &str, coll: &str, cluster_time: Timestamp, body: Document) {
+        self.push_event(
+            db,
+            coll,
+            cluster_time,
+            body,
+            Images::default(),
+            false,
+            false,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push_event(
+        &mut self,
+        db: &str,
+        coll: &str,
+        cluster_time: Timestamp,
+        mut body: Document,
+        images: Images,
+        expanded: bool,
+        invalidate: bool,
+    ) {
         let seq = self.next_seq;
         self.next_seq += 1;
         let mut doc = doc! {
@@ -140,6 +225,9 @@ impl ChangeLog {
             coll: coll.to_string(),
             cluster_time,
             doc,
+            images,
+            expanded,
+            invalidate,
         });
         while self.events.len() > MAX_EVENTS {
             self.events.pop_front();
@@ -156,7 +244,15 @@ impl ChangeLog {
         after: &[Document],
         replacement: bool,
         cluster_time: Timestamp,
+        keep_images: bool,
     ) {
+        let images = |pre: Option<&Document>, post: Option<&Document>| match keep_images {
+            true => Images {
+                pre: pre.cloned(),
+                post: post.cloned(),
+            },
+            false => Images::default(),
+        };
         let old: BTreeMap<IdKey, &Document> = before
             .iter()
             .filter_map(|d| Some((id_key(d.get("_id")?), d)))
@@ -176,11 +272,14 @@ impl ChangeLog {
                 ),
                 Some(prev) if *prev != d => {
                     if replacement {
-                        self.push(
+                        self.push_event(
                             db,
                             coll,
                             cluster_time,
                             doc! { "operationType": "replace", "fullDocument": d.clone(), "ns": ns.clone(), "documentKey": { "_id": id.clone() } },
+                            images(Some(prev), Some(d)),
+                            false,
+                            false,
                         );
                     } else {
                         let mut updated = Document::new();
@@ -194,7 +293,7 @@ impl ChangeLog {
                             .filter(|k| !d.contains_key(k.as_str()))
                             .map(|k| Bson::String(k.clone()))
                             .collect();
-                        self.push(
+                        self.push_event(
                             db,
                             coll,
                             cluster_time,
@@ -204,6 +303,9 @@ impl ChangeLog {
                                 "documentKey": { "_id": id.clone() },
                                 "updateDescription": { "updatedFields": updated, "removedFields": removed, "truncatedArrays": [] },
                             },
+                            images(Some(prev), Some(d)),
+                            false,
+                            false,
                         );
                     }
                 }
@@ -213,11 +315,14 @@ impl ChangeLog {
         for d in before {
             let Some(id) = d.get("_id") else { continue };
             if !seen.contains(&id_key(id)) {
-                self.push(
+                self.push_event(
                     db,
                     coll,
                     cluster_time,
                     doc! { "operationType": "delete", "ns": ns.clone(), "documentKey": { "_id": id.clone() } },
+                    images(Some(d), None),
+                    false,
+                    false,
                 );
             }
         }
@@ -252,8 +357,15 @@ impl Capture {
         Some(Capture { colls, replacement })
     }
 
-    /// Records what changed since the capture.
-    pub(crate) fn finish(self, log: &mut ChangeLog, store: &Store, cluster_time: Timestamp) {
+    /// Records what changed since the capture; `keeps_images` says which collections have
+    /// `changeStreamPreAndPostImages` enabled.
+    pub(crate) fn finish(
+        self,
+        log: &mut ChangeLog,
+        store: &Store,
+        cluster_time: Timestamp,
+        keeps_images: impl Fn(&str, &str) -> bool,
+    ) {
         for (d, c, before) in &self.colls {
             log.record_diff(
                 d,
@@ -262,6 +374,7 @@ impl Capture {
                 store.documents(d, c),
                 self.replacement,
                 cluster_time,
+                keeps_images(d, c),
             );
         }
     }
@@ -300,24 +413,53 @@ mod tests {
         let before = vec![doc! { "_id": 1, "a": 1 }, doc! { "_id": 2 }];
         let after = vec![doc! { "_id": 1, "a": 2 }, doc! { "_id": 3 }];
         let start = log.start_position(&doc! {}).unwrap();
-        log.record_diff("d", "c", &before, &after, false, ts);
-        let (events, next) = log.read(start, &Scope::Collection("d".into(), "c".into()), 10);
+        log.record_diff("d", "c", &before, &after, false, ts, true);
+        let seen = Visibility::default();
+        let (events, next) = log.read(start, &Scope::Collection("d".into(), "c".into()), seen, 10);
         let ops: Vec<&str> = events
             .iter()
-            .map(|(_, e)| e.get_str("operationType").unwrap())
+            .map(|(_, e, _)| e.get_str("operationType").unwrap())
             .collect();
+        assert_eq!(events[0].2.pre, Some(doc! { "_id": 1, "a": 1 }));
+        assert_eq!(events[0].2.post, Some(doc! { "_id": 1, "a": 2 }));
         assert_eq!(ops, ["update", "insert", "delete"]);
         assert_eq!(next, log.next_seq());
-        let (none, _) = log.read(start, &Scope::Database("other".into()), 10);
+        let (none, _) = log.read(start, &Scope::Database("other".into()), seen, 10);
         assert!(none.is_empty());
         // Resume after the first event.
         let tok = Bson::Document(token(events[0].0));
         let from = log.start_position(&doc! { "resumeAfter": tok }).unwrap();
-        let (rest, _) = log.read(from, &Scope::Cluster, 10);
+        let (rest, _) = log.read(from, &Scope::Cluster, seen, 10);
         assert_eq!(rest.len(), 2);
         // Batches stop at max.
-        let (one, next) = log.read(start, &Scope::Cluster, 1);
+        let (one, next) = log.read(start, &Scope::Cluster, seen, 1);
         assert_eq!(one.len(), 1);
         assert_eq!(next, one[0].0 + 1);
+    }
+
+    #[test]
+    fn expanded_and_invalidate_events_reach_only_the_streams_that_see_them() {
+        let mut log = ChangeLog {
+            enabled: true,
+            ..Default::default()
+        };
+        let ts = Timestamp {
+            time: 1,
+            increment: 1,
+        };
+        let start = log.start_position(&doc! {}).unwrap();
+        log.record_catalog("d", "c", ts, doc! { "operationType": "create" }, true);
+        log.record_catalog("d", "c", ts, doc! { "operationType": "drop" }, false);
+        let ops = |scope: Scope, show_expanded: bool| -> Vec<String> {
+            let (events, _) = log.read(start, &scope, Visibility { show_expanded }, 10);
+            events
+                .iter()
+                .map(|(_, e, _)| e.get_str("operationType").unwrap().to_string())
+                .collect()
+        };
+        let coll = || Scope::Collection("d".into(), "c".into());
+        assert_eq!(ops(coll(), false), ["drop", "invalidate"]);
+        assert_eq!(ops(coll(), true), ["create", "drop", "invalidate"]);
+        assert_eq!(ops(Scope::Database("d".into()), false), ["drop"]);
     }
 }

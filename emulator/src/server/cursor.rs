@@ -48,6 +48,12 @@ pub(crate) struct StreamState {
     /// Pipeline stages after `$changeStream`.
     pub(crate) stages: Vec<Document>,
     pub(crate) db: String,
+    /// Which events beyond the scope the stream sees (`showExpandedEvents`).
+    pub(crate) visibility: changes::Visibility,
+    /// `fullDocument` (`default`, `updateLookup`, `whenAvailable`, `required`).
+    pub(crate) full_document: String,
+    /// `fullDocumentBeforeChange` (`off`, `whenAvailable`, `required`).
+    pub(crate) full_document_before_change: String,
 }
 
 pub(crate) struct Cursor {

@@ -51,6 +51,7 @@ pub(crate) fn is_write(name: &str) -> bool {
             | "dropDatabase"
             | "createIndexes"
             | "dropIndexes"
+            | "collMod"
     )
 }
 
@@ -561,6 +562,41 @@ pub(crate) fn run(
             let out = store.drop_indexes(db, coll, index)?;
             Ok(doc! { "nIndexesWas": out.n_indexes_was, "ok": 1.0 })
         }
+        "collMod" => {
+            // Only the option change streams need; the server keeps it beside the store
+            // (`State::pre_post_images`).
+            let coll = coll_arg(body, name)?;
+            if !store.has_collection(db, coll) {
+                return Err(CommandError::new(
+                    codes::NAMESPACE_NOT_FOUND,
+                    format!("ns does not exist: {db}.{coll}"),
+                ));
+            }
+            for key in body.keys() {
+                if key != "collMod"
+                    && key != "changeStreamPreAndPostImages"
+                    && !GENERIC_FIELDS.contains(&key.as_str())
+                {
+                    return Err(CommandError::new(
+                        codes::INVALID_OPTIONS,
+                        format!(
+                            "collMod option {key} is not supported by the emulator (only \
+                             changeStreamPreAndPostImages is)"
+                        ),
+                    ));
+                }
+            }
+            if let Some(images) = body.get("changeStreamPreAndPostImages") {
+                let valid = matches!(images, Bson::Document(d)
+                    if d.keys().all(|k| k == "enabled") && d.get_bool("enabled").is_ok());
+                if !valid {
+                    return Err(CommandError::failed_to_parse(
+                        "changeStreamPreAndPostImages must be {enabled: <bool>}",
+                    ));
+                }
+            }
+            Ok(doc! { "ok": 1.0 })
+        }
         "listIndexes" => {
             let coll = coll_arg(body, name)?;
             let indexes = store.list_indexes(db, coll)?;
@@ -683,12 +719,42 @@ fn aggregate(
             }
             None => Scope::Database(db.to_string()),
         };
+        let option = |key: &str, default: &str, allowed: &[&str]| -> Result<String, CommandError> {
+            match spec.get(key) {
+                None => Ok(default.to_string()),
+                Some(Bson::String(s)) if allowed.contains(&s.as_str()) => Ok(s.clone()),
+                Some(other) => Err(CommandError::bad_value(format!(
+                    "unknown {key} value: {other}"
+                ))),
+            }
+        };
+        let full_document = option(
+            "fullDocument",
+            "default",
+            &["default", "updateLookup", "whenAvailable", "required"],
+        )?;
+        let full_document_before_change = option(
+            "fullDocumentBeforeChange",
+            "off",
+            &["off", "whenAvailable", "required"],
+        )?;
+        let stages = pipeline[1..].to_vec();
+        if !stages.is_empty() {
+            // mongod parses the whole pipeline when the stream opens: an unknown stage fails the
+            // aggregate, not the first getMore.
+            store.run_pipeline(db, Vec::new(), &stages)?;
+        }
         ctx.changes.enabled = true;
         let mut state = StreamState {
             scope,
             next_seq: ctx.changes.start_position(&spec)?,
-            stages: pipeline[1..].to_vec(),
+            stages,
             db: db.to_string(),
+            visibility: changes::Visibility {
+                show_expanded: bool_arg(&spec, "showExpandedEvents", false),
+            },
+            full_document,
+            full_document_before_change,
         };
         let (first, pos) = stream_batch(
             ctx.changes,
@@ -813,13 +879,32 @@ fn stream_batch(
     if batch == Some(0) {
         return Ok((Vec::new(), state.next_seq));
     }
-    let (events, mut next) = log.read(state.next_seq, &state.scope, 1000);
-    let docs: Vec<Document> = events.into_iter().map(|(_, d)| d).collect();
+    let (events, mut next) = log.read(state.next_seq, &state.scope, state.visibility, 1000);
+    let docs: Vec<Document> = events
+        .into_iter()
+        .map(|(_, d, images)| with_images(d, images, state, store))
+        .collect::<Result<_, _>>()?;
     let mut out = if state.stages.is_empty() || docs.is_empty() {
         docs
     } else {
         store.run_pipeline(&state.db, docs, &state.stages)?
     };
+    if out
+        .iter()
+        .any(|d| d.get("_id").and_then(changes::parse_token).is_none())
+    {
+        // The resume token is the event's `_id`: mongod refuses a pipeline that changed it.
+        return Err(CommandError {
+            labels: Some(vec!["NonResumableChangeStreamError".to_string()]),
+            ..CommandError::new(
+                280,
+                "Encountered an event whose _id field, which contains the resume token, was \
+                 modified by the pipeline. Modifying the _id field of an event makes it \
+                 impossible to resume the stream from that point. Only transformations that \
+                 retain the unmodified _id field are allowed.",
+            )
+        });
+    }
     if let Some(n) = batch {
         if out.len() > n {
             out.truncate(n);
@@ -833,6 +918,78 @@ fn stream_batch(
         }
     }
     Ok((out.into_iter().map(Bson::Document).collect(), next))
+}
+
+/// An event as a stream with `state`'s `fullDocument` and `fullDocumentBeforeChange` sees it:
+/// post-images of updates (`whenAvailable`, `required`: the recorded image; `updateLookup`: the
+/// document as it is now) and pre-images of updates, replacements and deletes. `required`
+/// without a recorded image is mongod's 280 ChangeStreamFatalError.
+fn with_images(
+    mut event: Document,
+    images: changes::Images,
+    state: &StreamState,
+    store: &Store,
+) -> Result<Document, CommandError> {
+    let op = event
+        .get_str("operationType")
+        .unwrap_or_default()
+        .to_string();
+    let token = event.get("_id").cloned().unwrap_or(Bson::Null);
+    let missing = |what: &str| {
+        CommandError::new(
+            280,
+            format!(
+                "Change stream was configured to require a {what} for all update, delete and \
+                 replace events, but the {what} was not found for event: {token}"
+            ),
+        )
+    };
+    if op == "update" {
+        let post = match state.full_document.as_str() {
+            "whenAvailable" => Some(images.post.clone().map_or(Bson::Null, Bson::Document)),
+            "required" => match images.post.clone() {
+                Some(d) => Some(Bson::Document(d)),
+                None => return Err(missing("post-image")),
+            },
+            "updateLookup" => {
+                let (db, coll) = match event.get_document("ns") {
+                    Ok(ns) => (
+                        ns.get_str("db").unwrap_or_default().to_string(),
+                        ns.get_str("coll").unwrap_or_default().to_string(),
+                    ),
+                    Err(_) => Default::default(),
+                };
+                let key = event
+                    .get_document("documentKey")
+                    .ok()
+                    .and_then(|k| k.get("_id"));
+                let current = store
+                    .documents(&db, &coll)
+                    .iter()
+                    .find(|d| d.get("_id") == key)
+                    .cloned();
+                Some(current.map_or(Bson::Null, Bson::Document))
+            }
+            _ => None,
+        };
+        if let Some(post) = post {
+            event.insert("fullDocument", post);
+        }
+    }
+    if matches!(op.as_str(), "update" | "replace" | "delete") {
+        let pre = match state.full_document_before_change.as_str() {
+            "whenAvailable" => Some(images.pre.map_or(Bson::Null, Bson::Document)),
+            "required" => match images.pre {
+                Some(d) => Some(Bson::Document(d)),
+                None => return Err(missing("pre-image")),
+            },
+            _ => None,
+        };
+        if let Some(pre) = pre {
+            event.insert("fullDocumentBeforeChange", pre);
+        }
+    }
+    Ok(event)
 }
 
 fn split_ns(ns: &str) -> Option<(&str, &str)> {

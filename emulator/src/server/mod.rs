@@ -227,6 +227,9 @@ pub(crate) struct State {
     pub(crate) changes: changes::ChangeLog,
     /// Store copies for snapshot reads at a cluster time (empty until the first one).
     pub(crate) snapshots: snapshot::SnapshotHistory,
+    /// Collections (`(db, coll)`) with `changeStreamPreAndPostImages` enabled (`collMod`):
+    /// their change events keep pre- and post-images.
+    pub(crate) pre_post_images: std::collections::BTreeSet<(String, String)>,
     /// Bumped by every write to `store` (transactions commit by swapping in their copy when
     /// nothing else wrote meanwhile).
     pub(crate) write_version: u64,
@@ -453,6 +456,7 @@ impl Emulator {
                 params: Params { values: params },
                 changes: Default::default(),
                 snapshots: Default::default(),
+                pre_post_images: Default::default(),
                 write_version: 0,
                 cluster_time: Timestamp {
                     time: 0,

@@ -77,7 +77,10 @@ pub(crate) fn requested(body: &Document) -> Option<Option<Timestamp>> {
 
 /// Commands that accept a snapshot read concern outside a transaction (mongod 5.0+).
 fn supports_snapshot(name: &str) -> bool {
-    matches!(name, "find" | "aggregate" | "distinct" | "getMore" | "explain")
+    matches!(
+        name,
+        "find" | "aggregate" | "distinct" | "getMore" | "explain"
+    )
 }
 
 /// mongod's refusal of a snapshot read, if it refuses: on a standalone (123 NotAReplicaSet),
@@ -149,13 +152,25 @@ mod tests {
         let body = doc! {"readConcern": {"level": "snapshot"}};
         assert_eq!(requested(&body), Some(None));
         assert_eq!(requested(&doc! {"readConcern": {"level": "local"}}), None);
-        assert_eq!(refusal("find", &body, false).unwrap().code, NOT_A_REPLICA_SET);
-        assert_eq!(refusal("insert", &body, true).unwrap().code, INVALID_OPTIONS);
-        assert_eq!(refusal("listCollections", &body, true).unwrap().code, INVALID_OPTIONS);
+        assert_eq!(
+            refusal("find", &body, false).unwrap().code,
+            NOT_A_REPLICA_SET
+        );
+        assert_eq!(
+            refusal("insert", &body, true).unwrap().code,
+            INVALID_OPTIONS
+        );
+        assert_eq!(
+            refusal("listCollections", &body, true).unwrap().code,
+            INVALID_OPTIONS
+        );
         assert!(refusal("find", &body, true).is_none());
         let mut reply = doc! {"cursor": {"id": 0i64}};
         stamp(&mut reply, ts(3, 4));
-        assert!(reply.get_document("cursor").unwrap().contains_key("atClusterTime"));
+        assert!(reply
+            .get_document("cursor")
+            .unwrap()
+            .contains_key("atClusterTime"));
         let mut reply = doc! {"values": []};
         stamp(&mut reply, ts(3, 4));
         assert!(reply.contains_key("atClusterTime"));
