@@ -1441,7 +1441,12 @@ async fn database_op(
         "createCollection" => {
             let collection = args.string("collection")?;
             let options = args.options()?;
-            run!(sess, db.create_collection(collection).with_options(options)).map(|()| value(None))
+            // The result is the new collection (a test may save it as an entity).
+            run!(
+                sess,
+                db.create_collection(&collection).with_options(options)
+            )
+            .map(|()| Produced::Entity(Entity::Collection(db.collection::<Document>(&collection))))
         }
         "dropCollection" => {
             let collection = args.string("collection")?;

@@ -144,7 +144,13 @@ impl ChangeLog {
             let visible = (!e.expanded || visibility.show_expanded)
                 && (!e.invalidate || matches!(scope, Scope::Collection(..)));
             if visible && scope.matches(&e.db, &e.coll) {
-                out.push((e.seq, e.doc.clone(), e.images.clone()));
+                let mut doc = e.doc.clone();
+                if !visibility.show_expanded {
+                    if let Ok(description) = doc.get_document_mut("updateDescription") {
+                        description.remove("disambiguatedPaths");
+                    }
+                }
+                out.push((e.seq, doc, e.images.clone()));
             }
         }
         (out, self.next_seq.max(from))
@@ -282,17 +288,23 @@ impl ChangeLog {
                             false,
                         );
                     } else {
-                        let mut updated = Document::new();
-                        for (k, v) in d {
-                            if prev.get(k) != Some(v) {
-                                updated.insert(k.clone(), v.clone());
-                            }
+                        let mut delta = Delta::default();
+                        delta.documents(&mut Vec::new(), prev, d);
+                        let Delta {
+                            updated,
+                            removed,
+                            truncated,
+                            disambiguated,
+                        } = delta;
+                        let mut description = doc! {
+                            "updatedFields": updated,
+                            "removedFields": removed,
+                            "truncatedArrays": truncated,
+                        };
+                        if !disambiguated.is_empty() {
+                            // Shown only to streams with showExpandedEvents (see `read`).
+                            description.insert("disambiguatedPaths", disambiguated);
                         }
-                        let removed: Vec<Bson> = prev
-                            .keys()
-                            .filter(|k| !d.contains_key(k.as_str()))
-                            .map(|k| Bson::String(k.clone()))
-                            .collect();
                         self.push_event(
                             db,
                             coll,
@@ -301,7 +313,7 @@ impl ChangeLog {
                                 "operationType": "update",
                                 "ns": ns.clone(),
                                 "documentKey": { "_id": id.clone() },
-                                "updateDescription": { "updatedFields": updated, "removedFields": removed, "truncatedArrays": [] },
+                                "updateDescription": description,
                             },
                             images(Some(prev), Some(d)),
                             false,
@@ -325,6 +337,112 @@ impl ChangeLog {
                     false,
                 );
             }
+        }
+    }
+}
+
+/// One step of a path inside a document: a field name or an array index.
+#[derive(Debug, Clone)]
+enum Step {
+    Field(String),
+    Index(usize),
+}
+
+/// An update event's description of how a document changed, as mongod's delta reports it:
+/// changed fields by dotted path, removed fields, shortened arrays, and for paths a dotted
+/// string cannot say unambiguously (array indexes, field names that are numbers or hold dots)
+/// their steps (`disambiguatedPaths`).
+#[derive(Default)]
+struct Delta {
+    updated: Document,
+    removed: Vec<Bson>,
+    truncated: Vec<Bson>,
+    disambiguated: Document,
+}
+
+impl Delta {
+    fn dotted(path: &[Step]) -> String {
+        path.iter()
+            .map(|s| match s {
+                Step::Field(f) => f.clone(),
+                Step::Index(i) => i.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    fn note_ambiguity(&mut self, path: &[Step]) {
+        let ambiguous = path.iter().any(|s| match s {
+            Step::Index(_) => true,
+            Step::Field(f) => {
+                f.contains('.') || (!f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
+            }
+        });
+        if ambiguous {
+            let steps: Vec<Bson> = path
+                .iter()
+                .map(|s| match s {
+                    Step::Field(f) => Bson::String(f.clone()),
+                    Step::Index(i) => Bson::Int32(i32::try_from(*i).unwrap_or(i32::MAX)),
+                })
+                .collect();
+            self.disambiguated.insert(Self::dotted(path), steps);
+        }
+    }
+
+    fn update(&mut self, path: &[Step], value: &Bson) {
+        self.note_ambiguity(path);
+        self.updated.insert(Self::dotted(path), value.clone());
+    }
+
+    /// Differences between two versions of a (sub)document at `path`. A sub-document that
+    /// kept all its fields is described field by field; one that lost fields is replaced
+    /// whole (as a `$set` of the whole value reports it).
+    fn documents(&mut self, path: &mut Vec<Step>, old: &Document, new: &Document) {
+        for (k, v) in new {
+            path.push(Step::Field(k.clone()));
+            match old.get(k) {
+                Some(o) if o == v => {}
+                Some(o) => self.value(path, o, v),
+                None => self.update(path, v),
+            }
+            path.pop();
+        }
+        for k in old.keys().filter(|k| !new.contains_key(k.as_str())) {
+            path.push(Step::Field(k.clone()));
+            self.note_ambiguity(path);
+            self.removed.push(Bson::String(Self::dotted(path)));
+            path.pop();
+        }
+    }
+
+    fn value(&mut self, path: &mut Vec<Step>, old: &Bson, new: &Bson) {
+        match (old, new) {
+            (Bson::Document(o), Bson::Document(n)) if o.keys().all(|k| n.contains_key(k)) => {
+                self.documents(path, o, n)
+            }
+            (Bson::Array(o), Bson::Array(n)) if n.len() < o.len() && o[..n.len()] == n[..] => {
+                // Shortened, the rest unchanged: mongod reports the truncation alone.
+                self.truncated.push(Bson::Document(
+                    doc! { "field": Self::dotted(path), "newSize": i32::try_from(n.len()).unwrap_or(i32::MAX) },
+                ));
+            }
+            (Bson::Array(o), Bson::Array(n))
+                if n.len() == o.len()
+                    && o.iter().zip(n).all(|(a, b)| {
+                        a == b || matches!((a, b), (Bson::Document(_), Bson::Document(_)))
+                    }) =>
+            {
+                // Same length, only sub-documents changed: described inside them.
+                for (i, (a, b)) in o.iter().zip(n).enumerate() {
+                    if a != b {
+                        path.push(Step::Index(i));
+                        self.value(path, a, b);
+                        path.pop();
+                    }
+                }
+            }
+            _ => self.update(path, new),
         }
     }
 }
@@ -435,6 +553,34 @@ mod tests {
         let (one, next) = log.read(start, &Scope::Cluster, seen, 1);
         assert_eq!(one.len(), 1);
         assert_eq!(next, one[0].0 + 1);
+    }
+
+    #[test]
+    fn update_descriptions_follow_mongods_delta() {
+        let delta = |old: Document, new: Document| {
+            let mut d = Delta::default();
+            d.documents(&mut Vec::new(), &old, &new);
+            d
+        };
+        let d = delta(doc! { "a": { "1": 1 }, "b": 1 }, doc! { "a": { "1": 2 } });
+        assert_eq!(d.updated, doc! { "a.1": 2 });
+        assert_eq!(d.removed, vec![Bson::String("b".into())]);
+        assert_eq!(d.disambiguated, doc! { "a.1": ["a", "1"] });
+        let d = delta(doc! { "a": [{ "1": 1 }] }, doc! { "a": [{ "1": 2 }] });
+        assert_eq!(d.disambiguated, doc! { "a.0.1": ["a", 0, "1"] });
+        let d = delta(doc! { "a": [1, 2, 3] }, doc! { "a": [1] });
+        assert!(d.updated.is_empty());
+        assert_eq!(
+            d.truncated,
+            vec![Bson::Document(doc! { "field": "a", "newSize": 1 })]
+        );
+        // A sub-document that lost fields, or an array changed otherwise, is set whole.
+        let d = delta(
+            doc! { "a": { "x": 1, "y": 1 }, "b": [1] },
+            doc! { "a": { "x": 2 }, "b": [2] },
+        );
+        assert_eq!(d.updated, doc! { "a": { "x": 2 }, "b": [2] });
+        assert!(d.disambiguated.is_empty());
     }
 
     #[test]

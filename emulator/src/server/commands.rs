@@ -501,6 +501,7 @@ const ADMIN_COMMANDS: &[&str] = &[
     "killSessions",
     "killAllSessions",
     "killAllSessionsByPattern",
+    "checkMetadataConsistency",
     "refreshSessions",
     "startSession",
     "commitTransaction",
@@ -608,6 +609,12 @@ fn execute(
             end_transaction(shared, name, g)
         }
         "whatsmyuri" => Ok(doc! { "you": conn.peer.to_string(), "ok": 1.0 }),
+        // mongos 7.0+: the emulator's single catalog is always consistent, so the cursor of
+        // inconsistencies is empty.
+        "checkMetadataConsistency" if member.role == Role::Mongos => Ok(doc! {
+            "cursor": { "id": 0i64, "ns": format!("{db}.$cmd.checkMetadataConsistency"), "firstBatch": [] },
+            "ok": 1.0,
+        }),
         "getCmdLineOpts" => Ok(doc! { "argv": ["labd"], "parsed": {}, "ok": 1.0 }),
         "hostInfo" => Ok(
             doc! { "system": { "hostname": member.host.clone() }, "os": {}, "extra": {}, "ok": 1.0 },

@@ -120,6 +120,10 @@ pub mod codes {
 /// mongod's name for `code`; `Location<code>` for codes without a symbolic name here.
 pub fn code_name(code: i32) -> Cow<'static, str> {
     let name = match code {
+        280 => "ChangeStreamFatalError",
+        239 => "SnapshotTooOld",
+        123 => "NotAReplicaSet",
+        47 => "NoMatchingDocument",
         1 => "InternalError",
         2 => "BadValue",
         4 => "NoSuchKey",
