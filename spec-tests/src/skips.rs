@@ -265,8 +265,8 @@ const DATABASE_NAME_NOT_LOGGED: &str =
 /// Both drivers serialize a change stream's `comment` into the `$changeStream` stage too.
 const CHANGE_STREAM_COMMENT_IN_STAGE: &str =
     "driver defect (upstream's too): ChangeStreamOptions::comment is serialized into the \
-     $changeStream stage as well as the aggregate (driver/src/change_stream/options.rs), where \
-     mongod rejects unknown fields";
+     $changeStream stage as well as the aggregate (driver/src/change_stream/options.rs); the spec \
+     expects it on the aggregate only";
 
 /// Cases (`<spec>/<file-stem>/<description>`, or a `<spec>/<file-stem>` prefix) that are known to
 /// fail, with the reason. They are reported as ignored, never as passed.

@@ -242,6 +242,7 @@ impl ChangeLog {
 
     /// Records the differences of `db.coll` between `before` and `after` as insert, update,
     /// replace and delete events.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_diff(
         &mut self,
         db: &str,
