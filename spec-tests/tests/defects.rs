@@ -112,6 +112,29 @@ macro_rules! scenarios {
                 (Client::with_options(options).expect("client"), started)
             }
 
+            /// The `$changeStream` stage of the aggregate that opens a change stream with a
+            /// comment (B13).
+            pub async fn change_stream_stage_with_comment(uri: &str) -> Document {
+                let (client, started) = client(uri).await;
+                let coll = client.database("b13").collection::<Document>("c");
+                let _stream = coll.watch().comment("b13").await.expect("watch");
+                let commands = started.0.lock().unwrap().clone();
+                let aggregate = commands
+                    .iter()
+                    .find(|c| c.contains_key("aggregate"))
+                    .expect("an aggregate was sent")
+                    .clone();
+                assert_eq!(aggregate.get_str("comment"), Ok("b13"), "{aggregate}");
+                aggregate
+                    .get_array("pipeline")
+                    .ok()
+                    .and_then(|p| p.first())
+                    .and_then(|s| s.as_document())
+                    .and_then(|s| s.get_document("$changeStream").ok())
+                    .cloned()
+                    .expect("the pipeline starts with $changeStream")
+            }
+
             /// A `ping` that succeeds and a command that fails, on database `b12`, for the
             /// command log (B12).
             pub async fn ping_and_unknown_command(uri: &str) {
@@ -996,6 +1019,22 @@ mod command_log {
             std::mem::take(&mut *self.0.lock().unwrap())
         }
     }
+}
+
+#[tokio::test]
+async fn b13_change_stream_comment_stays_out_of_the_stage() {
+    let server = Server::replica_set();
+    let up = upstream::change_stream_stage_with_comment(&server.uri).await;
+    assert_eq!(
+        up.get_str("comment"),
+        Ok("b13"),
+        "upstream 3.9.1 puts the comment in the $changeStream stage too (defect B13): {up}"
+    );
+    let fork = fork::change_stream_stage_with_comment(&server.uri).await;
+    assert!(
+        !fork.contains_key("comment"),
+        "the fork sends the comment on the aggregate only: {fork}"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
