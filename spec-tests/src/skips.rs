@@ -188,6 +188,11 @@ pub const SKIPPED_CASES: &[(&str, &str)] = &[
         "the Rust driver rejects unacknowledged (w: 0) writes",
     ),
     (
+        "run-command/runCursorCommand/does not close the cursor when receiving an empty batch",
+        "the Rust driver's cursor has no single-step iteration: advance() on a tailable cursor \
+         sends getMores until a document arrives, so iterateOnce cannot stop after one",
+    ),
+    (
         "change-streams/change-streams-showExpandedEvents/when showExpandedEvents is true, \
          shardCollection events are reported",
         "the emulator has no sharding catalog (shardCollection)",
@@ -327,11 +332,6 @@ pub const KNOWN_FAILURES: &[(&str, &str)] = &[
     (
         "change-streams/change-streams/Test that comment is set on getMore",
         CHANGE_STREAM_COMMENT_IN_STAGE,
-    ),
-    (
-        "run-command/runCursorCommand/does not close the cursor when receiving an empty batch",
-        "the emulator has no tailable cursors: a find on a capped collection closes its cursor \
-         when the documents run out",
     ),
     (
         "command-logging-and-monitoring/monitoring/find/A successful find with showRecordId and \

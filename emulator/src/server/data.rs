@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use bson::{doc, Bson, Document};
 
 use super::changes::{self, ChangeLog, Scope};
-use super::cursor::{self, BatchLimit, CursorEnd, CursorKind, Cursors, StreamState};
+use super::cursor::{self, BatchLimit, CursorEnd, CursorKind, Cursors, StreamState, TailState};
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 use crate::engine::{
@@ -164,6 +164,7 @@ impl DataCtx<'_> {
             end,
             limit,
             single,
+            None,
             self.conn_serial,
             self.lsid.clone(),
             self.max_cursors_per_connection,
@@ -387,6 +388,46 @@ pub(crate) fn run(
                 "ok": 1.0,
             })
         }
+        "find" if bool_arg(body, "tailable", false) => {
+            let coll = coll_arg(body, name)?;
+            let capped = store
+                .list_collections(db, Some(&doc! { "name": coll }), false)?
+                .first()
+                .and_then(|c| c.get_document("options").ok())
+                .is_some_and(|o| o.get_bool("capped") == Ok(true));
+            if !capped {
+                return Err(CommandError::bad_value(format!(
+                    "error processing query: ns={db}.{coll}: tailable cursor requested on non \
+                     capped collection"
+                )));
+            }
+            let spec = FindSpec::from_command(body)?;
+            let docs = store.find(db, coll, &spec)?;
+            let tail = TailState {
+                db: db.to_string(),
+                coll: coll.to_string(),
+                filter: opt_doc(body, "filter")?.cloned().unwrap_or_default(),
+                last_id: docs.last().and_then(|d| d.get("_id")).cloned(),
+            };
+            let limit = BatchLimit {
+                size: cursor::batch_size(body.get("batchSize"))?,
+            };
+            // mongod's tailable cursor on an empty collection is dead at once.
+            let tail = tail.last_id.is_some().then_some(tail);
+            ctx.cursors.open(
+                format!("{db}.{coll}"),
+                docs,
+                CursorKind::Tailable,
+                CursorEnd::Known,
+                limit,
+                bool_arg(body, "singleBatch", false),
+                tail,
+                ctx.conn_serial,
+                ctx.lsid.clone(),
+                ctx.max_cursors_per_connection,
+                ctx.max_cursors,
+            )
+        }
         "find" => {
             let coll = coll_arg(body, name)?;
             let spec = FindSpec::from_command(body)?;
@@ -439,7 +480,9 @@ pub(crate) fn run(
                     .cursors
                     .stream_get_more(id, &ns, |s| stream_batch(log, store, s, limit.size));
             }
-            ctx.cursors.get_more(id, &ns, limit)
+            let store = &*store;
+            ctx.cursors
+                .get_more(id, &ns, limit, |tail| tail_documents(store, tail))
         }
         "killCursors" => {
             let coll = coll_arg(body, name)?;
@@ -918,6 +961,23 @@ fn stream_batch(
         }
     }
     Ok((out.into_iter().map(Bson::Document).collect(), next))
+}
+
+/// The documents of a tailable cursor's collection after its last one, in natural order,
+/// that match its filter (none when the last one is gone).
+fn tail_documents(store: &Store, tail: &TailState) -> Vec<Document> {
+    let all = store.documents(&tail.db, &tail.coll);
+    let Some(pos) = all
+        .iter()
+        .position(|d| d.get("_id") == tail.last_id.as_ref())
+    else {
+        return Vec::new();
+    };
+    all[pos + 1..]
+        .iter()
+        .filter(|d| crate::engine::matches(&tail.filter, d).unwrap_or(false))
+        .cloned()
+        .collect()
 }
 
 /// An event as a stream with `state`'s `fullDocument` and `fullDocumentBeforeChange` sees it:
