@@ -960,8 +960,11 @@ mod command_log {
     use tracing::field::{Field, Visit};
     use tracing::{span, Event, Metadata, Subscriber};
 
+    /// A message's text and its `databaseName`, if it has one.
+    pub type Message = (String, Option<String>);
+
     #[derive(Clone, Default)]
-    pub struct Messages(pub Arc<Mutex<Vec<(String, Option<String>)>>>);
+    pub struct Messages(pub Arc<Mutex<Vec<Message>>>);
 
     #[derive(Default)]
     struct Fields {
@@ -1015,7 +1018,7 @@ mod command_log {
 
     impl Messages {
         /// Takes the messages recorded so far.
-        pub fn take(&self) -> Vec<(String, Option<String>)> {
+        pub fn take(&self) -> Vec<Message> {
             std::mem::take(&mut *self.0.lock().unwrap())
         }
     }
