@@ -334,11 +334,6 @@ pub const KNOWN_FAILURES: &[(&str, &str)] = &[
         CHANGE_STREAM_COMMENT_IN_STAGE,
     ),
     (
-        "command-logging-and-monitoring/monitoring/find/A successful find with showRecordId and \
-         returnKey",
-        "the emulator's find ignores returnKey and showRecordId (it returns whole documents)",
-    ),
-    (
         "unified-test-format/poc-sessions/Server supports implicit sessions",
         "flaky (about 1 run in 6): the driver checks an implicit session back into its pool from \
          a spawned task, so the next operation can start before it is reusable and gets a new \

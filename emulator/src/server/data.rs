@@ -431,8 +431,15 @@ pub(crate) fn run(
         "find" => {
             let coll = coll_arg(body, name)?;
             let spec = FindSpec::from_command(body)?;
-            let docs = store.find(db, coll, &spec)?;
+            let mut docs = store.find(db, coll, &spec)?;
             let end = find_cursor_end(store, db, coll, &spec, docs.len());
+            if bool_arg(body, "returnKey", false) {
+                docs = index_keys(store, db, coll, body, docs)?;
+            } else if bool_arg(body, "showRecordId", false) {
+                for (n, d) in docs.iter_mut().enumerate() {
+                    d.insert("$recordId", i64::try_from(n).unwrap_or(i64::MAX) + 1);
+                }
+            }
             let mut limit = BatchLimit {
                 size: cursor::batch_size(body.get("batchSize"))?,
             };
@@ -963,6 +970,55 @@ fn stream_batch(
     Ok((out.into_iter().map(Bson::Document).collect(), next))
 }
 
+/// `returnKey`: each document reduced to the key of the index mongod's plan would scan. The
+/// emulator has no planner: the index is the one whose first key is the sort's first field, else
+/// a field of the filter; without one the plan is a collection scan, whose keys are empty
+/// documents. (`showRecordId` adds nothing then, as in mongod.)
+fn index_keys(
+    store: &Store,
+    db: &str,
+    coll: &str,
+    body: &Document,
+    docs: Vec<Document>,
+) -> Result<Vec<Document>, CommandError> {
+    let indexes = store.list_indexes(db, coll).unwrap_or_default();
+    let first_key = |field: &str| {
+        indexes.iter().find_map(|ix| {
+            let key = ix.get_document("key").ok()?;
+            (key.keys().next().map(String::as_str) == Some(field)).then(|| key.clone())
+        })
+    };
+    let sort_field = opt_doc(body, "sort")?.and_then(|s| s.keys().next().cloned());
+    let filter = opt_doc(body, "filter")?.cloned().unwrap_or_default();
+    let key = sort_field
+        .as_deref()
+        .and_then(first_key)
+        .or_else(|| filter.keys().find_map(|f| first_key(f)));
+    let Some(key) = key else {
+        return Ok(docs.iter().map(|_| Document::new()).collect());
+    };
+    Ok(docs
+        .iter()
+        .map(|d| {
+            let mut out = Document::new();
+            for field in key.keys() {
+                // Index keys over arrays are per element in mongod; keys of documents are
+                // followed here, anything else is null (a missing field's key).
+                let mut value = Some(Bson::Document(d.clone()));
+                for part in field.split('.') {
+                    value = match value {
+                        Some(Bson::Document(inner)) => inner.get(part).cloned(),
+                        _ => None,
+                    };
+                }
+                let value = value.unwrap_or(Bson::Null);
+                out.insert(field.clone(), value);
+            }
+            out
+        })
+        .collect())
+}
+
 /// The documents of a tailable cursor's collection after its last one, in natural order,
 /// that match its filter (none when the last one is gone).
 fn tail_documents(store: &Store, tail: &TailState) -> Vec<Document> {
@@ -1241,5 +1297,32 @@ fn bulk_op(
         other => Err(CommandError::failed_to_parse(format!(
             "unknown bulkWrite operation '{other}'"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn return_key_gives_the_scanned_index_key_or_empty_documents() {
+        let mut store = Store::new();
+        store.insert(
+            "db",
+            "c",
+            vec![doc! { "_id": 1, "a": { "b": 5 }, "x": 1 }],
+            true,
+        );
+        store
+            .create_indexes("db", "c", &[doc! { "key": { "a.b": 1 }, "name": "ab" }])
+            .unwrap();
+        let docs = || store.documents("db", "c").to_vec();
+        let by_id = index_keys(&store, "db", "c", &doc! { "sort": { "_id": 1 } }, docs()).unwrap();
+        assert_eq!(by_id, vec![doc! { "_id": 1 }]);
+        let by_filter =
+            index_keys(&store, "db", "c", &doc! { "filter": { "a.b": 5 } }, docs()).unwrap();
+        assert_eq!(by_filter, vec![doc! { "a.b": 5 }]);
+        let scan = index_keys(&store, "db", "c", &doc! { "filter": { "x": 1 } }, docs()).unwrap();
+        assert_eq!(scan, vec![Document::new()]);
     }
 }
