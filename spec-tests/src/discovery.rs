@@ -53,6 +53,23 @@ pub const UNIFIED_SUITES: &[Suite] = &[
         spec: "index-management",
         subdir: None,
     },
+    Suite {
+        spec: "sessions",
+        subdir: None,
+    },
+    Suite {
+        spec: "change-streams",
+        subdir: None,
+    },
+    // Its `monitoring/` and `logging/` directories both run; case names keep the directory.
+    Suite {
+        spec: "command-logging-and-monitoring",
+        subdir: None,
+    },
+    Suite {
+        spec: "run-command",
+        subdir: None,
+    },
 ];
 
 /// The unified format's `valid-fail` files: valid tests a conforming runner must fail. Run
@@ -73,7 +90,8 @@ pub const URI_OPTIONS_SUITE: Suite = Suite {
 pub struct SpecFile {
     /// The spec directory name, e.g. `retryable-reads`.
     pub spec: String,
-    /// The file name without `.json`.
+    /// The file's path below the suite directory without `.json` (`/`-separated), so files of
+    /// the same name in two subdirectories keep apart names.
     pub stem: String,
     pub path: PathBuf,
 }
@@ -187,13 +205,20 @@ pub fn suite_files(root: &Path, suite: Suite) -> Result<Vec<SpecFile>, String> {
         .into_iter()
         .map(|path| SpecFile {
             spec: suite.spec.to_string(),
-            stem: path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            stem: relative_stem(&dir, &path),
             path,
         })
         .collect())
+}
+
+/// `path` below `dir`, components joined by `/`, without the `.json` extension.
+fn relative_stem(dir: &Path, path: &Path) -> String {
+    let relative = path.strip_prefix(dir).unwrap_or(path).with_extension("");
+    relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 fn collect_json(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
@@ -241,7 +266,7 @@ mod tests {
         )
         .unwrap();
         let names: Vec<_> = files.iter().map(SpecFile::name).collect();
-        assert_eq!(names, ["demo/a", "demo/b"]);
+        assert_eq!(names, ["demo/a", "demo/deeper/b"]);
         assert!(suite_files(
             &root,
             Suite {

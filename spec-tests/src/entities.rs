@@ -9,7 +9,6 @@ use bson::{doc, Bson, Document};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::matching::EntityLookup;
-use crate::mongodb::change_stream::event::ChangeStreamEvent;
 use crate::mongodb::change_stream::ChangeStream;
 use crate::mongodb::event::cmap::{CmapEvent, ConnectionClosedReason};
 use crate::mongodb::event::command::CommandEvent;
@@ -274,6 +273,8 @@ pub struct ClientEntity {
     pub observe: Vec<String>,
     pub ignore_commands: Vec<String>,
     pub observe_sensitive: bool,
+    /// The log messages of a client with `observeLogMessages`.
+    pub logs: Option<Arc<crate::logs::Collector>>,
 }
 
 impl ClientEntity {
@@ -326,7 +327,7 @@ pub enum Entity {
     Session(SessionEntity),
     Bson(Bson),
     Cursor(Arc<AsyncMutex<Cursor<Document>>>),
-    ChangeStream(Arc<AsyncMutex<ChangeStream<ChangeStreamEvent<Document>>>>),
+    ChangeStream(Arc<AsyncMutex<ChangeStream<Document>>>),
     Thread(ThreadEntity),
 }
 
@@ -394,7 +395,7 @@ impl EntityMap {
     getter!(
         change_stream,
         ChangeStream,
-        Arc<AsyncMutex<ChangeStream<ChangeStreamEvent<Document>>>>
+        Arc<AsyncMutex<ChangeStream<Document>>>
     );
 
     pub fn clients(&self) -> Vec<ClientEntity> {
@@ -529,8 +530,26 @@ pub async fn create_client(
     options.command_event_handler = Some(EventHandler::callback(move |e| l.push(from_command(e))));
     let l = log.clone();
     options.cmap_event_handler = Some(EventHandler::callback(move |e| l.push(from_cmap(e))));
+    let logs = match &def.observe_log_messages {
+        Some(observe) => {
+            crate::logs::install()?;
+            Some(
+                crate::logs::Collector::new(observe)
+                    .map_err(|e| format!("client {}: {e}", def.id))?,
+            )
+        }
+        None => None,
+    };
     let l = log.clone();
-    options.sdam_event_handler = Some(EventHandler::callback(move |e| l.push(from_sdam(e))));
+    let collector = logs.clone();
+    options.sdam_event_handler = Some(EventHandler::callback(move |e| {
+        // The driver tags each log message with the client's topology id, which only this
+        // event tells.
+        if let (SdamEvent::TopologyOpening(opening), Some(collector)) = (&e, &collector) {
+            crate::logs::register(opening.topology_id.to_hex(), collector);
+        }
+        l.push(from_sdam(e))
+    }));
     let min_pool = options.min_pool_size.unwrap_or(0);
     let client = Client::with_options(options)
         .map_err(|e| format!("client {}: cannot create: {e}", def.id))?;
@@ -543,6 +562,7 @@ pub async fn create_client(
             .clone()
             .unwrap_or_default(),
         observe_sensitive: def.observe_sensitive_commands.unwrap_or(false),
+        logs,
     };
     if let Some(ms) = def.await_min_pool_size_ms {
         let deadline = Instant::now() + Duration::from_millis(ms);

@@ -4,7 +4,7 @@
 //! Modules, one concern each: [`discovery`] finds the JSON suites, [`schema`] parses them strictly,
 //! [`requirements`] decides whether a file or test can run on a target, [`matching`] holds the
 //! matching rules, [`entities`] builds the entity map, [`operations`] runs operations, [`outcome`]
-//! is what an operation came to, [`expect`] checks results, errors, events and outcomes,
+//! is what an operation came to, [`expect`] checks results, errors, events and outcomes, [`logs`] captures and checks log messages,
 //! [`runner`] runs one test, [`skips`] is the table of every reason a case is skipped,
 //! [`timeouts`] is the driver's `timeoutMS` API (which upstream lacks),
 //! [`uri_options`] runs the URI options tests, and [`valid_fail`] judges the format's own
@@ -22,6 +22,7 @@ compile_error!("enable feature `fork` (the default) or `upstream` to choose the 
 pub mod discovery;
 pub mod entities;
 pub mod expect;
+pub mod logs;
 pub mod matching;
 pub mod operations;
 pub mod outcome;

@@ -453,6 +453,7 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("endSession", &[]),
+    ("getSnapshotTime", &[]),
     // Cursor operations.
     ("iterateUntilDocumentOrError", &[]),
     ("iterateOnce", &[]),
@@ -602,7 +603,6 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
             EntityDef::ClientEncryption(_) => "clientEncryption",
             EntityDef::Client(c) => {
                 let fields = [
-                    ("observeLogMessages", c.observe_log_messages.is_some()),
                     ("autoEncryptOpts", c.auto_encrypt_opts.is_some()),
                     (
                         "storeEventsAsEntities",
@@ -1131,10 +1131,6 @@ fn delete_result(r: DeleteResult) -> Bson {
     Bson::Document(doc! {"deletedCount": count(r.deleted_count)})
 }
 
-fn to_bson<T: serde::Serialize>(value: &T) -> Result<Bson, String> {
-    bson::to_bson(value).map_err(|e| format!("cannot convert a result to BSON: {e}"))
-}
-
 /// Reads every document of a cursor the operation opened.
 async fn drain_cursor<T>(
     cursor: Result<crate::mongodb::Cursor<T>, DriverError>,
@@ -1424,7 +1420,7 @@ async fn collection_op(
                 .pipeline(pipeline)
                 .with_options(options)
                 .await
-                .map(|cs| Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(cs)))))
+                .map(change_stream_entity)
         }
         other => {
             return Err(format!(
@@ -1476,7 +1472,12 @@ async fn database_op(
         "createCollection" => {
             let collection = args.string("collection")?;
             let options = args.options()?;
-            run!(sess, db.create_collection(collection).with_options(options)).map(|()| value(None))
+            // The result is the new collection (a test may save it as an entity).
+            run!(
+                sess,
+                db.create_collection(&collection).with_options(options)
+            )
+            .map(|()| Produced::Entity(Entity::Collection(db.collection::<Document>(&collection))))
         }
         "modifyCollection" => {
             // The driver has no collMod helper; the operation is the command with the
@@ -1526,7 +1527,7 @@ async fn database_op(
                 .pipeline(pipeline)
                 .with_options(options)
                 .await
-                .map(|cs| Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(cs)))))
+                .map(change_stream_entity)
         }
         other => return Err(format!("operation {other} is not supported on a database")),
     };
@@ -1886,7 +1887,7 @@ async fn client_op(
                 .pipeline(pipeline)
                 .with_options(options)
                 .await
-                .map(|cs| Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(cs)))))
+                .map(change_stream_entity)
         }
         other => return Err(format!("operation {other} is not supported on a client")),
     };
@@ -1924,6 +1925,11 @@ async fn session_op(
                 .map(|()| value(None))
         }
         "commitTransaction" => s.commit_transaction().await.map(|()| value(None)),
+        // A snapshot session's time, once its first read chose one (or its options set one).
+        "getSnapshotTime" => match s.snapshot_time() {
+            Some(ts) => Ok(value(Some(Bson::Timestamp(ts)))),
+            None => return Err("getSnapshotTime: the session has no snapshot time".into()),
+        },
         "abortTransaction" => s.abort_transaction().await.map(|()| value(None)),
         "withTransaction" => {
             let callback: Vec<schema::Operation> = match args.take("callback") {
@@ -2004,23 +2010,30 @@ async fn cursor_op(
     }
 }
 
+/// A change stream entity. Its events are raw documents: the format matches what the server
+/// sent (new fields, other `ns` shapes, projections), which the driver's typed
+/// `ChangeStreamEvent` would reject or drop.
+fn change_stream_entity(
+    stream: crate::mongodb::change_stream::ChangeStream<
+        crate::mongodb::change_stream::event::ChangeStreamEvent<Document>,
+    >,
+) -> Produced {
+    Produced::Entity(Entity::ChangeStream(Arc::new(AsyncMutex::new(
+        stream.with_type::<Document>(),
+    ))))
+}
+
 async fn change_stream_op(
     ctx: &mut Ctx,
     id: &str,
-    stream: Arc<
-        AsyncMutex<
-            crate::mongodb::change_stream::ChangeStream<
-                crate::mongodb::change_stream::event::ChangeStreamEvent<Document>,
-            >,
-        >,
-    >,
+    stream: Arc<AsyncMutex<crate::mongodb::change_stream::ChangeStream<Document>>>,
     args: &Args,
 ) -> Result<DriverResult, String> {
     match args.op.as_str() {
         "iterateUntilDocumentOrError" => {
             let mut cs = stream.lock().await;
             match cs.try_next().await {
-                Ok(Some(event)) => Ok(Ok(value(Some(to_bson(&event)?)))),
+                Ok(Some(event)) => Ok(Ok(value(Some(Bson::Document(event))))),
                 Ok(None) => Err(format!("change stream {id:?} ended")),
                 Err(e) => Ok(Err(e)),
             }
@@ -2397,6 +2410,21 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                 if let Some(o) = &s.session_options {
                     options.causal_consistency = o.causal_consistency;
                     options.snapshot = o.snapshot;
+                    if let Some(saved) = &o.snapshot_time {
+                        options.snapshot_time = match crate::matching::EntityLookup::bson_entity(
+                            &ctx.entities,
+                            saved,
+                        ) {
+                            Some(Bson::Timestamp(ts)) => Some(ts),
+                            other => {
+                                return Err(format!(
+                                    "session {}: snapshotTime {saved:?} is not a saved \
+                                     timestamp: {other:?}",
+                                    s.id
+                                ))
+                            }
+                        };
+                    }
                     options.default_transaction_options = o
                         .default_transaction_options
                         .clone()
@@ -2718,6 +2746,7 @@ mod tests {
             observe: vec!["commandStartedEvent".into()],
             ignore_commands: vec!["hello".into()],
             observe_sensitive: false,
+            logs: None,
         };
         for name in ["ping", "configureFailPoint", "hello"] {
             let mut event = started(None);

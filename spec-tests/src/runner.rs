@@ -330,6 +330,30 @@ async fn run_operations(ctx: &mut Ctx, test: &schema::Test, file: &TestFile) -> 
         tokio::time::sleep(Duration::from_millis(50)).await;
         expect::check_events(expected, &ctx.entities).map_err(|e| format!("expectEvents: {e}"))?;
     }
+    if let Some(expected) = &test.expect_log_messages {
+        check_log_messages(expected, &ctx.entities)?;
+    }
+    Ok(())
+}
+
+/// `expectLogMessages`: each client's captured messages against its expectations.
+fn check_log_messages(
+    expected: &[crate::logs::ExpectedLogMessagesForClient],
+    entities: &EntityMap,
+) -> Result<(), String> {
+    for want in expected {
+        let client = entities
+            .client(&want.client)
+            .map_err(|e| format!("expectLogMessages: {e}"))?;
+        let Some(collector) = &client.logs else {
+            return Err(format!(
+                "expectLogMessages: client {} has no observeLogMessages",
+                want.client
+            ));
+        };
+        crate::logs::check(want, &collector.messages(), entities)
+            .map_err(|e| format!("expectLogMessages: {e}"))?;
+    }
     Ok(())
 }
 

@@ -274,6 +274,8 @@ pub struct SessionDef {
 pub struct SessionOptionsDef {
     pub causal_consistency: Option<bool>,
     pub snapshot: Option<bool>,
+    /// The id of a saved entity holding the snapshot time (a timestamp).
+    pub snapshot_time: Option<String>,
     pub default_transaction_options: Option<Document>,
     #[serde(rename = "defaultTimeoutMS")]
     pub default_timeout_ms: Option<u64>,
@@ -318,6 +320,7 @@ pub struct Test {
     pub skip_reason: Option<String>,
     pub operations: Vec<Operation>,
     pub expect_events: Option<Vec<ExpectedEventsForClient>>,
+    pub expect_log_messages: Option<Vec<crate::logs::ExpectedLogMessagesForClient>>,
     pub outcome: Option<Vec<CollectionData>>,
 }
 

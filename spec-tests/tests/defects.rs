@@ -112,6 +112,39 @@ macro_rules! scenarios {
                 (Client::with_options(options).expect("client"), started)
             }
 
+            /// The `$changeStream` stage of the aggregate that opens a change stream with a
+            /// comment (B13).
+            pub async fn change_stream_stage_with_comment(uri: &str) -> Document {
+                let (client, started) = client(uri).await;
+                let coll = client.database("b13").collection::<Document>("c");
+                let _stream = coll.watch().comment("b13").await.expect("watch");
+                let commands = started.0.lock().unwrap().clone();
+                let aggregate = commands
+                    .iter()
+                    .find(|c| c.contains_key("aggregate"))
+                    .expect("an aggregate was sent")
+                    .clone();
+                assert_eq!(aggregate.get_str("comment"), Ok("b13"), "{aggregate}");
+                aggregate
+                    .get_array("pipeline")
+                    .ok()
+                    .and_then(|p| p.first())
+                    .and_then(|s| s.as_document())
+                    .and_then(|s| s.get_document("$changeStream").ok())
+                    .cloned()
+                    .expect("the pipeline starts with $changeStream")
+            }
+
+            /// A `ping` that succeeds and a command that fails, on database `b12`, for the
+            /// command log (B12).
+            pub async fn ping_and_unknown_command(uri: &str) {
+                let (client, _) = client(uri).await;
+                let db = client.database("b12");
+                db.run_command(doc! { "ping": 1 }).await.expect("ping");
+                let unknown = db.run_command(doc! { "b12NoSuchCommand": 1 }).await;
+                assert!(unknown.is_err(), "an unknown command fails");
+            }
+
             pub fn server_code(error: &Error) -> Option<i32> {
                 match error.kind.as_ref() {
                     ErrorKind::Command(e) => Some(e.code),
@@ -915,6 +948,133 @@ mod overload_events {
             self.0.load(Ordering::SeqCst)
         }
     }
+}
+
+/// A tracing subscriber that keeps, for each command log message, its text and `databaseName`,
+/// for the commands named `ping` or `b12NoSuchCommand` (others, such as the `endSessions` of a
+/// client being dropped, are not the scenario's).
+mod command_log {
+    use std::fmt;
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::{span, Event, Metadata, Subscriber};
+
+    /// A message's text and its `databaseName`, if it has one.
+    pub type Message = (String, Option<String>);
+
+    #[derive(Clone, Default)]
+    pub struct Messages(pub Arc<Mutex<Vec<Message>>>);
+
+    #[derive(Default)]
+    struct Fields {
+        message: String,
+        command: String,
+        database: Option<String>,
+    }
+
+    impl Visit for Fields {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            match field.name() {
+                "databaseName" => self.database = Some(value.to_string()),
+                "commandName" => self.command = value.to_string(),
+                _ => {}
+            }
+        }
+        fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+            match field.name() {
+                "message" => self.message = format!("{value:?}"),
+                "databaseName" => self.database = Some(format!("{value:?}")),
+                "commandName" => self.command = format!("{value:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    impl Subscriber for Messages {
+        fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+            metadata.target() == "mongodb::command"
+        }
+        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+            span::Id::from_u64(1)
+        }
+        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+        fn event(&self, event: &Event<'_>) {
+            if event.metadata().target() == "mongodb::command" {
+                let mut fields = Fields::default();
+                event.record(&mut fields);
+                if matches!(fields.command.as_str(), "ping" | "b12NoSuchCommand") {
+                    self.0
+                        .lock()
+                        .unwrap()
+                        .push((fields.message, fields.database));
+                }
+            }
+        }
+        fn enter(&self, _: &span::Id) {}
+        fn exit(&self, _: &span::Id) {}
+    }
+
+    impl Messages {
+        /// Takes the messages recorded so far.
+        pub fn take(&self) -> Vec<Message> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+}
+
+#[tokio::test]
+async fn b13_change_stream_comment_stays_out_of_the_stage() {
+    let server = Server::replica_set();
+    let up = upstream::change_stream_stage_with_comment(&server.uri).await;
+    assert_eq!(
+        up.get_str("comment"),
+        Ok("b13"),
+        "upstream 3.9.1 puts the comment in the $changeStream stage too (defect B13): {up}"
+    );
+    let fork = fork::change_stream_stage_with_comment(&server.uri).await;
+    assert!(
+        !fork.contains_key("comment"),
+        "the fork sends the comment on the aggregate only: {fork}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn b12_command_log_names_the_database_of_every_message() {
+    let server = Server::standalone();
+    let log = command_log::Messages::default();
+    let _guard = tracing::subscriber::set_default(log.clone());
+    let b12 = Some("b12".to_string());
+    let message = |text: &str| (text.to_string(), b12.clone());
+
+    upstream::ping_and_unknown_command(&server.uri).await;
+    let up = log.take();
+    let started: Vec<_> = up.iter().filter(|m| m.0 == "Command started").collect();
+    assert_eq!(
+        started,
+        [&message("Command started"), &message("Command started")],
+        "{up:?}"
+    );
+    let finished: Vec<_> = up.iter().filter(|m| m.0 != "Command started").collect();
+    assert_eq!(finished.len(), 2, "{up:?}");
+    assert!(
+        finished.iter().all(|m| m.1.is_none()),
+        "upstream 3.9.1 logs no databaseName when a command succeeds or fails (defect B12): {up:?}"
+    );
+
+    fork::ping_and_unknown_command(&server.uri).await;
+    let fork = log.take();
+    assert_eq!(
+        fork,
+        [
+            message("Command started"),
+            message("Command succeeded"),
+            message("Command started"),
+            message("Command failed"),
+        ],
+        "the fork names the database in every command message"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -11,15 +11,19 @@ use crate::project::Project;
 
 /// The specifications whose test JSON the project runs (`source/<name>/tests/`). Inside each,
 /// the runner discovers files by layout, so new files arrive with the next sync.
-pub const SUITES: [&str; 11] = [
+pub const SUITES: [&str; 15] = [
+    "change-streams",
     "client-backpressure",
     "client-side-operations-timeout",
     "collection-management",
+    "command-logging-and-monitoring",
     "crud",
     "index-management",
     "retryable-reads",
     "retryable-writes",
+    "run-command",
     "server-discovery-and-monitoring",
+    "sessions",
     "transactions",
     "unified-test-format",
     "uri-options",

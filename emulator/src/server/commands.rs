@@ -16,7 +16,8 @@ use super::error::{
 use super::failpoint::{self, CommandFacts};
 use super::mangle;
 use super::session::{SessionKey, Transaction, TxnState};
-use super::{cluster_time_doc, hello, lock, repl, Member, Role, Shared, State};
+use super::{cluster_time_doc, hello, lock, repl, snapshot, Member, Role, Shared, State};
+use crate::engine::Store;
 use crate::model::{CommandInfo, Rejection};
 use crate::wire::OpMsg;
 
@@ -187,6 +188,7 @@ pub(crate) async fn handle(
                 && data::is_retryable_write(&name),
             in_transaction: g.autocommit == Some(false),
             commit_or_abort: matches!(name.as_str(), "commitTransaction" | "abortTransaction"),
+            change_stream_get_more: name == "getMore" && is_change_stream_cursor(shared, &body),
         },
         Err(_) => LabelContext::default(),
     };
@@ -231,7 +233,13 @@ pub(crate) async fn handle(
             return Outcome::Close;
         }
         if let Some(err) = action.error() {
-            return Outcome::Reply(finish(shared, member, Err(err), label_ctx, None, None));
+            // mongod labels ResumableChangeStreamError only on a getMore's own errors; the
+            // fail point's error keeps the labels its data gave (or none).
+            let ctx = LabelContext {
+                change_stream_get_more: false,
+                ..label_ctx
+            };
+            return Outcome::Reply(finish(shared, member, Err(err), ctx, None, None));
         }
         wce = action.write_concern_error;
     }
@@ -286,6 +294,26 @@ pub(crate) async fn handle(
         }
     }
 
+    if name == "getMore" {
+        // mongod's failGetMoreAfterCursorCheckout: the getMore fails once it holds its cursor.
+        let fired = lock(&member.get_more_fail_point).evaluate_mode(&mut rand::rng());
+        if let Some(data) = fired {
+            if data.get_bool("closeConnection").unwrap_or(false) {
+                return Outcome::Close;
+            }
+            let code = match data.get("errorCode") {
+                Some(Bson::Int32(c)) => *c,
+                Some(Bson::Int64(c)) => i32::try_from(*c).unwrap_or(codes::BAD_VALUE),
+                _ => codes::BAD_VALUE,
+            };
+            let err = CommandError::new(
+                code,
+                "Failing command via 'failGetMoreAfterCursorCheckout' failpoint",
+            );
+            return Outcome::Reply(finish(shared, member, Err(err), label_ctx, None, None));
+        }
+    }
+
     // Overload model, step 2: ticket, virtual cores, yields and the deadline.
     let ran = match admission.execute(&mut disconnected).await {
         Ok(o) => o,
@@ -329,6 +357,14 @@ pub(crate) async fn handle(
         override_labels,
         wce,
     ))
+}
+
+/// Whether a getMore continues a change stream's cursor.
+fn is_change_stream_cursor(shared: &Shared, body: &Document) -> bool {
+    match body.get("getMore") {
+        Some(Bson::Int64(id)) => shared.state().cursors.stream_position(*id).is_some(),
+        _ => false,
+    }
 }
 
 /// How long a change-stream getMore waits for events (none when events are already there).
@@ -465,6 +501,7 @@ const ADMIN_COMMANDS: &[&str] = &[
     "killSessions",
     "killAllSessions",
     "killAllSessionsByPattern",
+    "checkMetadataConsistency",
     "refreshSessions",
     "startSession",
     "commitTransaction",
@@ -572,6 +609,12 @@ fn execute(
             end_transaction(shared, name, g)
         }
         "whatsmyuri" => Ok(doc! { "you": conn.peer.to_string(), "ok": 1.0 }),
+        // mongos 7.0+: the emulator's single catalog is always consistent, so the cursor of
+        // inconsistencies is empty.
+        "checkMetadataConsistency" if member.role == Role::Mongos => Ok(doc! {
+            "cursor": { "id": 0i64, "ns": format!("{db}.$cmd.checkMetadataConsistency"), "firstBatch": [] },
+            "ok": 1.0,
+        }),
         "getCmdLineOpts" => Ok(doc! { "argv": ["labd"], "parsed": {}, "ok": 1.0 }),
         "hostInfo" => Ok(
             doc! { "system": { "hostname": member.host.clone() }, "os": {}, "extra": {}, "ok": 1.0 },
@@ -694,6 +737,24 @@ fn run_data_command(
     };
     let st = &mut *guard;
     let replicated = shared.is_replicated();
+    // A snapshot read outside a transaction reads a recorded copy of the store (`snapshot.rs`).
+    let snapshot_read = match snapshot::requested(body).filter(|_| g.autocommit.is_none()) {
+        Some(at) => {
+            if let Some(refused) = snapshot::refusal(name, body, replicated) {
+                return Err(refused);
+            }
+            Some(match at {
+                Some(at) => (at, st.snapshots.at(at)?),
+                None => {
+                    let now = st.tick();
+                    let copy = st.store.clone();
+                    st.snapshots.record(now, &copy);
+                    (now, copy)
+                }
+            })
+        }
+        None => None,
+    };
     let bulk_write_batch_size = match st.params.values.get("labBulkWriteBatchSize") {
         Some(Bson::Int32(n)) if *n > 0 => usize::try_from(*n).ok(),
         _ => None,
@@ -720,6 +781,12 @@ fn run_data_command(
         changes: &mut st.changes,
         bulk_write_batch_size,
     };
+
+    if let Some((at, mut view)) = snapshot_read {
+        let mut reply = data::run(name, db, body, &mut view, &mut ctx)?;
+        snapshot::stamp(&mut reply, at);
+        return Ok(reply);
+    }
 
     // Transaction statement.
     if g.autocommit.is_some() {
@@ -910,12 +977,150 @@ fn run_data_command(
         return result;
     }
 
+    let catalog_before = catalog_facts(name, db, body, &st.store);
     let result = data::run(name, db, body, &mut st.store, &mut ctx);
     if data::is_write(name) || (name == "aggregate" && data::pipeline_writes(body)) {
         st.write_version += 1;
     }
     record_changes(shared, st, capture);
+    if let (Ok(reply), Some(before)) = (&result, catalog_before) {
+        let key = (db.to_string(), before.coll.clone());
+        match name {
+            "collMod" => {
+                let images = body.get_document("changeStreamPreAndPostImages").ok();
+                match images.map(|i| i.get_bool("enabled") == Ok(true)) {
+                    Some(true) => {
+                        st.pre_post_images.insert(key);
+                    }
+                    Some(false) => {
+                        st.pre_post_images.remove(&key);
+                    }
+                    None => {}
+                }
+            }
+            "drop" => {
+                st.pre_post_images.remove(&key);
+            }
+            _ => {}
+        }
+        record_catalog_change(shared, st, name, db, body, reply, before);
+    }
     result
+}
+
+/// The collection a catalog command names, and whether it existed before the command ran.
+struct CatalogFacts {
+    coll: String,
+    existed: bool,
+}
+
+/// For catalog commands that make change events (`create`, `drop`, `createIndexes`,
+/// `dropIndexes`, `collMod`), what the event needs from before the command.
+fn catalog_facts(name: &str, db: &str, body: &Document, store: &Store) -> Option<CatalogFacts> {
+    if !matches!(
+        name,
+        "create" | "drop" | "createIndexes" | "dropIndexes" | "collMod"
+    ) {
+        return None;
+    }
+    let coll = body.get_str(name).ok()?.to_string();
+    let existed = store.has_collection(db, &coll);
+    Some(CatalogFacts { coll, existed })
+}
+
+/// Records the change event of a catalog command that succeeded, as mongod 6.0+ reports them:
+/// `drop` (and the `invalidate` of the streams on the collection) to every stream, the others
+/// (`create`, `createIndexes`, `dropIndexes`, `modify`) only to streams with
+/// `showExpandedEvents`. A collection created implicitly by a write makes no `create` event
+/// here (mongod's does).
+fn record_catalog_change(
+    shared: &Shared,
+    st: &mut State,
+    name: &str,
+    db: &str,
+    body: &Document,
+    reply: &Document,
+    before: CatalogFacts,
+) {
+    if !st.changes.enabled {
+        return;
+    }
+    let coll = before.coll.as_str();
+    let ns = doc! { "db": db, "coll": coll };
+    let (event, expanded) = match name {
+        "drop" if before.existed => (doc! { "operationType": "drop", "ns": ns }, false),
+        "create" if !before.existed => {
+            let (description, ns_type) = match body.get_str("viewOn") {
+                Ok(view_on) => (
+                    doc! {
+                        "viewOn": view_on,
+                        "pipeline": body.get("pipeline").cloned().unwrap_or(Bson::Array(Vec::new())),
+                    },
+                    "view",
+                ),
+                Err(_) => (
+                    doc! { "idIndex": { "v": 2, "key": { "_id": 1 }, "name": "_id_" } },
+                    "collection",
+                ),
+            };
+            (
+                doc! {
+                    "operationType": "create",
+                    "ns": ns,
+                    "operationDescription": description,
+                    "nsType": ns_type,
+                },
+                true,
+            )
+        }
+        "createIndexes" => {
+            let created = match (reply.get("numIndexesBefore"), reply.get("numIndexesAfter")) {
+                (Some(b), Some(a)) => b != a,
+                _ => true,
+            };
+            if !created {
+                return;
+            }
+            let indexes = body
+                .get("indexes")
+                .cloned()
+                .unwrap_or(Bson::Array(Vec::new()));
+            (
+                doc! {
+                    "operationType": "createIndexes",
+                    "ns": ns,
+                    "operationDescription": { "indexes": indexes },
+                },
+                true,
+            )
+        }
+        "dropIndexes" => {
+            let index = body.get("index").cloned().unwrap_or(Bson::Null);
+            (
+                doc! {
+                    "operationType": "dropIndexes",
+                    "ns": ns,
+                    "operationDescription": { "indexes": [index] },
+                },
+                true,
+            )
+        }
+        "collMod" => {
+            let mut description = body.clone();
+            description.remove("collMod");
+            for field in data::GENERIC_FIELDS {
+                description.remove(*field);
+            }
+            (
+                doc! { "operationType": "modify", "ns": ns, "operationDescription": description },
+                true,
+            )
+        }
+        _ => return,
+    };
+    let ts = st.tick();
+    st.changes.record_catalog(db, coll, ts, event, expanded);
+    shared.changes_notify.notify_waiters();
 }
 
 /// mongod's write concern error for a numeric `w` above the number of data-bearing members.
@@ -999,7 +1204,10 @@ fn rejection_error(r: &Rejection) -> CommandError {
 fn record_changes(shared: &Shared, st: &mut State, capture: Option<Capture>) {
     if let Some(c) = capture {
         let ts = st.tick();
-        c.finish(&mut st.changes, &st.store, ts);
+        let images = &st.pre_post_images;
+        c.finish(&mut st.changes, &st.store, ts, |d, c| {
+            images.contains(&(d.to_string(), c.to_string()))
+        });
         shared.changes_notify.notify_waiters();
     }
 }
@@ -1431,9 +1639,11 @@ fn configure_fail_point(member: &Member, body: &Document) -> Result<Document, Co
     let slot = match name {
         "failCommand" => &member.fail_point,
         "onPrimaryTransactionalWrite" => &member.primary_write_fail_point,
+        "failGetMoreAfterCursorCheckout" => &member.get_more_fail_point,
         _ => {
             return Err(CommandError::bad_value(format!(
-                "Cannot find FailPoint named {name} (the emulator has failCommand and onPrimaryTransactionalWrite)"
+                "Cannot find FailPoint named {name} (the emulator has failCommand, \
+                 onPrimaryTransactionalWrite and failGetMoreAfterCursorCheckout)"
             )))
         }
     };

@@ -22,6 +22,19 @@ pub(crate) enum CursorKind {
     Normal,
     /// A change stream: never exhausted, always empty, reports a resume token.
     ChangeStream,
+    /// A tailable find on a capped collection: stays open when its documents run out, and a
+    /// getMore then returns the documents inserted after the last one it queued.
+    Tailable,
+}
+
+/// Where a tailable cursor is: the collection and filter it reads, and the `_id` of the last
+/// document it queued (the next getMore reads what follows it in natural order).
+#[derive(Debug, Clone)]
+pub(crate) struct TailState {
+    pub(crate) db: String,
+    pub(crate) coll: String,
+    pub(crate) filter: Document,
+    pub(crate) last_id: Option<Bson>,
 }
 
 /// How a cursor learns that its results are exhausted, which decides whether the batch that
@@ -48,12 +61,19 @@ pub(crate) struct StreamState {
     /// Pipeline stages after `$changeStream`.
     pub(crate) stages: Vec<Document>,
     pub(crate) db: String,
+    /// Which events beyond the scope the stream sees (`showExpandedEvents`).
+    pub(crate) visibility: changes::Visibility,
+    /// `fullDocument` (`default`, `updateLookup`, `whenAvailable`, `required`).
+    pub(crate) full_document: String,
+    /// `fullDocumentBeforeChange` (`off`, `whenAvailable`, `required`).
+    pub(crate) full_document_before_change: String,
 }
 
 pub(crate) struct Cursor {
     pub(crate) ns: String,
     docs: VecDeque<Document>,
     stream: Option<StreamState>,
+    tail: Option<TailState>,
     pub(crate) kind: CursorKind,
     end: CursorEnd,
     pub(crate) owner_conn: u64,
@@ -125,6 +145,7 @@ impl Cursors {
         end: CursorEnd,
         limit: BatchLimit,
         single_batch: bool,
+        tail: Option<TailState>,
         owner_conn: u64,
         lsid: Option<SessionKey>,
         max_per_conn: usize,
@@ -134,6 +155,7 @@ impl Cursors {
         let room = limit.size.unwrap_or(DEFAULT_FIRST_BATCH);
         let batch = take_batch(&mut docs, room);
         let keep = kind == CursorKind::ChangeStream
+            || (!single_batch && tail.is_some())
             || (!single_batch && !exhausted_after(end, &docs, batch.len(), room));
         let mut id = 0i64;
         if keep {
@@ -144,6 +166,7 @@ impl Cursors {
                     ns: ns.clone(),
                     docs,
                     stream: None,
+                    tail,
                     kind,
                     end,
                     owner_conn,
@@ -205,6 +228,7 @@ impl Cursors {
                 ns: ns.clone(),
                 docs: VecDeque::new(),
                 stream: Some(state),
+                tail: None,
                 kind: CursorKind::ChangeStream,
                 end: CursorEnd::Lazy,
                 owner_conn,
@@ -274,18 +298,28 @@ impl Cursors {
         self.map.get(&id).map(|c| (c.kind, c.ns.as_str()))
     }
 
-    /// `getMore`: the next batch. `collection` must match the cursor's namespace.
+    /// `getMore`: the next batch. `collection` must match the cursor's namespace. A tailable
+    /// cursor with nothing queued first asks `more` for the documents after its last one.
     pub(crate) fn get_more(
         &mut self,
         id: i64,
         ns: &str,
         limit: BatchLimit,
+        more: impl FnOnce(&TailState) -> Vec<Document>,
     ) -> Result<Document, CommandError> {
         let cursor = self.owned(id, ns)?;
         cursor.last_used = Instant::now();
+        if let (true, Some(tail)) = (cursor.docs.is_empty(), cursor.tail.as_mut()) {
+            let new = more(tail);
+            if let Some(last) = new.last().and_then(|d| d.get("_id")) {
+                tail.last_id = Some(last.clone());
+            }
+            cursor.docs.extend(new);
+        }
         let room = limit.size.filter(|&n| n > 0).unwrap_or(usize::MAX);
         let batch = take_batch(&mut cursor.docs, room);
         let kind = cursor.kind;
+        // A tailable cursor stays open until killed, as mongod's does.
         let exhausted = kind == CursorKind::Normal
             && exhausted_after(cursor.end, &cursor.docs, batch.len(), room);
         let ns = cursor.ns.clone();
@@ -395,6 +429,7 @@ mod tests {
                 CursorEnd::Lazy,
                 BatchLimit { size: Some(2) },
                 false,
+                None,
                 1,
                 None,
                 10,
@@ -405,14 +440,18 @@ mod tests {
         assert_eq!(cur.get_array("firstBatch").unwrap().len(), 2);
         let id = cur.get_i64("id").unwrap();
         assert_ne!(id, 0);
-        let r = c.get_more(id, "d.c", BatchLimit { size: Some(2) }).unwrap();
+        let r = c
+            .get_more(id, "d.c", BatchLimit { size: Some(2) }, |_| Vec::new())
+            .unwrap();
         assert_eq!(r.get_document("cursor").unwrap().get_i64("id").unwrap(), id);
-        let r = c.get_more(id, "d.c", BatchLimit { size: None }).unwrap();
+        let r = c
+            .get_more(id, "d.c", BatchLimit { size: None }, |_| Vec::new())
+            .unwrap();
         let cur = r.get_document("cursor").unwrap();
         assert_eq!(cur.get_array("nextBatch").unwrap().len(), 1);
         assert_eq!(cur.get_i64("id").unwrap(), 0);
         assert_eq!(
-            c.get_more(id, "d.c", BatchLimit { size: None })
+            c.get_more(id, "d.c", BatchLimit { size: None }, |_| Vec::new())
                 .unwrap_err()
                 .code,
             43
@@ -431,6 +470,7 @@ mod tests {
                     end,
                     BatchLimit { size: Some(2) },
                     false,
+                    None,
                     1,
                     None,
                     10,
@@ -449,14 +489,87 @@ mod tests {
         let id = first(&mut c, CursorEnd::Lazy);
         assert_ne!(id, 0);
         let two = BatchLimit { size: Some(2) };
-        assert_eq!(batch_of(c.get_more(id, "d.c", two).unwrap()), (2, id));
-        assert_eq!(batch_of(c.get_more(id, "d.c", two).unwrap()), (0, 0));
+        assert_eq!(
+            batch_of(c.get_more(id, "d.c", two, |_| Vec::new()).unwrap()),
+            (2, id)
+        );
+        assert_eq!(
+            batch_of(c.get_more(id, "d.c", two, |_| Vec::new()).unwrap()),
+            (0, 0)
+        );
         let id = first(&mut c, CursorEnd::Known);
-        assert_eq!(batch_of(c.get_more(id, "d.c", two).unwrap()), (2, 0));
+        assert_eq!(
+            batch_of(c.get_more(id, "d.c", two, |_| Vec::new()).unwrap()),
+            (2, 0)
+        );
         // A batch with room closes a lazy cursor at once.
         let id = first(&mut c, CursorEnd::Lazy);
         let three = BatchLimit { size: Some(3) };
-        assert_eq!(batch_of(c.get_more(id, "d.c", three).unwrap()), (2, 0));
+        assert_eq!(
+            batch_of(c.get_more(id, "d.c", three, |_| Vec::new()).unwrap()),
+            (2, 0)
+        );
+    }
+
+    #[test]
+    fn tailable_cursors_stay_open_and_read_what_follows() {
+        let mut c = Cursors::default();
+        let tail = TailState {
+            db: "d".into(),
+            coll: "c".into(),
+            filter: Document::new(),
+            last_id: Some(Bson::Int32(1)),
+        };
+        let r = c
+            .open(
+                "d.c".into(),
+                docs(2),
+                CursorKind::Tailable,
+                CursorEnd::Known,
+                BatchLimit { size: Some(2) },
+                false,
+                Some(tail),
+                1,
+                None,
+                10,
+                10,
+            )
+            .unwrap();
+        let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+        assert_ne!(
+            id, 0,
+            "a tailable cursor stays open when its documents run out"
+        );
+        let none = c.get_more(id, "d.c", BatchLimit { size: None }, |_| Vec::new());
+        let cur = none.unwrap().get_document("cursor").unwrap().clone();
+        assert_eq!(
+            (
+                cur.get_array("nextBatch").unwrap().len(),
+                cur.get_i64("id").unwrap()
+            ),
+            (0, id)
+        );
+        let mut asked_after = None;
+        let r = c
+            .get_more(id, "d.c", BatchLimit { size: None }, |t| {
+                asked_after = t.last_id.clone();
+                vec![doc! { "_id": 7 }]
+            })
+            .unwrap();
+        assert_eq!(asked_after, Some(Bson::Int32(1)));
+        let cur = r.get_document("cursor").unwrap();
+        assert_eq!(cur.get_array("nextBatch").unwrap().len(), 1);
+        let mut asked_after = None;
+        c.get_more(id, "d.c", BatchLimit { size: None }, |t| {
+            asked_after = t.last_id.clone();
+            Vec::new()
+        })
+        .unwrap();
+        assert_eq!(
+            asked_after,
+            Some(Bson::Int32(7)),
+            "the next read starts after the new one"
+        );
     }
 
     #[test]
@@ -470,6 +583,7 @@ mod tests {
                 CursorEnd::Lazy,
                 BatchLimit { size: Some(1) },
                 false,
+                None,
                 conn,
                 None,
                 2,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use bson::{doc, Bson, Document};
 
 use super::changes::{self, ChangeLog, Scope};
-use super::cursor::{self, BatchLimit, CursorEnd, CursorKind, Cursors, StreamState};
+use super::cursor::{self, BatchLimit, CursorEnd, CursorKind, Cursors, StreamState, TailState};
 use super::error::{codes, CommandError};
 use super::session::SessionKey;
 use crate::engine::{
@@ -166,6 +166,7 @@ impl DataCtx<'_> {
             end,
             limit,
             single,
+            None,
             self.conn_serial,
             self.lsid.clone(),
             self.max_cursors_per_connection,
@@ -598,14 +599,61 @@ fn run_command(
                 "ok": 1.0,
             })
         }
+        "find" if bool_arg(body, "tailable", false) => {
+            let coll = coll_arg(body, name)?;
+            let capped = store
+                .list_collections(db, Some(&doc! { "name": coll }), false)?
+                .first()
+                .and_then(|c| c.get_document("options").ok())
+                .is_some_and(|o| o.get_bool("capped") == Ok(true));
+            if !capped {
+                return Err(CommandError::bad_value(format!(
+                    "error processing query: ns={db}.{coll}: tailable cursor requested on non \
+                     capped collection"
+                )));
+            }
+            let spec = FindSpec::from_command(body)?;
+            let docs = store.find(db, coll, &spec)?;
+            let tail = TailState {
+                db: db.to_string(),
+                coll: coll.to_string(),
+                filter: opt_doc(body, "filter")?.cloned().unwrap_or_default(),
+                last_id: docs.last().and_then(|d| d.get("_id")).cloned(),
+            };
+            let limit = BatchLimit {
+                size: cursor::batch_size(body.get("batchSize"))?,
+            };
+            // mongod's tailable cursor on an empty collection is dead at once.
+            let tail = tail.last_id.is_some().then_some(tail);
+            ctx.cursors.open(
+                format!("{db}.{coll}"),
+                docs,
+                CursorKind::Tailable,
+                CursorEnd::Known,
+                limit,
+                bool_arg(body, "singleBatch", false),
+                tail,
+                ctx.conn_serial,
+                ctx.lsid.clone(),
+                ctx.max_cursors_per_connection,
+                ctx.max_cursors,
+            )
+        }
         "find" => {
             let coll = coll_arg(body, name)?;
             let spec = FindSpec::from_command(body)?;
-            let docs = match store.resolve_view(db, coll)? {
+            let mut docs = match store.resolve_view(db, coll)? {
                 Some(view) => find_on_view(store, db, &view, &spec)?,
                 None => store.find(db, coll, &spec)?,
             };
             let end = find_cursor_end(store, db, coll, &spec, docs.len());
+            if bool_arg(body, "returnKey", false) {
+                docs = index_keys(store, db, coll, body, docs)?;
+            } else if bool_arg(body, "showRecordId", false) {
+                for (n, d) in docs.iter_mut().enumerate() {
+                    d.insert("$recordId", i64::try_from(n).unwrap_or(i64::MAX) + 1);
+                }
+            }
             let mut limit = BatchLimit {
                 size: cursor::batch_size(body.get("batchSize"))?,
             };
@@ -653,7 +701,9 @@ fn run_command(
                     .cursors
                     .stream_get_more(id, &ns, |s| stream_batch(log, store, s, limit.size));
             }
-            ctx.cursors.get_more(id, &ns, limit)
+            let store = &*store;
+            ctx.cursors
+                .get_more(id, &ns, limit, |tail| tail_documents(store, tail))
         }
         "killCursors" => {
             let coll = coll_arg(body, name)?;
@@ -931,12 +981,42 @@ fn aggregate(
             }
             None => Scope::Database(db.to_string()),
         };
+        let option = |key: &str, default: &str, allowed: &[&str]| -> Result<String, CommandError> {
+            match spec.get(key) {
+                None => Ok(default.to_string()),
+                Some(Bson::String(s)) if allowed.contains(&s.as_str()) => Ok(s.clone()),
+                Some(other) => Err(CommandError::bad_value(format!(
+                    "unknown {key} value: {other}"
+                ))),
+            }
+        };
+        let full_document = option(
+            "fullDocument",
+            "default",
+            &["default", "updateLookup", "whenAvailable", "required"],
+        )?;
+        let full_document_before_change = option(
+            "fullDocumentBeforeChange",
+            "off",
+            &["off", "whenAvailable", "required"],
+        )?;
+        let stages = pipeline[1..].to_vec();
+        if !stages.is_empty() {
+            // mongod parses the whole pipeline when the stream opens: an unknown stage fails the
+            // aggregate, not the first getMore.
+            store.run_pipeline(db, Vec::new(), &stages)?;
+        }
         ctx.changes.enabled = true;
         let mut state = StreamState {
             scope,
             next_seq: ctx.changes.start_position(&spec)?,
-            stages: pipeline[1..].to_vec(),
+            stages,
             db: db.to_string(),
+            visibility: changes::Visibility {
+                show_expanded: bool_arg(&spec, "showExpandedEvents", false),
+            },
+            full_document,
+            full_document_before_change,
         };
         let (first, pos) = stream_batch(
             ctx.changes,
@@ -1079,13 +1159,32 @@ fn stream_batch(
     if batch == Some(0) {
         return Ok((Vec::new(), state.next_seq));
     }
-    let (events, mut next) = log.read(state.next_seq, &state.scope, 1000);
-    let docs: Vec<Document> = events.into_iter().map(|(_, d)| d).collect();
+    let (events, mut next) = log.read(state.next_seq, &state.scope, state.visibility, 1000);
+    let docs: Vec<Document> = events
+        .into_iter()
+        .map(|(_, d, images)| with_images(d, images, state, store))
+        .collect::<Result<_, _>>()?;
     let mut out = if state.stages.is_empty() || docs.is_empty() {
         docs
     } else {
         store.run_pipeline(&state.db, docs, &state.stages)?
     };
+    if out
+        .iter()
+        .any(|d| d.get("_id").and_then(changes::parse_token).is_none())
+    {
+        // The resume token is the event's `_id`: mongod refuses a pipeline that changed it.
+        return Err(CommandError {
+            labels: Some(vec!["NonResumableChangeStreamError".to_string()]),
+            ..CommandError::new(
+                280,
+                "Encountered an event whose _id field, which contains the resume token, was \
+                 modified by the pipeline. Modifying the _id field of an event makes it \
+                 impossible to resume the stream from that point. Only transformations that \
+                 retain the unmodified _id field are allowed.",
+            )
+        });
+    }
     if let Some(n) = batch {
         if out.len() > n {
             out.truncate(n);
@@ -1099,6 +1198,144 @@ fn stream_batch(
         }
     }
     Ok((out.into_iter().map(Bson::Document).collect(), next))
+}
+
+/// `returnKey`: each document reduced to the key of the index mongod's plan would scan. The
+/// emulator has no planner: the index is the one whose first key is the sort's first field, else
+/// a field of the filter; without one the plan is a collection scan, whose keys are empty
+/// documents. (`showRecordId` adds nothing then, as in mongod.)
+fn index_keys(
+    store: &Store,
+    db: &str,
+    coll: &str,
+    body: &Document,
+    docs: Vec<Document>,
+) -> Result<Vec<Document>, CommandError> {
+    let indexes = store.list_indexes(db, coll).unwrap_or_default();
+    let first_key = |field: &str| {
+        indexes.iter().find_map(|ix| {
+            let key = ix.get_document("key").ok()?;
+            (key.keys().next().map(String::as_str) == Some(field)).then(|| key.clone())
+        })
+    };
+    let sort_field = opt_doc(body, "sort")?.and_then(|s| s.keys().next().cloned());
+    let filter = opt_doc(body, "filter")?.cloned().unwrap_or_default();
+    let key = sort_field
+        .as_deref()
+        .and_then(first_key)
+        .or_else(|| filter.keys().find_map(|f| first_key(f)));
+    let Some(key) = key else {
+        return Ok(docs.iter().map(|_| Document::new()).collect());
+    };
+    Ok(docs
+        .iter()
+        .map(|d| {
+            let mut out = Document::new();
+            for field in key.keys() {
+                // Index keys over arrays are per element in mongod; keys of documents are
+                // followed here, anything else is null (a missing field's key).
+                let mut value = Some(Bson::Document(d.clone()));
+                for part in field.split('.') {
+                    value = match value {
+                        Some(Bson::Document(inner)) => inner.get(part).cloned(),
+                        _ => None,
+                    };
+                }
+                let value = value.unwrap_or(Bson::Null);
+                out.insert(field.clone(), value);
+            }
+            out
+        })
+        .collect())
+}
+
+/// The documents of a tailable cursor's collection after its last one, in natural order,
+/// that match its filter (none when the last one is gone).
+fn tail_documents(store: &Store, tail: &TailState) -> Vec<Document> {
+    let all = store.documents(&tail.db, &tail.coll);
+    let Some(pos) = all
+        .iter()
+        .position(|d| d.get("_id") == tail.last_id.as_ref())
+    else {
+        return Vec::new();
+    };
+    all[pos + 1..]
+        .iter()
+        .filter(|d| crate::engine::matches(&tail.filter, d).unwrap_or(false))
+        .cloned()
+        .collect()
+}
+
+/// An event as a stream with `state`'s `fullDocument` and `fullDocumentBeforeChange` sees it:
+/// post-images of updates (`whenAvailable`, `required`: the recorded image; `updateLookup`: the
+/// document as it is now) and pre-images of updates, replacements and deletes. `required`
+/// without a recorded image is mongod's 280 ChangeStreamFatalError.
+fn with_images(
+    mut event: Document,
+    images: changes::Images,
+    state: &StreamState,
+    store: &Store,
+) -> Result<Document, CommandError> {
+    let op = event
+        .get_str("operationType")
+        .unwrap_or_default()
+        .to_string();
+    let token = event.get("_id").cloned().unwrap_or(Bson::Null);
+    let missing = |what: &str| {
+        CommandError::new(
+            280,
+            format!(
+                "Change stream was configured to require a {what} for all update, delete and \
+                 replace events, but the {what} was not found for event: {token}"
+            ),
+        )
+    };
+    if op == "update" {
+        let post = match state.full_document.as_str() {
+            "whenAvailable" => Some(images.post.clone().map_or(Bson::Null, Bson::Document)),
+            "required" => match images.post.clone() {
+                Some(d) => Some(Bson::Document(d)),
+                None => return Err(missing("post-image")),
+            },
+            "updateLookup" => {
+                let (db, coll) = match event.get_document("ns") {
+                    Ok(ns) => (
+                        ns.get_str("db").unwrap_or_default().to_string(),
+                        ns.get_str("coll").unwrap_or_default().to_string(),
+                    ),
+                    Err(_) => Default::default(),
+                };
+                let key = event
+                    .get_document("documentKey")
+                    .ok()
+                    .and_then(|k| k.get("_id"));
+                let current = store
+                    .documents(&db, &coll)
+                    .iter()
+                    .find(|d| d.get("_id") == key)
+                    .cloned();
+                Some(current.map_or(Bson::Null, Bson::Document))
+            }
+            _ => None,
+        };
+        if let Some(post) = post {
+            event.insert("fullDocument", post);
+        }
+    }
+    if matches!(op.as_str(), "update" | "replace" | "delete") {
+        let pre = match state.full_document_before_change.as_str() {
+            "whenAvailable" => Some(images.pre.map_or(Bson::Null, Bson::Document)),
+            "required" => match images.pre {
+                Some(d) => Some(Bson::Document(d)),
+                None => return Err(missing("pre-image")),
+            },
+            _ => None,
+        };
+        if let Some(pre) = pre {
+            event.insert("fullDocumentBeforeChange", pre);
+        }
+    }
+    Ok(event)
 }
 
 fn split_ns(ns: &str) -> Option<(&str, &str)> {
@@ -1295,5 +1532,32 @@ fn bulk_op(
         other => Err(CommandError::failed_to_parse(format!(
             "unknown bulkWrite operation '{other}'"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn return_key_gives_the_scanned_index_key_or_empty_documents() {
+        let mut store = Store::new();
+        store.insert(
+            "db",
+            "c",
+            vec![doc! { "_id": 1, "a": { "b": 5 }, "x": 1 }],
+            true,
+        );
+        store
+            .create_indexes("db", "c", &[doc! { "key": { "a.b": 1 }, "name": "ab" }])
+            .unwrap();
+        let docs = || store.documents("db", "c").to_vec();
+        let by_id = index_keys(&store, "db", "c", &doc! { "sort": { "_id": 1 } }, docs()).unwrap();
+        assert_eq!(by_id, vec![doc! { "_id": 1 }]);
+        let by_filter =
+            index_keys(&store, "db", "c", &doc! { "filter": { "a.b": 5 } }, docs()).unwrap();
+        assert_eq!(by_filter, vec![doc! { "a.b": 5 }]);
+        let scan = index_keys(&store, "db", "c", &doc! { "filter": { "x": 1 } }, docs()).unwrap();
+        assert_eq!(scan, vec![Document::new()]);
     }
 }

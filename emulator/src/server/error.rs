@@ -123,6 +123,10 @@ pub mod codes {
 /// mongod's name for `code`; `Location<code>` for codes without a symbolic name here.
 pub fn code_name(code: i32) -> Cow<'static, str> {
     let name = match code {
+        280 => "ChangeStreamFatalError",
+        239 => "SnapshotTooOld",
+        123 => "NotAReplicaSet",
+        47 => "NoMatchingDocument",
         1 => "InternalError",
         2 => "BadValue",
         4 => "NoSuchKey",
@@ -243,6 +247,32 @@ pub struct LabelContext {
     pub in_transaction: bool,
     /// The command is `commitTransaction` or `abortTransaction`.
     pub commit_or_abort: bool,
+    /// The command is a `getMore` on a change stream cursor.
+    pub change_stream_get_more: bool,
+}
+
+/// Codes mongod (4.4+) labels `ResumableChangeStreamError` on a change stream's getMore: network
+/// errors, not-primary and shutdown errors, stale routing, and the explicit retry codes.
+pub fn is_resumable_change_stream_code(code: i32) -> bool {
+    matches!(
+        code,
+        6 | 7
+            | 63
+            | 89
+            | 91
+            | 133
+            | 150
+            | 189
+            | 234
+            | 262
+            | 9001
+            | 10107
+            | 11600
+            | 11602
+            | 13388
+            | 13435
+            | 13436
+    )
 }
 
 /// The labels mongod computes for an error with `code` (used when no fail point overrides them).
@@ -263,6 +293,9 @@ pub fn computed_labels(code: i32, ctx: LabelContext) -> Vec<String> {
         }
     } else if ctx.retryable_write && is_retriable_code(code) {
         labels.push("RetryableWriteError".to_string());
+    }
+    if ctx.change_stream_get_more && is_resumable_change_stream_code(code) {
+        labels.push("ResumableChangeStreamError".to_string());
     }
     if is_overload_code(code) {
         labels.push("SystemOverloadedError".to_string());

@@ -52,6 +52,7 @@ pub mod mangle;
 mod repl;
 mod scram;
 mod session;
+mod snapshot;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -200,6 +201,9 @@ pub(crate) struct Member {
     /// mongod's `onPrimaryTransactionalWrite`: acts on retryable writes (close the connection
     /// after the write, or fail before it with `failBeforeCommitExceptionCode`).
     pub(crate) primary_write_fail_point: Mutex<FailPoint>,
+    /// mongod's `failGetMoreAfterCursorCheckout`: fails getMores (`errorCode`) or closes their
+    /// connection (`closeConnection`).
+    pub(crate) get_more_fail_point: Mutex<FailPoint>,
     /// Wakes pending awaitable hellos early (after errors that make drivers mark the member
     /// unknown).
     pub(crate) wake: tokio::sync::Notify,
@@ -221,6 +225,11 @@ pub(crate) struct State {
     pub(crate) cursors: Cursors,
     pub(crate) params: Params,
     pub(crate) changes: changes::ChangeLog,
+    /// Store copies for snapshot reads at a cluster time (empty until the first one).
+    pub(crate) snapshots: snapshot::SnapshotHistory,
+    /// Collections (`(db, coll)`) with `changeStreamPreAndPostImages` enabled (`collMod`):
+    /// their change events keep pre- and post-images.
+    pub(crate) pre_post_images: std::collections::BTreeSet<(String, String)>,
     /// Bumped by every write to `store` (transactions commit by swapping in their copy when
     /// nothing else wrote meanwhile).
     pub(crate) write_version: u64,
@@ -410,6 +419,7 @@ impl Emulator {
                 process_id: ObjectId::new(),
                 fail_point: Mutex::new(FailPoint::default()),
                 primary_write_fail_point: Mutex::new(FailPoint::default()),
+                get_more_fail_point: Mutex::new(FailPoint::default()),
                 wake: tokio::sync::Notify::new(),
                 model,
             }));
@@ -445,6 +455,8 @@ impl Emulator {
                 cursors: Cursors::default(),
                 params: Params { values: params },
                 changes: Default::default(),
+                snapshots: Default::default(),
+                pre_post_images: Default::default(),
                 write_version: 0,
                 cluster_time: Timestamp {
                     time: 0,
