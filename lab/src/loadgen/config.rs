@@ -378,7 +378,7 @@ impl Variant {
                 Driver::Fork,
                 &format!(
                     "retryBudget=true&{TIMEOUT_AT_DEADLINE}&adaptiveThrottle=true\
-                     &adaptiveConcurrency=true"
+                     &adaptiveConcurrency=true&enableOverloadRetargeting=true"
                 ),
             ),
         ]
