@@ -275,20 +275,29 @@ pub fn is_resumable_change_stream_code(code: i32) -> bool {
     )
 }
 
+/// Codes after which mongod says the whole transaction may be retried, on any command of the
+/// transaction, commit and abort included (its `isTransientTransactionError`): WriteConflict
+/// (112), LockTimeout (24), PreparedTransactionInProgress (267), and the snapshot errors
+/// SnapshotUnavailable (246) and SnapshotTooOld (239). NoSuchTransaction (251) is handled by the
+/// caller, since on commit or abort it depends on the write concern error.
+fn is_transient_transaction_code(code: i32) -> bool {
+    matches!(code, 112 | 24 | 267 | 246 | 239)
+}
+
 /// The labels mongod computes for an error with `code` (used when no fail point overrides them).
 pub fn computed_labels(code: i32, ctx: LabelContext) -> Vec<String> {
     let mut labels = Vec::new();
     if ctx.commit_or_abort {
         // NoSuchTransaction on commit/abort is transient only without a write concern error;
         // write concern errors are labelled separately by the reply builder.
-        if matches!(code, 112 | 24 | 251) {
+        if is_transient_transaction_code(code) || code == 251 {
             labels.push("TransientTransactionError".to_string());
         }
         if is_retriable_code(code) {
             labels.push("RetryableWriteError".to_string());
         }
     } else if ctx.in_transaction {
-        if matches!(code, 112 | 24 | 251 | 246) || is_retriable_code(code) {
+        if is_transient_transaction_code(code) || code == 251 || is_retriable_code(code) {
             labels.push("TransientTransactionError".to_string());
         }
     } else if ctx.retryable_write && is_retriable_code(code) {
@@ -315,5 +324,37 @@ pub fn set_labels(reply: &mut Document, labels: &[String]) {
             "errorLabels",
             Bson::Array(labels.iter().map(|l| Bson::String(l.clone())).collect()),
         );
+    }
+}
+
+#[cfg(test)]
+mod transaction_label_tests {
+    use super::{computed_labels, LabelContext};
+
+    fn labels(code: i32, in_transaction: bool, commit_or_abort: bool) -> Vec<String> {
+        let ctx = LabelContext {
+            retryable_write: false,
+            in_transaction,
+            commit_or_abort,
+            change_stream_get_more: false,
+        };
+        computed_labels(code, ctx)
+    }
+
+    #[test]
+    fn commit_errors_mongod_calls_transient_are_labelled_so() {
+        // PreparedTransactionInProgress, SnapshotUnavailable, SnapshotTooOld, WriteConflict,
+        // LockTimeout, NoSuchTransaction: transient on commit and on a statement.
+        for code in [267, 246, 239, 112, 24, 251] {
+            for (in_txn, commit) in [(false, true), (true, false)] {
+                assert!(
+                    labels(code, in_txn, commit).contains(&"TransientTransactionError".into()),
+                    "code {code}, commit {commit}"
+                );
+            }
+        }
+        // An ordinary error is not, and outside a transaction nothing is.
+        assert!(labels(11000, false, true).is_empty());
+        assert!(labels(267, false, false).is_empty());
     }
 }
