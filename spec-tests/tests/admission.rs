@@ -10,43 +10,16 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{client_counting_finds, fail_command_off, Server};
 use mongodb::{
     bson::{doc, Document},
     error::{Error, ErrorKind},
-    event::{command::CommandEvent, EventHandler},
     fork::test_hooks::with_pinned_jitter,
     options::ClientOptions,
     Client, Collection,
 };
-
-/// Counts the `find` commands a client starts: one per attempt sent.
-#[derive(Clone, Default)]
-struct FindAttempts(Arc<AtomicUsize>);
-
-impl FindAttempts {
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-async fn client_with(uri: &str) -> (Client, FindAttempts) {
-    let mut options = ClientOptions::parse(uri).await.expect("valid uri");
-    let attempts = FindAttempts::default();
-    let sink = attempts.clone();
-    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
-        if let CommandEvent::Started(e) = event {
-            if e.command_name == "find" {
-                sink.0.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-    }));
-    (Client::with_options(options).expect("client"), attempts)
-}
 
 /// Sets a `failCommand` fail point on `find` through a separate client (so that its commands
 /// are not operations of the client under test).
@@ -59,15 +32,6 @@ async fn fail_find(uri: &str, mode: mongodb::bson::Bson, data: Document) {
         .run_command(doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data })
         .await
         .expect("configureFailPoint");
-}
-
-async fn fail_point_off(uri: &str) {
-    let client = Client::with_uri_str(uri).await.expect("client");
-    client
-        .database("admin")
-        .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
-        .await
-        .expect("configureFailPoint off");
 }
 
 fn is_local_rejection(error: &Error) -> bool {
@@ -106,7 +70,7 @@ async fn admission_options_parse_and_default_to_off() {
     );
 
     let server = Server::standalone();
-    let (client, _) = client_with(&server.uri).await;
+    let (client, _) = client_counting_finds(&server.uri).await;
     client
         .database("t")
         .collection::<Document>("c")
@@ -125,7 +89,7 @@ async fn admission_options_parse_and_default_to_off() {
 async fn the_throttle_rejects_first_attempts_locally_and_never_sends_or_retries_them() {
     let server = Server::standalone();
     let uri = server.uri_with("adaptiveThrottle=true&adaptiveThrottleWindowMS=1000");
-    let (client, attempts) = client_with(&uri).await;
+    let (client, attempts) = client_counting_finds(&uri).await;
     let coll = client.database("t").collection::<Document>("c");
     let labels = ["SystemOverloadedError", "RetryableError"];
     fail_find(
@@ -162,7 +126,7 @@ async fn the_throttle_rejects_first_attempts_locally_and_never_sends_or_retries_
     );
 
     // Once the overload ends, the window (1 s here) empties and first attempts flow again.
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     find_one(&coll).await.expect("the throttle released");
     assert_eq!(attempts.count(), 3 * 20 + 1);
@@ -173,7 +137,7 @@ async fn a_slot_wait_ends_at_the_deadline_and_a_released_slot_goes_to_a_waiter()
     let server = Server::standalone();
     // maxPoolSize 2 caps the limit at 2 slots.
     let uri = server.uri_with("adaptiveConcurrency=true&maxPoolSize=2");
-    let (client, attempts) = client_with(&uri).await;
+    let (client, attempts) = client_counting_finds(&uri).await;
     let coll = client.database("t").collection::<Document>("c");
     coll.find_one(doc! {}).await.expect("warm up");
     fail_find(
@@ -238,7 +202,7 @@ async fn without_timeout_ms_a_slot_wait_ends_at_the_server_selection_timeout() {
         "adaptiveConcurrency=true&maxPoolSize=1&adaptiveConcurrencyMinLimit=1\
          &serverSelectionTimeoutMS=200",
     );
-    let (client, attempts) = client_with(&uri).await;
+    let (client, attempts) = client_counting_finds(&uri).await;
     let coll = client.database("t").collection::<Document>("c");
     coll.find_one(doc! {}).await.expect("warm up");
     fail_find(
@@ -280,7 +244,7 @@ async fn a_cancelled_operation_gives_its_slot_back() {
     let server = Server::standalone();
     let uri =
         server.uri_with("adaptiveConcurrency=true&maxPoolSize=1&adaptiveConcurrencyMinLimit=1");
-    let (client, _) = client_with(&uri).await;
+    let (client, _) = client_counting_finds(&uri).await;
     let coll = client.database("t").collection::<Document>("c");
     coll.find_one(doc! {}).await.expect("warm up");
     fail_find(

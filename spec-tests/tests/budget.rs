@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Server;
+use common::{client_counting_finds, fail_command_off, Server};
 use mongodb::{
     bson::{doc, Bson, Document},
     error::{Error, ErrorKind},
@@ -25,30 +25,6 @@ use mongodb::{
 /// The server code of the overload errors the fail points return; any code would do, the
 /// labels make the error an overload error.
 const OVERLOAD_CODE: i32 = 462;
-
-/// Counts the `find` commands a client starts: one per attempt.
-#[derive(Clone, Default)]
-struct FindAttempts(Arc<AtomicUsize>);
-
-impl FindAttempts {
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-async fn client_with(uri: &str) -> (Client, FindAttempts) {
-    let mut options = ClientOptions::parse(uri).await.expect("valid uri");
-    let attempts = FindAttempts::default();
-    let sink = attempts.clone();
-    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
-        if let CommandEvent::Started(e) = event {
-            if e.command_name == "find" {
-                sink.0.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-    }));
-    (Client::with_options(options).expect("client"), attempts)
-}
 
 /// Sets `failCommand` on `find` through a separate client, so that fail-point commands do not
 /// count as operations of the client under test (they would deposit into its budget).
@@ -68,15 +44,6 @@ async fn fail_find(uri: &str, mode: Bson, code: i32, labels: &[&str]) {
 async fn fail_find_with_overload(uri: &str, mode: Bson) {
     let labels = ["SystemOverloadedError", "RetryableError"];
     fail_find(uri, mode, OVERLOAD_CODE, &labels).await;
-}
-
-async fn fail_point_off(uri: &str) {
-    let client = Client::with_uri_str(uri).await.expect("client");
-    client
-        .database("admin")
-        .run_command(doc! { "configureFailPoint": "failCommand", "mode": "off" })
-        .await
-        .expect("configureFailPoint off");
 }
 
 /// One `find_one` with backoff jitter pinned to `jitter` (0: no sleep).
@@ -184,7 +151,7 @@ async fn invalid_budget_options_are_errors_naming_the_option() {
 #[tokio::test]
 async fn without_a_budget_every_operation_makes_the_specifications_three_attempts() {
     let server = Server::standalone();
-    let (client, attempts) = client_with(&server.uri).await;
+    let (client, attempts) = client_counting_finds(&server.uri).await;
     assert!(
         client.retry_budget().is_none(),
         "the budget is off by default"
@@ -197,7 +164,7 @@ async fn without_a_budget_every_operation_makes_the_specifications_three_attempt
         let error = find_one(&coll, 0.0).await.expect_err("always overloaded");
         assert_is_the_overload_error(&error);
     }
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
 
     assert_eq!(attempts.count(), 3 * ops);
     let stats = client.overload_stats();
@@ -213,7 +180,7 @@ async fn under_sustained_overload_the_budget_admits_about_its_share_of_retries()
     let server = Server::standalone();
     // The defaults: 9 % of first attempts, a floor of 1 retry per second over a 10 s window
     // (a reserve of 10 retries that starts full).
-    let (client, attempts) = client_with(&server.uri_with("retryBudget=true")).await;
+    let (client, attempts) = client_counting_finds(&server.uri_with("retryBudget=true")).await;
     let coll = client.database("t").collection::<Document>("c");
     fail_find_with_overload(&server.uri, "alwaysOn".into()).await;
 
@@ -224,7 +191,7 @@ async fn under_sustained_overload_the_budget_admits_about_its_share_of_retries()
         assert_is_the_overload_error(&error);
     }
     let elapsed = started.elapsed();
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
 
     // Retries admitted: at most the reserve (10), 9 % of 200 first attempts (18) and the
     // floor's refill while the loop ran; without the budget it would be 400.
@@ -260,14 +227,14 @@ async fn a_refused_retry_returns_the_overload_error_with_its_labels() {
     let server = Server::standalone();
     // No share and no floor: the budget admits no retry at all.
     let uri = server.uri_with("retryBudget=true&retryBudgetPercent=0&retryBudgetMinPerSec=0");
-    let (client, attempts) = client_with(&uri).await;
+    let (client, attempts) = client_counting_finds(&uri).await;
     let coll = client.database("t").collection::<Document>("c");
     fail_find_with_overload(&server.uri, doc! { "times": 1 }.into()).await;
 
     let error = find_one(&coll, 0.0)
         .await
         .expect_err("the retry is refused");
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
     assert_is_the_overload_error(&error);
     let labels: Vec<&str> = error.labels().iter().map(String::as_str).collect();
     assert_eq!(labels.len(), 2, "no label added: {labels:?}");
@@ -284,7 +251,7 @@ async fn a_refused_retry_returns_the_overload_error_with_its_labels() {
 async fn ordinary_retries_are_not_charged_to_the_budget() {
     let server = Server::standalone();
     let uri = server.uri_with("retryBudget=true&retryBudgetPercent=0&retryBudgetMinPerSec=0");
-    let (client, attempts) = client_with(&uri).await;
+    let (client, attempts) = client_counting_finds(&uri).await;
     let coll = client.database("t").collection::<Document>("c");
     // 91 ShutdownInProgress: retryable for reads, and not an overload error.
     fail_find(&server.uri, doc! { "times": 1 }.into(), 91, &[]).await;
@@ -292,7 +259,7 @@ async fn ordinary_retries_are_not_charged_to_the_budget() {
     find_one(&coll, 0.0)
         .await
         .expect("the retryable read retry is made even with an empty budget");
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
     assert_eq!(attempts.count(), 2);
     let stats = client.overload_stats();
     assert_eq!(stats.retries_made, 1);
@@ -303,7 +270,7 @@ async fn ordinary_retries_are_not_charged_to_the_budget() {
 #[tokio::test]
 async fn statistics_count_backoff_and_errors_without_a_budget() {
     let server = Server::standalone();
-    let (client, attempts) = client_with(&server.uri).await;
+    let (client, attempts) = client_counting_finds(&server.uri).await;
     let coll = client.database("t").collection::<Document>("c");
     fail_find_with_overload(&server.uri, doc! { "times": 2 }.into()).await;
 
@@ -313,7 +280,7 @@ async fn statistics_count_backoff_and_errors_without_a_budget() {
         .await
         .expect("succeeds at the third attempt");
     let elapsed = started.elapsed();
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
     assert_eq!(attempts.count(), 3);
     let stats = client.overload_stats();
     // The time counted is the time slept: no less than the two ceilings, no more than the
@@ -334,7 +301,7 @@ async fn application_retries_draw_from_the_drivers_budget() {
     let server = Server::standalone();
     // No floor, half a retry per operation; the window (10 s) outlasts the test.
     let uri = server.uri_with("retryBudget=true&retryBudgetPercent=50&retryBudgetMinPerSec=0");
-    let (client, attempts) = client_with(&uri).await;
+    let (client, attempts) = client_counting_finds(&uri).await;
     let budget: mongodb::fork::RetryBudgetHandle = client.retry_budget().expect("budget on");
     let coll = client.database("t").collection::<Document>("c");
 
@@ -347,7 +314,7 @@ async fn application_retries_draw_from_the_drivers_budget() {
     // The driver's retry finds only the half this operation deposits: refused.
     fail_find_with_overload(&server.uri, doc! { "times": 1 }.into()).await;
     let error = find_one(&coll, 0.0).await.expect_err("retry refused");
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
     assert_is_the_overload_error(&error);
     assert_eq!(attempts.count(), 3);
 
@@ -442,7 +409,7 @@ async fn the_documented_application_loop_stops_multiplying_retries_with_a_budget
     let stats = client.overload_stats();
     assert_eq!(stats.retries_refused, 1);
     assert_eq!(stats.application_retries_refused, 1);
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
 }
 
 /// A client bulkWrite whose results need getMores, on a load-balanced connection (the cursor is

@@ -126,3 +126,44 @@ impl Started {
             .collect()
     }
 }
+
+/// Counts the `find` commands a client starts: one per attempt sent.
+#[derive(Clone, Default)]
+pub struct FindAttempts(Arc<std::sync::atomic::AtomicUsize>);
+
+impl FindAttempts {
+    pub fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A fork client on `uri` that counts the `find` attempts it sends.
+pub async fn client_counting_finds(uri: &str) -> (mongodb::Client, FindAttempts) {
+    use mongodb::event::{command::CommandEvent, EventHandler};
+    let mut options = mongodb::options::ClientOptions::parse(uri)
+        .await
+        .expect("valid uri");
+    let attempts = FindAttempts::default();
+    let sink = attempts.clone();
+    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
+        if let CommandEvent::Started(e) = event {
+            if e.command_name == "find" {
+                sink.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }));
+    (
+        mongodb::Client::with_options(options).expect("client"),
+        attempts,
+    )
+}
+
+/// Turns the `failCommand` fail point off through a separate client.
+pub async fn fail_command_off(uri: &str) {
+    let client = mongodb::Client::with_uri_str(uri).await.expect("client");
+    client
+        .database("admin")
+        .run_command(mongodb::bson::doc! { "configureFailPoint": "failCommand", "mode": "off" })
+        .await
+        .expect("configureFailPoint off");
+}
