@@ -10,7 +10,8 @@
 //! which a lab run of several seconds per variant cannot promise on a shared 2-core machine.
 //!
 //! Prints each variant's operations per second over all its slices, its ratio to upstream's,
-//! and the median and quartiles of the per-round ratios.
+//! the median and quartiles of the per-round ratios, and the process's CPU time per operation
+//! (client, emulator and kernel together) with its ratio to upstream's.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,6 +36,10 @@ struct Args {
     /// A further fork variant, `NAME=URI_OPTIONS` (e.g. `fork-t0=timeoutMS=0`); repeatable.
     #[arg(long = "fork-variant")]
     fork_variants: Vec<String>,
+    /// Run only these variants (comma-separated names) besides `upstream-default`, which every
+    /// ratio is taken against.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 /// Documents seeded for the finds.
@@ -124,6 +129,8 @@ struct Variant {
     ops: u64,
     errors: u64,
     busy: Duration,
+    /// The process's CPU time (client, emulator and kernel) spent during its slices.
+    cpu: Duration,
     /// Operations per second of each round's slice.
     per_round: Vec<f64>,
 }
@@ -150,6 +157,7 @@ async fn slice(variant: &mut Variant, tasks: usize, slice: Duration, next_id: &A
     let ops = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
+    let cpu_start = process_cpu();
     let mut handles = Vec::with_capacity(tasks);
     for _ in 0..tasks {
         let (stop, ops, errors, next_id) =
@@ -179,9 +187,21 @@ async fn slice(variant: &mut Variant, tasks: usize, slice: Duration, next_id: &A
     variant.ops += done;
     variant.errors += errors.load(Ordering::Relaxed);
     variant.busy += elapsed;
+    variant.cpu += process_cpu().saturating_sub(cpu_start);
     variant
         .per_round
         .push(done as f64 / elapsed.as_secs_f64().max(1e-9));
+}
+
+/// The process's CPU time so far (zero where `/proc/self/stat` cannot be read).
+fn process_cpu() -> Duration {
+    lab::loadgen::sys::process_cpu().unwrap_or_default()
+}
+
+/// CPU microseconds per operation over a variant's slices: the machine's other work is not in
+/// it, so it varies less than throughput (10 ms ticks, averaged over every slice).
+fn cpu_per_op(variant: &Variant) -> f64 {
+    variant.cpu.as_secs_f64() * 1e6 / (variant.ops.max(1) as f64)
 }
 
 fn quartiles(mut values: Vec<f64>) -> (f64, f64, f64) {
@@ -209,6 +229,16 @@ async fn run(args: &Args) -> Result<(), String> {
             .ok_or_else(|| format!("--fork-variant {extra:?}: expected NAME=URI_OPTIONS"))?;
         specs.push((name.to_owned(), Some(options.to_owned())));
     }
+    if !args.only.is_empty() {
+        if let Some(unknown) = args
+            .only
+            .iter()
+            .find(|n| !specs.iter().any(|(s, _)| s == *n))
+        {
+            return Err(format!("--only {unknown:?}: no such variant"));
+        }
+        specs.retain(|(name, options)| options.is_none() || args.only.contains(name));
+    }
     let mut variants = Vec::new();
     for (name, fork_options) in specs {
         let handle = match fork_options {
@@ -221,6 +251,7 @@ async fn run(args: &Args) -> Result<(), String> {
             ops: 0,
             errors: 0,
             busy: Duration::ZERO,
+            cpu: Duration::ZERO,
             per_round: Vec::new(),
         });
     }
@@ -235,6 +266,7 @@ async fn run(args: &Args) -> Result<(), String> {
         variant.ops = 0;
         variant.errors = 0;
         variant.busy = Duration::ZERO;
+        variant.cpu = Duration::ZERO;
         variant.per_round.clear();
     }
     println!(
@@ -255,9 +287,16 @@ async fn run(args: &Args) -> Result<(), String> {
     }
     let base_rate = variants[0].ops as f64 / variants[0].busy.as_secs_f64().max(1e-9);
     let base_rounds = variants[0].per_round.clone();
+    let base_cpu = cpu_per_op(&variants[0]);
     println!(
-        "\n{:<22} {:>10} {:>9} {:>8} {:>26}",
-        "variant", "ops/s", "ratio", "errors", "per-round ratio q1/median/q3"
+        "\n{:<22} {:>10} {:>9} {:>8} {:>26} {:>11} {:>9}",
+        "variant",
+        "ops/s",
+        "ratio",
+        "errors",
+        "per-round ratio q1/median/q3",
+        "cpu µs/op",
+        "cpu ratio"
     );
     for v in &variants {
         let rate = v.ops as f64 / v.busy.as_secs_f64().max(1e-9);
@@ -268,16 +307,29 @@ async fn run(args: &Args) -> Result<(), String> {
             .map(|(r, b)| r / b.max(1e-9))
             .collect();
         let (q1, median, q3) = quartiles(ratios);
+        let cpu = cpu_per_op(v);
         println!(
-            "{:<22} {:>10.0} {:>9.3} {:>8} {:>12.3} / {:.3} / {:.3}",
+            "{:<22} {:>10.0} {:>9.3} {:>8} {:>12.3} / {:.3} / {:.3} {:>11.1} {:>9.3}",
             v.name,
             rate,
             rate / base_rate.max(1e-9),
             v.errors,
             q1,
             median,
-            q3
+            q3,
+            cpu,
+            cpu / base_cpu.max(1e-9)
         );
+    }
+    for v in &variants {
+        if let Handle::Fork(coll) = &v.handle {
+            for (server, limit) in coll.client().overload_stats().concurrency_limits {
+                println!(
+                    "{}: concurrency limit on {server}: {} (baseline {:?}, latency {:?})",
+                    v.name, limit.limit, limit.baseline, limit.latency
+                );
+            }
+        }
     }
     drop(variants);
     emulator.shutdown().await;

@@ -306,6 +306,18 @@ pub async fn drive_closed(
     opts: RequestOpts,
 ) -> DriveStats {
     let start = recorder.start();
+    drive_closed_from(clients, spec, recorder, opts, start).await
+}
+
+/// [`drive_closed`] from `start` rather than `recorder.start()`: for a slice of a run whose
+/// recorder books it into a later second (`runner`'s interleaved closed loops).
+pub async fn drive_closed_from(
+    clients: &[Arc<dyn LabClient>],
+    spec: &ClosedLoop,
+    recorder: Arc<Recorder>,
+    opts: RequestOpts,
+    start: Instant,
+) -> DriveStats {
     let end = start + spec.length;
     let next_req = Arc::new(AtomicU64::new(1));
     let mut workers = JoinSet::new();

@@ -242,19 +242,17 @@ impl ScenarioName {
                 }
             }
             ScenarioName::FastPath => {
-                let mut s = Scenario::steady("fast-path", "closed", 1.0, steady);
+                // Three times the steady length: its variants take turns in one-second slices
+                // (`runner::run_interleaved`), one per second of the scenario, and its figure,
+                // a ratio of two CPU-bound throughputs held to 2 %, needs many slices. One
+                // slice's ratio scatters by a few percent on a shared 2-core machine.
+                let mut s = Scenario::steady("fast-path", "closed", 1.0, 3.0 * steady);
                 // A closed loop has no burst to recover from.
                 s.burst = None;
                 cfg.scenario = s;
                 cfg.server_mode = ServerMode::None;
                 cfg.load = Load::Closed { workers: p.workers };
                 cfg.saturation_expected = true;
-                // Its figure is a ratio of two CPU-bound throughputs on a shared 2-core
-                // machine: one repetition's ratio scatters by about 10 % (0.87, 1.00 and 0.94
-                // for one variant in three), so the median of three says little about a 2 %
-                // target. Three times the repetitions, each rotating which variant runs first,
-                // cost 5 s per variant each in the suite.
-                cfg.repeats *= 3;
             }
         }
         if let Some(user) = cfg.model_overrides.take() {
@@ -336,6 +334,7 @@ impl ScenarioName {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn every_scenario_parses_back_from_its_name() {
@@ -371,7 +370,8 @@ mod tests {
 
         let mut cfg = LabConfig::default();
         ScenarioName::FastPath.apply(&mut cfg, Length::Suite, &p);
-        assert_eq!(cfg.repeats, 3 * LabConfig::default().repeats);
+        assert_eq!(cfg.repeats, LabConfig::default().repeats);
+        assert_eq!(cfg.scenario.duration(), Duration::from_secs(15));
         assert_eq!(cfg.server_mode, ServerMode::None);
         assert_eq!(cfg.load, Load::Closed { workers: 32 });
 

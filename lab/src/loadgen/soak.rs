@@ -152,6 +152,10 @@ pub struct Sample {
     pub t: f64,
     /// Resident memory of the process (KiB).
     pub rss_kib: u64,
+    /// Heap memory in use (KiB): what the allocator has handed out and not had back, as
+    /// opposed to what it keeps from the system (glibc's `mallinfo2`; 0 elsewhere). Resident
+    /// memory growing while this stays flat is the allocator's retention, not a leak.
+    pub heap_kib: u64,
     /// The driver's pooled connections (created minus closed, from CMAP events).
     pub pool_connections: i64,
     /// The server's current connections (`serverStatus.connections.current`, every client).
@@ -268,6 +272,22 @@ pub struct SoakReport {
 pub fn rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     parse_vm_rss(&status)
+}
+
+/// Heap memory in use in KiB: glibc's `mallinfo2` (`uordblks`, the bytes of allocated chunks,
+/// plus `hblkhd`, the bytes in mmapped chunks), over every arena.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn heap_in_use_kib() -> Option<u64> {
+    // SAFETY: mallinfo2 takes no arguments and returns a plain struct by value; glibc locks
+    // each arena while it reads it.
+    let info = unsafe { libc::mallinfo2() };
+    Some(((info.uordblks + info.hblkhd) / 1024) as u64)
+}
+
+/// Heap memory in use: not known outside glibc.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn heap_in_use_kib() -> Option<u64> {
+    None
 }
 
 fn parse_vm_rss(status: &str) -> Option<u64> {
@@ -732,6 +752,7 @@ async fn run_against(
         let s = Sample {
             t: t.as_secs_f64(),
             rss_kib: rss_kib().unwrap_or(0),
+            heap_kib: heap_in_use_kib().unwrap_or(0),
             pool_connections: events.pool,
             server_connections: server.connections,
             in_flight: in_flight.load(Ordering::Relaxed),
@@ -1005,14 +1026,15 @@ pub fn markdown(r: &SoakReport) -> String {
 pub fn write(r: &SoakReport, out: &std::path::Path) -> Result<(), String> {
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let mut csv = String::from(
-        "t,rss_kib,pool_connections,server_connections,in_flight,cursors,sessions,attempts,\
-         overload_errors,network_errors,step_downs\n",
+        "t,rss_kib,heap_kib,pool_connections,server_connections,in_flight,cursors,sessions,\
+         attempts,overload_errors,network_errors,step_downs\n",
     );
     for s in &r.samples {
         csv.push_str(&format!(
-            "{:.1},{},{},{},{},{},{},{},{},{},{}\n",
+            "{:.1},{},{},{},{},{},{},{},{},{},{},{}\n",
             s.t,
             s.rss_kib,
+            s.heap_kib,
             s.pool_connections,
             s.server_connections,
             s.in_flight,
