@@ -592,6 +592,7 @@ mod tests {
                         baseline: Some(Duration::from_millis(20)),
                         latency: Some(Duration::from_millis(30)),
                         probing: false,
+                        client_bound: false,
                     },
                 );
             });

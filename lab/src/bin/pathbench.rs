@@ -325,8 +325,9 @@ async fn run(args: &Args) -> Result<(), String> {
         if let Handle::Fork(coll) = &v.handle {
             for (server, limit) in coll.client().overload_stats().concurrency_limits {
                 println!(
-                    "{}: concurrency limit on {server}: {} (baseline {:?}, latency {:?})",
-                    v.name, limit.limit, limit.baseline, limit.latency
+                    "{}: concurrency limit on {server}: {} (baseline {:?}, latency {:?}, \
+                     client-bound {})",
+                    v.name, limit.limit, limit.baseline, limit.latency, limit.client_bound
                 );
             }
         }

@@ -111,10 +111,10 @@
 //! earlier than one already seen counts as the latest.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::InvalidAdmissionConfig;
+use super::{ClientLag, InvalidAdmissionConfig};
 
 /// Connection-string name of [`ConcurrencyConfig::min_limit`] (provisional).
 pub const OPTION_MIN_LIMIT: &str = "adaptiveConcurrencyMinLimit";
@@ -270,6 +270,9 @@ pub struct ConcurrencySnapshot {
     pub latency: Option<Duration>,
     /// Whether a baseline probe is running.
     pub probing: bool,
+    /// Whether the client's own scheduling lag exceeds the queueing the limit tolerates, so
+    /// latency is not moving the limit ([`ClientLag`]).
+    pub client_bound: bool,
 }
 
 /// An adaptive limit on one server's operations in flight; see the
@@ -291,6 +294,9 @@ struct Shared {
     probe_max: u64,
     /// Read when a permit is dropped without a time (a cancelled operation).
     clock: fn() -> Instant,
+    /// The client's own scheduling lag, when the caller measures it
+    /// ([`ConcurrencyLimit::read_client_lag`]).
+    client_lag: OnceLock<Arc<ClientLag>>,
     state: Mutex<State>,
 }
 
@@ -390,6 +396,7 @@ impl ConcurrencyLimit {
                 probe_interval: nanos(config.probe_interval),
                 probe_max: nanos(PROBE_MAX_DURATION),
                 clock,
+                client_lag: OnceLock::new(),
                 state: Mutex::new(State {
                     origin,
                     latest: 0,
@@ -408,6 +415,13 @@ impl ConcurrencyLimit {
                 }),
             }),
         })
+    }
+
+    /// Makes the limit read the client's scheduling lag (see [`ClientLag`]): latency samples
+    /// taken while the lag alone exceeds the queueing the limit tolerates are ignored. Set
+    /// once; later calls change nothing.
+    pub fn read_client_lag(&self, lag: Arc<ClientLag>) {
+        let _ = self.shared.client_lag.set(lag);
     }
 
     /// The options the limit was built with.
@@ -461,6 +475,7 @@ impl ConcurrencyLimit {
             baseline: state.baseline.map(Duration::from_nanos),
             latency: state.latency.map(Duration::from_nanos),
             probing: state.probe.is_some(),
+            client_bound: self.shared.client_bound(&state),
         }
     }
 }
@@ -553,10 +568,15 @@ impl Shared {
             return;
         }
         if let Some(current) = state.probe {
-            // Only operations admitted during this probe ran at `min_limit`.
+            // Only operations admitted during this probe ran at `min_limit`. (A client-bound
+            // probe measures high, which cannot raise the baseline: see `finish_probe`.)
             if probe == Some(current.number) && self.push_pending(state, latency) {
                 self.finish_probe(state);
             }
+            return;
+        }
+        if self.client_bound(state) {
+            // The latency is the client's own queue, not the server's (see `ClientLag`).
             return;
         }
         state.round.sum += u128::from(latency);
@@ -568,6 +588,16 @@ impl Shared {
                 u64::try_from(state.round.sum / u128::from(state.round.count)).unwrap_or(u64::MAX);
             self.update(state, mean);
         }
+    }
+
+    /// Whether the client's own scheduling lag exceeds the queueing the limit tolerates over
+    /// its baseline, so that latency samples measure the client rather than the server.
+    fn client_bound(&self, state: &State) -> bool {
+        let (Some(lag), Some(baseline)) = (self.client_lag.get(), state.baseline) else {
+            return false;
+        };
+        let tolerated = baseline as f64 * (self.config.tolerance - 1.0);
+        lag.exceeds(Duration::from_nanos(tolerated as u64))
     }
 
     /// One round's update of the limit from its mean latency.
@@ -1122,6 +1152,41 @@ mod tests {
     /// near `tolerance × capacity + 1` (16), not at the maximum (100).
     /// The first baseline is taken under the initial limit of 20, so it is twice too high;
     /// the probe at 30 s corrects it.
+    #[test]
+    fn a_client_bound_by_its_own_lag_keeps_its_limit() {
+        let (limit, start) = limiter(config(2, 100));
+        let lag = Arc::new(ClientLag::new());
+        limit.read_client_lag(Arc::clone(&lag));
+        let mut now = start;
+        // A 10 ms baseline, then latency at 4 × the baseline: the limit falls...
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
+        let before = limit.limit();
+        answer_serially(&limit, &mut now, 20, 40);
+        assert!(limit.limit() < before, "{} !< {before}", limit.limit());
+        // ...unless the client's own lag (here 30 ms, above the 5 ms that tolerance 1.5
+        // allows over 10 ms) explains it.
+        lag.record(ms(30));
+        let held = limit.limit();
+        answer_serially(&limit, &mut now, 50, 40);
+        assert_eq!(
+            limit.limit(),
+            held,
+            "latency samples of a client-bound client are ignored"
+        );
+        // An overload error is the server's own signal: it still lowers the limit.
+        let permit = limit.try_acquire(now).expect("a free slot");
+        permit.release(now + ms(1), Outcome::Overloaded);
+        assert!(limit.limit() < held);
+        // Once the lag is gone, latency counts again.
+        for _ in 0..40 {
+            lag.record(Duration::from_micros(10));
+        }
+        let lowered = limit.limit();
+        now += ms(100);
+        answer_serially(&limit, &mut now, 50, 40);
+        assert!(limit.limit() < lowered, "{} !< {lowered}", limit.limit());
+    }
+
     #[test]
     fn limit_settles_near_capacity_in_a_queueing_server() {
         let (limit, start) = limiter(config(2, 100));

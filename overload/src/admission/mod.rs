@@ -77,11 +77,13 @@
 //! assert_eq!(limit.in_flight(), 0);
 //! ```
 
+pub mod client_lag;
 pub mod concurrency;
 pub mod throttle;
 
 use std::fmt;
 
+pub use client_lag::{ClientLag, CLIENT_LAG_PERIOD};
 pub use concurrency::{
     ConcurrencyConfig, ConcurrencyLimit, ConcurrencyPermit, ConcurrencySnapshot, Outcome,
 };
