@@ -269,14 +269,7 @@ async fn run_variant(
         ));
     }
     let cpu_start = super::sys::process_cpu();
-    let opts = RequestOpts {
-        deadline: cfg.deadline,
-        drain: cfg.drain,
-        range_len: cfg.mix.range_len,
-        max_time: cfg.max_time_ms.then_some(cfg.deadline),
-        on_deadline: cfg.on_deadline,
-        app_retries: cfg.app_retries,
-    };
+    let opts = request_opts(cfg);
     // Closed loops run interleaved (`run_interleaved`), never through here.
     let stats = drive_all(&clients, schedules, recorder.clone(), opts).await;
     let cpu_end = super::sys::process_cpu();
@@ -302,6 +295,18 @@ async fn run_variant(
     };
     let len = cfg.scenario.duration().as_secs_f64().ceil() as usize;
     Ok((recorder.take(len), stats, cpu_total, fork_stats))
+}
+
+/// How the generator treats each request under `cfg`.
+fn request_opts(cfg: &LabConfig) -> RequestOpts {
+    RequestOpts {
+        deadline: cfg.deadline,
+        drain: cfg.drain,
+        range_len: cfg.mix.range_len,
+        max_time: cfg.max_time_ms.then_some(cfg.deadline),
+        on_deadline: cfg.on_deadline,
+        app_retries: cfg.app_retries,
+    }
 }
 
 /// Length of one variant's turn in an interleaved closed loop: one second of its figures.
@@ -382,14 +387,7 @@ async fn run_interleaved(
             wall: Duration::ZERO,
         });
     }
-    let opts = RequestOpts {
-        deadline: cfg.deadline,
-        drain: cfg.drain,
-        range_len: cfg.mix.range_len,
-        max_time: cfg.max_time_ms.then_some(cfg.deadline),
-        on_deadline: cfg.on_deadline,
-        app_retries: cfg.app_retries,
-    };
+    let opts = request_opts(cfg);
     let n = turns.len().max(1);
     // Round 0 warms every pool and code path up; its second is dropped below.
     for round in 0..=rounds {
