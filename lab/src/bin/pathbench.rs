@@ -4,7 +4,7 @@
 //! with its defaults, and the fork with its defaults, with `timeoutMS` (100 ms), with
 //! `retryBudget`, with both (the recommended settings) and with every control
 //! (`adaptiveThrottle` and `adaptiveConcurrency` too). The variants take turns in short slices (`--slice-ms`, the
-//! order rotating every round) for `--rounds` rounds, each slice running `--tasks` tasks in a
+//! order shuffled every round) for `--rounds` rounds, each slice running `--tasks` tasks in a
 //! closed loop of point operations (a `find` by `_id` and an `insert`, alternating). A
 //! machine that is busy with other work slows every variant alike when the slices are short,
 //! which a lab run of several seconds per variant cannot promise on a shared 2-core machine.
@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use emulator::{Emulator, EmulatorConfig};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 
 /// Fast-path throughput of the fork against upstream, interleaved in slices.
 #[derive(Debug, Parser)]
@@ -277,12 +279,13 @@ async fn run(args: &Args) -> Result<(), String> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     let slice_len = Duration::from_millis(args.slice_ms.max(10));
-    let n = variants.len();
-    for round in 0..args.rounds {
-        for k in 0..n {
-            // Each round starts at another variant, so none always runs first.
-            let v = &mut variants[(round + k) % n];
-            slice(v, tasks, slice_len, &next_id).await;
+    let mut order: Vec<usize> = (0..variants.len()).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    for _ in 0..args.rounds {
+        // A new order every round, so that no variant always follows the same other one.
+        order.shuffle(&mut rng);
+        for &index in &order {
+            slice(&mut variants[index], tasks, slice_len, &next_id).await;
         }
     }
     let base_rate = variants[0].ops as f64 / variants[0].busy.as_secs_f64().max(1e-9);

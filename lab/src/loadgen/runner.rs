@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use bson::Document;
 use indicatif::ProgressBar;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -354,7 +356,7 @@ async fn connect_instances(
 }
 
 /// One repetition of a closed-loop scenario (`fast-path`). Every variant's clients connect
-/// once; then the variants take turns in one-second slices, the order rotating every round,
+/// once; then the variants take turns in one-second slices, in a new order every round,
 /// for as many rounds as the scenario has seconds, after one uncounted warm-up round. A
 /// variant's slices become its seconds, so it is summarized as if it had run them back to back.
 ///
@@ -388,11 +390,16 @@ async fn run_interleaved(
         });
     }
     let opts = request_opts(cfg);
-    let n = turns.len().max(1);
+    let mut order: Vec<usize> = (0..turns.len()).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(rep as u64 * 1000));
     // Round 0 warms every pool and code path up; its second is dropped below.
     for round in 0..=rounds {
-        for k in 0..n {
-            let turn = &mut turns[(round + rep + k) % n];
+        // A new order every round: rotating one order would have each variant follow the same
+        // other variant in most rounds, and a slice can inherit its predecessor's leftover
+        // work (one rotating run put `fork-default`, upstream's path, at 0.94–0.97).
+        order.shuffle(&mut rng);
+        for &index in &order {
+            let turn = &mut turns[index];
             let start = Instant::now() + Duration::from_millis(10);
             // Book this slice into second `round` of the variant's recorder.
             let Some(origin) = start.checked_sub(SLICE * round as u32) else {
