@@ -1147,11 +1147,6 @@ mod tests {
         assert_eq!(snapshot.limit, INITIAL_LIMIT);
     }
 
-    /// A server with capacity for 10 operations at once and 20 ms latency, whose latency grows
-    /// in proportion beyond that, and a client that always wants more: the limit must settle
-    /// near `tolerance × capacity + 1` (16), not at the maximum (100).
-    /// The first baseline is taken under the initial limit of 20, so it is twice too high;
-    /// the probe at 30 s corrects it.
     #[test]
     fn a_client_bound_by_its_own_lag_keeps_its_limit() {
         let (limit, start) = limiter(config(2, 100));
@@ -1187,6 +1182,11 @@ mod tests {
         assert!(limit.limit() < lowered, "{} !< {lowered}", limit.limit());
     }
 
+    /// A server with capacity for 10 operations at once and 20 ms latency, whose latency grows
+    /// in proportion beyond that, and a client that always wants more: the limit must settle
+    /// near `tolerance × capacity + 1` (16), not at the maximum (100).
+    /// The first baseline is taken under the initial limit of 20, so it is twice too high;
+    /// the probe at 30 s corrects it.
     #[test]
     fn limit_settles_near_capacity_in_a_queueing_server() {
         let (limit, start) = limiter(config(2, 100));
