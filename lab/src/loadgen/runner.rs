@@ -327,7 +327,7 @@ struct Turn<'a> {
 
 /// Connects `cfg.instances` clients of `variant`, booking into `recorder` and counting their
 /// commands in `attempts`, and warms them up.
-async fn connect_instances(
+pub(crate) async fn connect_instances(
     cfg: &LabConfig,
     uri: &str,
     variant: &Variant,

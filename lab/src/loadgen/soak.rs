@@ -29,12 +29,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::calibrate::calibrate;
-use super::client::{self, BoxFut, ForkStats, LabClient, OpSpec, Sink};
-use super::config::{with_options, LabConfig, OpMix, Persona, Scenario, Variant};
-use super::control::{member_documents, model_document, Control, COLL, DB};
+use super::client::{BoxFut, ForkStats, LabClient, OpSpec};
+use super::config::{LabConfig, OpMix, Persona, Scenario, Variant};
+use super::control::{member_documents, model_document, Control};
 use super::drive::{drive_all, RequestOpts};
 use super::emulator_thread::EmulatorThread;
 use super::metrics::{AttemptReport, ErrorClass, Recorder};
+use super::runner::connect_instances;
 use super::schedule::{self, ScheduleSpec};
 use emulator::{EmulatorConfig, Topology};
 
@@ -603,27 +604,17 @@ async fn run_against(
     let in_flight = Arc::new(AtomicI64::new(0));
     let mut events = Events::new();
     let attempts = Arc::new(AtomicU64::new(0));
-    let client_uri = with_options(uri, &lab.uri_options(&cfg.variant));
-    let mut clients: Vec<Arc<dyn LabClient>> = Vec::new();
-    for i in 0..lab.instances.max(1) {
-        let sink = Arc::new(Sink::new(events.recorder.clone(), attempts.clone()));
-        let c = client::connect(
-            cfg.variant.driver,
-            &client_uri,
-            &format!("lab-soak-{i}"),
-            DB,
-            COLL,
-            sink,
-        )
-        .await?;
-        c.warm_up()
-            .await
-            .map_err(|e| format!("soak instance {i}: {e}"))?;
-        clients.push(Arc::new(Counting {
-            inner: c,
-            in_flight: in_flight.clone(),
-        }));
-    }
+    let clients: Vec<Arc<dyn LabClient>> =
+        connect_instances(lab, uri, &cfg.variant, &events.recorder, &attempts)
+            .await?
+            .into_iter()
+            .map(|inner| {
+                Arc::new(Counting {
+                    inner,
+                    in_flight: in_flight.clone(),
+                }) as Arc<dyn LabClient>
+            })
+            .collect();
     // Lets the monitors connect to every member before the baseline of connections.
     tokio::time::sleep(Duration::from_secs(2)).await;
     events.take();
