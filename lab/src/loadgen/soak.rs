@@ -263,6 +263,12 @@ pub struct SoakReport {
     pub rss_max_after_baseline_kib: u64,
     /// (end − baseline) / baseline.
     pub rss_growth: f64,
+    /// Heap in use at the baseline, at the end and the largest after the baseline (KiB; 0
+    /// where it is not known): it grows with a leak, while resident memory also keeps what
+    /// the allocator holds on to.
+    pub heap_baseline_kib: u64,
+    pub heap_end_kib: u64,
+    pub heap_max_after_baseline_kib: u64,
     /// The drain check.
     pub drain: Drain,
     /// RSS growth within the limit and the drain check passed.
@@ -822,7 +828,9 @@ async fn run_against(
     let _ = control.set_model_enabled(false).await;
     control.client.clone().shutdown().immediate(true).await;
 
-    let (baseline, end, max_after) = rss_figures(&samples, cfg.rss_baseline_at());
+    let (baseline, end, max_after) = memory_figures(&samples, cfg.rss_baseline_at(), |s| s.rss_kib);
+    let (heap_baseline, heap_end, heap_max_after) =
+        memory_figures(&samples, cfg.rss_baseline_at(), |s| s.heap_kib);
     let growth = if baseline > 0 {
         (end as f64 - baseline as f64) / baseline as f64
     } else {
@@ -842,25 +850,29 @@ async fn run_against(
         rss_end_kib: end,
         rss_max_after_baseline_kib: max_after,
         rss_growth: growth,
+        heap_baseline_kib: heap_baseline,
+        heap_end_kib: heap_end,
+        heap_max_after_baseline_kib: heap_max_after,
         drain,
         passed,
     })
 }
 
-/// Resident memory at the baseline (the first sample at or after `baseline_at`), at the end
-/// (the last sample) and the largest after the baseline, in KiB (0 when not measured).
-fn rss_figures(samples: &[Sample], baseline_at: Duration) -> (u64, u64, u64) {
+/// A memory figure (`kib` of each sample) at the baseline (the first sample at or after
+/// `baseline_at`), at the end (the last sample) and the largest after the baseline, in KiB (0
+/// when not measured).
+fn memory_figures(
+    samples: &[Sample],
+    baseline_at: Duration,
+    kib: fn(&Sample) -> u64,
+) -> (u64, u64, u64) {
     let at = baseline_at.as_secs_f64();
     let Some(first) = samples.iter().position(|s| s.t >= at) else {
         return (0, 0, 0);
     };
-    let baseline = samples[first].rss_kib;
-    let end = samples.last().map_or(0, |s| s.rss_kib);
-    let max = samples[first..]
-        .iter()
-        .map(|s| s.rss_kib)
-        .max()
-        .unwrap_or(0);
+    let baseline = kib(&samples[first]);
+    let end = samples.last().map_or(0, kib);
+    let max = samples[first..].iter().map(kib).max().unwrap_or(0);
     (baseline, end, max)
 }
 
@@ -949,6 +961,15 @@ pub fn markdown(r: &SoakReport) -> String {
     ));
     out.push_str("| figure | value |\n|---|---|\n");
     let mut row = |k: &str, v: String| out.push_str(&format!("| {k} | {v} |\n"));
+    row(
+        "heap in use at the baseline / at the end / largest after the baseline",
+        format!(
+            "{:.1} / {:.1} / {:.1} MiB",
+            mib(r.heap_baseline_kib),
+            mib(r.heap_end_kib),
+            mib(r.heap_max_after_baseline_kib)
+        ),
+    );
     row("requests sent", t.sent.to_string());
     row("succeeded within the deadline", t.good.to_string());
     let errors: BTreeMap<&str, u64> = ErrorClass::ALL
@@ -1058,6 +1079,8 @@ mod tests {
         assert_eq!(parse_vm_rss(status), Some(1234));
         assert_eq!(parse_vm_rss("VmRSS: x kB"), None);
         assert!(rss_kib().is_some_and(|k| k > 0));
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        assert!(heap_in_use_kib().is_some_and(|k| k > 0));
         assert_eq!(
             member_hosts("mongodb://127.0.0.1:1,127.0.0.1:2/?replicaSet=lab"),
             vec!["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()]
@@ -1065,19 +1088,26 @@ mod tests {
     }
 
     #[test]
-    fn rss_baseline_is_taken_after_the_first_minute() {
+    fn memory_baselines_are_taken_after_the_first_minute() {
         let samples: Vec<Sample> = (1..=120)
             .map(|t| Sample {
                 t: t as f64,
                 rss_kib: 1000 + t as u64,
+                // The heap peaks at 90 s and falls back.
+                heap_kib: 500 - (t as u64).abs_diff(90),
                 ..Sample::default()
             })
             .collect();
+        let minute = Duration::from_secs(60);
         assert_eq!(
-            rss_figures(&samples, Duration::from_secs(60)),
+            memory_figures(&samples, minute, |s| s.rss_kib),
             (1060, 1120, 1120)
         );
-        assert_eq!(rss_figures(&[], Duration::from_secs(60)), (0, 0, 0));
+        assert_eq!(
+            memory_figures(&samples, minute, |s| s.heap_kib),
+            (470, 470, 500)
+        );
+        assert_eq!(memory_figures(&[], minute, |s| s.rss_kib), (0, 0, 0));
     }
 
     #[test]
