@@ -148,7 +148,7 @@ struct RunArgs {
     /// With --audit: the drivers (comma-separated: fork, fork-default, upstream).
     #[arg(long, value_delimiter = ',', requires = "audit")]
     audit_drivers: Vec<String>,
-    /// With --soak: seconds between step-downs (0: none).
+    /// With --soak: seconds between step-downs, half that before the baseline (0: none).
     #[arg(long, default_value_t = lab::loadgen::soak::STEP_DOWN_EVERY_SECS, requires = "soak")]
     step_down_secs: f64,
 }
