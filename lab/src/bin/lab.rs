@@ -335,8 +335,14 @@ async fn soak(a: &RunArgs, minutes: f64) -> Result<bool, String> {
     cfg.lab.limiter_share = lab::loadgen::config::LabConfig::default().limiter_share;
     cfg.lab.model_overrides = None;
     cfg.lab.random_reject_share = 0.0;
-    cfg.step_down_every =
-        (a.step_down_secs > 0.0).then(|| Duration::from_secs_f64(a.step_down_secs));
+    cfg.step_down_every = if a.step_down_secs > 0.0 {
+        Some(
+            Duration::try_from_secs_f64(a.step_down_secs)
+                .map_err(|e| format!("--step-down-secs {}: {e}", a.step_down_secs))?,
+        )
+    } else {
+        None
+    };
     if !a.variants.is_empty() {
         cfg.variant = Variant::parse(&a.variants[0])?;
     }

@@ -642,9 +642,14 @@ async fn run_against(
             step_down_failures.clone(),
             stop_rx.clone(),
         );
-        let times = step_down_times(every, cfg.rss_baseline_at(), cfg.length);
+        let (baseline_at, length) = (cfg.rss_baseline_at(), cfg.length);
         tokio::spawn(async move {
-            for at in times {
+            let mut previous = None;
+            while let Some(at) = next_step_down(previous, every, baseline_at) {
+                if at >= length {
+                    break;
+                }
+                previous = Some(at);
                 tokio::select! {
                     _ = tokio::time::sleep_until(start + at) => {}
                     _ = stop.changed() => break,
@@ -858,8 +863,10 @@ async fn run_against(
     })
 }
 
-/// When the step-downs come, from the start of the load: twice as often before the baseline
-/// of memory (every `every / 2`), then every `every` from the baseline on, until `length`.
+/// The step-down after the one at `previous` (`None`: the first), from the start of the load:
+/// twice as often before the baseline of memory (every `every / 2`), then every `every` from
+/// the baseline on. `None` when `every` is too short to halve or the time overflows. One at a
+/// time, so that no period, however short, builds a schedule in memory.
 ///
 /// Each step-down moves the writes to another member, whose pool then grows to the load's
 /// concurrency while the old primary's connections stay pooled; the pooled connections (and the
@@ -868,23 +875,26 @@ async fn run_against(
 /// baseline (in the 10-minute runs of 2026-12-01 the heap in use peaked at 90 s), so the
 /// criterion measured the working set filling, not a leak; the warm-up's faster step-downs let
 /// it fill before the baseline, and the rest of the run keeps the configured period.
-fn step_down_times(every: Duration, baseline_at: Duration, length: Duration) -> Vec<Duration> {
-    let mut times = Vec::new();
+fn next_step_down(
+    previous: Option<Duration>,
+    every: Duration,
+    baseline_at: Duration,
+) -> Option<Duration> {
     let warm_up_every = every / 2;
     if warm_up_every.is_zero() {
-        return times;
+        return None;
     }
-    let mut at = warm_up_every;
-    while at < baseline_at && at < length {
-        times.push(at);
-        at += warm_up_every;
+    match previous {
+        Some(previous) if previous >= baseline_at => previous.checked_add(every),
+        _ => {
+            let next = previous.map_or(Some(warm_up_every), |p| p.checked_add(warm_up_every))?;
+            if next < baseline_at {
+                Some(next)
+            } else {
+                baseline_at.checked_add(every)
+            }
+        }
     }
-    let mut at = baseline_at + every;
-    while at < length {
-        times.push(at);
-        at += every;
-    }
-    times
 }
 
 /// A memory figure (`kib` of each sample) at the baseline (the first sample at or after
@@ -1122,27 +1132,30 @@ mod tests {
 
     #[test]
     fn step_downs_come_twice_as_often_before_the_baseline() {
-        let secs = |v: &[f64]| {
-            v.iter()
-                .map(|&s| Duration::from_secs_f64(s))
-                .collect::<Vec<_>>()
+        let times = |every: f64, baseline_at: f64, length: f64| {
+            let (every, baseline_at) = (
+                Duration::from_secs_f64(every),
+                Duration::from_secs_f64(baseline_at),
+            );
+            std::iter::successors(next_step_down(None, every, baseline_at), |&at| {
+                next_step_down(Some(at), every, baseline_at)
+            })
+            .take_while(|at| at.as_secs_f64() < length)
+            .map(|at| at.as_secs_f64())
+            .collect::<Vec<_>>()
         };
-        let every = Duration::from_secs(30);
         assert_eq!(
-            step_down_times(every, Duration::from_secs(60), Duration::from_secs(180)),
-            secs(&[15.0, 30.0, 45.0, 90.0, 120.0, 150.0])
+            times(30.0, 60.0, 180.0),
+            [15.0, 30.0, 45.0, 90.0, 120.0, 150.0]
         );
         // The test's short soak: 12 s, a step-down every 3 s, the baseline at 4 s.
-        assert_eq!(
-            step_down_times(
-                Duration::from_secs(3),
-                Duration::from_secs(4),
-                Duration::from_secs(12)
-            ),
-            secs(&[1.5, 3.0, 7.0, 10.0])
-        );
-        assert!(step_down_times(Duration::ZERO, every, every * 10).is_empty());
-        assert!(step_down_times(Duration::from_nanos(1), every, every * 10).is_empty());
+        assert_eq!(times(3.0, 4.0, 12.0), [1.5, 3.0, 7.0, 10.0]);
+        // A period longer than twice the baseline: none before it.
+        assert_eq!(times(200.0, 60.0, 600.0), [260.0, 460.0]);
+        let minute = Duration::from_secs(60);
+        assert_eq!(next_step_down(None, Duration::ZERO, minute), None);
+        assert_eq!(next_step_down(None, Duration::from_nanos(1), minute), None);
+        assert_eq!(next_step_down(Some(Duration::MAX), minute, minute), None);
     }
 
     #[test]
