@@ -280,12 +280,7 @@ async fn run_variant(
         .as_secs_f64();
     let _ = stop_tx.send(true);
     while helpers.join_next().await.is_some() {}
-    let mut fork_stats: Option<ForkStats> = None;
-    for stats in clients.iter().filter_map(|c| c.overload_stats()) {
-        fork_stats
-            .get_or_insert_with(ForkStats::default)
-            .add(&stats);
-    }
+    let fork_stats = overload_stats_of(&clients);
     for c in &clients {
         c.shutdown().await;
     }
@@ -297,6 +292,15 @@ async fn run_variant(
     };
     let len = cfg.scenario.duration().as_secs_f64().ceil() as usize;
     Ok((recorder.take(len), stats, cpu_total, fork_stats))
+}
+
+/// The overload statistics of `clients` added up (`None` where the driver keeps none).
+pub(crate) fn overload_stats_of(clients: &[Arc<dyn LabClient>]) -> Option<ForkStats> {
+    let mut all: Option<ForkStats> = None;
+    for stats in clients.iter().filter_map(|c| c.overload_stats()) {
+        all.get_or_insert_with(ForkStats::default).add(&stats);
+    }
+    all
 }
 
 /// How the generator treats each request under `cfg`.
@@ -443,12 +447,7 @@ async fn run_interleaved(
     }
     let mut runs = Vec::new();
     for turn in turns {
-        let mut fork_stats: Option<ForkStats> = None;
-        for stats in turn.clients.iter().filter_map(|c| c.overload_stats()) {
-            fork_stats
-                .get_or_insert_with(ForkStats::default)
-                .add(&stats);
-        }
+        let fork_stats = overload_stats_of(&turn.clients);
         for c in &turn.clients {
             c.shutdown().await;
         }

@@ -35,7 +35,7 @@ use super::control::{member_documents, model_document, Control};
 use super::drive::{drive_all, RequestOpts};
 use super::emulator_thread::EmulatorThread;
 use super::metrics::{AttemptReport, ErrorClass, Recorder};
-use super::runner::connect_instances;
+use super::runner::{connect_instances, overload_stats_of};
 use super::schedule::{self, ScheduleSpec};
 use emulator::{EmulatorConfig, Topology};
 
@@ -808,10 +808,7 @@ async fn run_against(
         server_connections_before_clients: before_clients.connections,
         ..Drain::default()
     };
-    let mut fork_stats: Option<ForkStats> = None;
-    for s in clients.iter().filter_map(|c| c.overload_stats()) {
-        fork_stats.get_or_insert_with(ForkStats::default).add(&s);
-    }
+    let fork_stats = overload_stats_of(&clients);
     for c in &clients {
         c.shutdown().await;
     }
