@@ -13,7 +13,7 @@
 //! the median and quartiles of the per-round ratios, and the process's CPU time per operation
 //! (client, emulator and kernel together) with its ratio to upstream's.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,14 @@ struct Args {
     /// ratio is taken against.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Instead of slices, run each variant named by `--only` (`upstream-default` only when
+    /// named) for exactly this many operations after the warm-up, one after another, and
+    /// print the process's CPU time per operation. Meant for instruction counts under
+    /// `valgrind --tool=callgrind` (docs/lab.md, "Instructions per operation"): the
+    /// difference of two runs' counts at two values is the instructions of the operations
+    /// between them, setup and warm-up cancelled out.
+    #[arg(long)]
+    count: Option<u64>,
 }
 
 /// Documents seeded for the finds.
@@ -51,7 +59,7 @@ const DOCS: i64 = 1000;
 macro_rules! driver_slices {
     ($name:ident, $krate:ident) => {
         mod $name {
-            use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+            use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
             use std::sync::Arc;
 
             use $krate::bson::{doc, Document};
@@ -88,18 +96,20 @@ macro_rules! driver_slices {
                 Ok(())
             }
 
-            /// One closed-loop task until `stop`: finds by `_id` and inserts, alternating.
-            /// Inserted `_id`s start at `next_id`'s value, shared by every task and slice.
+            /// One closed-loop task until `stop`, or until the tasks together have started
+            /// `budget` operations: finds by `_id` and inserts, alternating. Inserted `_id`s
+            /// start at `next_id`'s value, shared by every task and slice.
             pub async fn task(
                 coll: Collection<Document>,
                 stop: Arc<AtomicBool>,
+                budget: Arc<AtomicI64>,
                 ops: Arc<AtomicU64>,
                 errors: Arc<AtomicU64>,
                 next_id: Arc<AtomicU64>,
                 docs: i64,
             ) {
                 let mut i: i64 = 0;
-                while !stop.load(Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) && budget.fetch_sub(1, Ordering::Relaxed) > 0 {
                     let ok = if i % 2 == 0 {
                         let id = (i / 2) % docs;
                         coll.find_one(doc! { "_id": id }).await.is_ok()
@@ -155,22 +165,47 @@ const VARIANTS: [(&str, Option<&str>); 6] = [
 
 /// Runs one slice of `variant` with `tasks` tasks for `slice`.
 async fn slice(variant: &mut Variant, tasks: usize, slice: Duration, next_id: &Arc<AtomicU64>) {
+    run_tasks(variant, tasks, Some(slice), i64::MAX, next_id).await;
+}
+
+/// Runs `tasks` tasks of `variant` until `length` has passed (`None`: no limit) or they have
+/// started `budget` operations, and adds up what they did.
+async fn run_tasks(
+    variant: &mut Variant,
+    tasks: usize,
+    length: Option<Duration>,
+    budget: i64,
+    next_id: &Arc<AtomicU64>,
+) {
     let stop = Arc::new(AtomicBool::new(false));
+    let budget = Arc::new(AtomicI64::new(budget));
     let ops = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let cpu_start = process_cpu();
     let mut handles = Vec::with_capacity(tasks);
     for _ in 0..tasks {
-        let (stop, ops, errors, next_id) =
-            (stop.clone(), ops.clone(), errors.clone(), next_id.clone());
+        let (stop, budget, ops, errors, next_id) = (
+            stop.clone(),
+            budget.clone(),
+            ops.clone(),
+            errors.clone(),
+            next_id.clone(),
+        );
         handles.push(match &variant.handle {
-            Handle::Fork(coll) => {
-                tokio::spawn(fork::task(coll.clone(), stop, ops, errors, next_id, DOCS))
-            }
+            Handle::Fork(coll) => tokio::spawn(fork::task(
+                coll.clone(),
+                stop,
+                budget,
+                ops,
+                errors,
+                next_id,
+                DOCS,
+            )),
             Handle::Upstream(coll) => tokio::spawn(upstream::task(
                 coll.clone(),
                 stop,
+                budget,
                 ops,
                 errors,
                 next_id,
@@ -178,8 +213,10 @@ async fn slice(variant: &mut Variant, tasks: usize, slice: Duration, next_id: &A
             )),
         });
     }
-    tokio::time::sleep(slice).await;
-    stop.store(true, Ordering::Relaxed);
+    if let Some(length) = length {
+        tokio::time::sleep(length).await;
+        stop.store(true, Ordering::Relaxed);
+    }
     for handle in handles {
         let _ = handle.await;
     }
@@ -239,7 +276,12 @@ async fn run(args: &Args) -> Result<(), String> {
         {
             return Err(format!("--only {unknown:?}: no such variant"));
         }
-        specs.retain(|(name, options)| options.is_none() || args.only.contains(name));
+        specs.retain(|(name, options)| {
+            (options.is_none() && args.count.is_none()) || args.only.contains(name)
+        });
+    }
+    if specs.is_empty() {
+        return Err("no variant to run: --count runs only the variants --only names".into());
     }
     let mut variants = Vec::new();
     for (name, fork_options) in specs {
@@ -270,6 +312,22 @@ async fn run(args: &Args) -> Result<(), String> {
         variant.busy = Duration::ZERO;
         variant.cpu = Duration::ZERO;
         variant.per_round.clear();
+    }
+    if let Some(count) = args.count {
+        let budget = i64::try_from(count).map_err(|_| "--count is too large".to_string())?;
+        for variant in &mut variants {
+            run_tasks(variant, tasks, None, budget, &next_id).await;
+            println!(
+                "{}: {} operations ({} errors), {:.1} µs of CPU per operation",
+                variant.name,
+                variant.ops,
+                variant.errors,
+                cpu_per_op(variant)
+            );
+        }
+        drop(variants);
+        emulator.shutdown().await;
+        return Ok(());
     }
     println!(
         "pathbench: {} variants, {} rounds of {} ms slices, {tasks} tasks, {} cores",

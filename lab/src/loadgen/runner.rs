@@ -315,8 +315,12 @@ fn request_opts(cfg: &LabConfig) -> RequestOpts {
     }
 }
 
-/// Length of one variant's turn in an interleaved closed loop: one second of its figures.
-const SLICE: Duration = Duration::from_secs(1);
+/// Length of one variant's turn in an interleaved closed loop.
+const SLICE: Duration = Duration::from_millis(250);
+
+/// Slices booked into one second of a variant's figures: [`SLICE`] × this is one second, so
+/// that each of a variant's seconds holds one second of its running time.
+const SLICES_PER_SECOND: usize = 4;
 
 /// One variant's clients and figures in an interleaved closed loop.
 struct Turn<'a> {
@@ -327,6 +331,9 @@ struct Turn<'a> {
     /// The process's CPU time and the wall time over the variant's counted slices.
     cpu: Duration,
     wall: Duration,
+    /// The same over the slices of the second being booked.
+    second_cpu: Duration,
+    second_wall: Duration,
 }
 
 /// Connects `cfg.instances` clients of `variant`, booking into `recorder` and counting their
@@ -360,14 +367,22 @@ pub(crate) async fn connect_instances(
 }
 
 /// One repetition of a closed-loop scenario (`fast-path`). Every variant's clients connect
-/// once; then the variants take turns in one-second slices, in a new order every round,
-/// for as many rounds as the scenario has seconds, after one uncounted warm-up round. A
-/// variant's slices become its seconds, so it is summarized as if it had run them back to back.
+/// once; then the variants take turns in [`SLICE`]s, in a new order every round, four rounds
+/// for each second of the scenario, after one uncounted warm-up round. Four consecutive slices
+/// of a variant make one of its seconds, so it is summarized as if it had run them back to
+/// back, and its second `n` comes from the same four rounds as every other variant's.
 ///
-/// Why: a closed loop saturates the CPU, and its figure is a ratio of throughputs. Run one
-/// variant after another for seconds each, the 2-core machines' own drift (one variant's ratio
-/// to upstream scattered from 0.83 to 1.20 over nine repetitions) swamps the 2 % the
+/// Why slices: a closed loop saturates the CPU, and its figure is a ratio of throughputs. Run
+/// one variant after another for seconds each, the 2-core machines' own drift (one variant's
+/// ratio to upstream scattered from 0.83 to 1.20 over nine repetitions) swamps the 2 % the
 /// `fast-path` target allows; slices taken in turn see the same machine.
+///
+/// Why short ones: the machine's speed changes within a second too (the hypervisor takes 8–26 %
+/// of the cores' time, varying second to second), so two slices taken in turn still differ,
+/// by 15–18 % (standard deviation of their ratio) whether they last one second or a quarter.
+/// The scatter of a variant's mean falls with the number of slices, so quarter-second slices
+/// give four times as many pairs in the same time and halve it (docs/lab.md, "How precise the
+/// fast path is").
 async fn run_interleaved(
     cfg: &LabConfig,
     uri: &str,
@@ -377,7 +392,8 @@ async fn run_interleaved(
     progress: &ProgressBar,
 ) -> Result<Vec<VariantRun>, String> {
     control.seed(cfg.docs).await?;
-    let rounds = cfg.scenario.duration().as_secs_f64().ceil().max(1.0) as usize;
+    let seconds_len = cfg.scenario.duration().as_secs_f64().ceil().max(1.0) as usize;
+    let rounds = seconds_len * SLICES_PER_SECOND;
     let mut turns = Vec::new();
     for variant in &cfg.variants {
         progress.set_message(format!("{} #{}: connecting", variant.name, rep + 1));
@@ -391,6 +407,8 @@ async fn run_interleaved(
             stats: DriveStats::default(),
             cpu: Duration::ZERO,
             wall: Duration::ZERO,
+            second_cpu: Duration::ZERO,
+            second_wall: Duration::ZERO,
         });
     }
     let opts = request_opts(cfg);
@@ -405,8 +423,12 @@ async fn run_interleaved(
         for &index in &order {
             let turn = &mut turns[index];
             let start = Instant::now() + Duration::from_millis(10);
-            // Book this slice into second `round` of the variant's recorder.
-            let Some(origin) = start.checked_sub(SLICE * round as u32) else {
+            // Round 0 books into second 0 (dropped below); round `r` into quarter
+            // `(r - 1) % 4` of second `1 + (r - 1) / 4`.
+            let second = (round + SLICES_PER_SECOND - 1) / SLICES_PER_SECOND;
+            let quarter = round.saturating_sub(1) % SLICES_PER_SECOND;
+            let booked_at = Duration::from_secs(second as u64) + SLICE * quarter as u32;
+            let Some(origin) = start.checked_sub(booked_at) else {
                 return Err("the clock is too close to its origin for the slices".into());
             };
             turn.recorder.set_start(origin);
@@ -428,18 +450,25 @@ async fn run_interleaved(
             if round == 0 {
                 continue;
             }
+            if quarter == 0 {
+                (turn.second_cpu, turn.second_wall) = (Duration::ZERO, Duration::ZERO);
+            }
+            turn.second_cpu += cpu;
+            turn.second_wall += wall;
             let cores = super::sys::cores() as f64;
             turn.recorder.set_cpu(
-                round,
-                100.0 * cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9) / cores,
+                second,
+                100.0 * turn.second_cpu.as_secs_f64()
+                    / turn.second_wall.as_secs_f64().max(1e-9)
+                    / cores,
             );
             turn.stats.sent += stats.sent;
             turn.stats.unfinished += stats.unfinished;
             turn.cpu += cpu;
             turn.wall += wall;
-            let (_, good) = turn.recorder.peek(round);
+            let (_, good) = turn.recorder.peek(second);
             progress.set_message(format!(
-                "{} #{}: round {round}/{rounds}, {good} ops/s",
+                "{} #{}: round {round}/{rounds}, {good} ops in second {second}",
                 turn.variant.name,
                 rep + 1
             ));
@@ -451,7 +480,7 @@ async fn run_interleaved(
         for c in &turn.clients {
             c.shutdown().await;
         }
-        let mut seconds = turn.recorder.take(rounds + 1);
+        let mut seconds = turn.recorder.take(seconds_len + 1);
         seconds.remove(0);
         let cpu_total = (turn.wall > Duration::ZERO).then(|| {
             100.0 * turn.cpu.as_secs_f64() / turn.wall.as_secs_f64() / super::sys::cores() as f64
@@ -461,7 +490,7 @@ async fn run_interleaved(
             rep,
             &seconds,
             &cfg.scenario,
-            rounds,
+            seconds_len,
             turn.stats,
             None,
             cpu_total,
