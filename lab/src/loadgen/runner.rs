@@ -425,7 +425,7 @@ async fn run_interleaved(
             let start = Instant::now() + Duration::from_millis(10);
             // Round 0 books into second 0 (dropped below); round `r` into quarter
             // `(r - 1) % 4` of second `1 + (r - 1) / 4`.
-            let second = (round + SLICES_PER_SECOND - 1) / SLICES_PER_SECOND;
+            let second = round.div_ceil(SLICES_PER_SECOND);
             let quarter = round.saturating_sub(1) % SLICES_PER_SECOND;
             let booked_at = Duration::from_secs(second as u64) + SLICE * quarter as u32;
             let Some(origin) = start.checked_sub(booked_at) else {
