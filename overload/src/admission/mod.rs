@@ -38,19 +38,20 @@
 //! server token buckets for the same reason: "overload on a single node drains a global
 //! per-client token bucket".)
 //!
-//! # What the driver does with them (not wired yet)
+//! # What the driver does with them
 //!
-//! This module holds the decisions only. The driver wiring that follows will:
+//! This module holds the decisions only. The driver (`src/fork/admission.rs` in the admission
+//! control patch):
 //!
-//! 1. before an operation's first attempt, once a server is selected, ask that server's
+//! 1. before an operation's first attempt, once a server is selected, asks that server's
 //!    throttle; a local rejection fails the operation with its own error kind, which still
 //!    carries the `SystemOverloadedError` label (so code that checks for overload recognises
 //!    it) but not `RetryableError` (so the driver's own loop never retries it);
-//! 2. take a slot from that server's concurrency limit; when none is free it waits (for a slot
-//!    to be released, or the deadline: `timeoutMS` when set, else `waitQueueTimeoutMS`), and
+//! 2. takes a slot from that server's concurrency limit; when none is free it waits (for a slot
+//!    to be released, or the deadline: `timeoutMS` when set, else `serverSelectionTimeoutMS`), and
 //!    server selection prefers, among suitable servers, those with a free slot;
-//! 3. after the attempt, tell the throttle whether the server rejected it for overload, and
-//!    release the slot with the attempt's outcome and latency. A slot is a guard: an operation
+//! 3. after the attempt, tells the throttle whether the server rejected it for overload, and
+//!    releases the slot with the attempt's outcome and latency. A slot is a guard: an operation
 //!    whose future is dropped releases it too.
 //!
 //! `docs/admission.md` has the parameters, the defaults with their reasons, and what is left.

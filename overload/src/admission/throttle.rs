@@ -70,6 +70,7 @@
 //! after they were made. The counts are integers and `K` is held in thousandths, so the
 //! comparison `requests ≤ K·accepts` is exact and nothing drifts over millions of requests.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -205,7 +206,8 @@ pub struct ThrottleCounts {
 ///
 /// Thread safety: the counts sit behind one [`Mutex`], taken once per first attempt and once
 /// per overload rejection for a few dozen instructions (at most ten slots are cleared or
-/// summed), the same trade as the retry budget's.
+/// summed), the same trade as the retry budget's. [`Self::rejection_probability`] takes it only
+/// when a refusal may still be in the window.
 #[derive(Debug)]
 pub struct AdaptiveThrottle {
     config: ThrottleConfig,
@@ -213,6 +215,13 @@ pub struct AdaptiveThrottle {
     k_milli: u64,
     slot_nanos: u64,
     window: Mutex<Window>,
+    /// The window's origin, readable without the lock.
+    origin: Instant,
+    /// One more than the latest time (nanoseconds since `origin`) a request was refused, 0 for
+    /// never: with `K ≥ 1` a window without refusals rejects nothing, so
+    /// [`Self::rejection_probability`], asked before every first attempt's server selection,
+    /// answers without the lock while the server refuses nothing.
+    last_refusal: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -263,6 +272,8 @@ impl AdaptiveThrottle {
                 requests: [0; SLOTS],
                 refused: [0; SLOTS],
             }),
+            origin,
+            last_refusal: AtomicU64::new(0),
         })
     }
 
@@ -286,6 +297,7 @@ impl AdaptiveThrottle {
         window.requests[index] = window.requests[index].saturating_add(1);
         if reject {
             window.refused[index] = window.refused[index].saturating_add(1);
+            self.note_refusal(&window);
             ThrottleDecision::Reject
         } else {
             ThrottleDecision::Send
@@ -298,13 +310,37 @@ impl AdaptiveThrottle {
         let mut window = self.window_at(now);
         let index = window.newest_index();
         window.refused[index] = window.refused[index].saturating_add(1);
+        self.note_refusal(&window);
     }
 
     /// The probability with which a first attempt at `now` would be rejected, in
     /// `[0, MAX_REJECTION_PROBABILITY]`.
     pub fn rejection_probability(&self, now: Instant) -> f64 {
+        if self.no_refusal_in_window(now) {
+            return 0.0;
+        }
         let window = self.window_at(now);
         self.probability(window.counts())
+    }
+
+    /// Records that the window's newest slot (at `window.latest`) holds a refusal.
+    fn note_refusal(&self, window: &Window) {
+        self.last_refusal
+            .fetch_max(window.latest.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// Whether every slot the window can still hold at `now` is free of refusals: a refusal at
+    /// time `t` is in slot `⌊t / slot⌋`, which is cleared once the newest slot is `SLOTS`
+    /// later, by `t + window + slot` at the latest. Conservative: `false` answers nothing.
+    fn no_refusal_in_window(&self, now: Instant) -> bool {
+        let last = self.last_refusal.load(Ordering::Relaxed);
+        if last == 0 {
+            return true;
+        }
+        let since_origin = now.saturating_duration_since(self.origin).as_nanos();
+        let now_nanos = u64::try_from(since_origin).unwrap_or(u64::MAX);
+        let span = self.slot_nanos.saturating_mul(SLOTS as u64 + 1);
+        now_nanos >= (last - 1).saturating_add(span)
     }
 
     /// The window's counts at `now`.
@@ -793,10 +829,12 @@ mod tests {
                     let decision = t.admit(now, &mut || draw);
                     prop_assert_eq!(decision == ThrottleDecision::Reject, draw < p);
                 }
+                let p = t.rejection_probability(now);
                 let counts = t.counts(now);
                 prop_assert!(counts.accepts <= counts.requests);
-                let p = t.rejection_probability(now);
                 prop_assert!((0.0..1.0).contains(&p), "{p}");
+                // The lock-free answer for a window without refusals is the window's own.
+                prop_assert_eq!(p, t.probability(counts));
             }
             // The window ends 10 s after the latest time the throttle saw.
             let later = at(start, latest as u64 + 10_000);
