@@ -111,6 +111,7 @@
 //! earlier than one already seen counts as the latest.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -279,7 +280,8 @@ pub struct ConcurrencySnapshot {
 /// [module documentation](self). Clones share the limit (one reference count each).
 ///
 /// Thread safety: the state sits behind one [`Mutex`], taken once to acquire and once to
-/// release a slot, for a few dozen instructions (sorting 16 samples at the end of a probe).
+/// release a slot, for a few dozen instructions (sorting 16 samples at the end of a probe);
+/// [`Self::has_free_slot`] reads an atomic both keep current.
 #[derive(Clone)]
 pub struct ConcurrencyLimit {
     shared: Arc<Shared>,
@@ -298,6 +300,9 @@ struct Shared {
     /// ([`ConcurrencyLimit::read_client_lag`]).
     client_lag: OnceLock<Arc<ClientLag>>,
     state: Mutex<State>,
+    /// Whether a slot was free after the last acquire or release, readable without the lock:
+    /// server selection asks before every attempt ([`ConcurrencyLimit::has_free_slot`]).
+    free_slot: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -413,6 +418,8 @@ impl ConcurrencyLimit {
                     last_decrease: None,
                     floored: false,
                 }),
+                // The initial limit is at least one and nothing is in flight.
+                free_slot: AtomicBool::new(true),
             }),
         })
     }
@@ -435,11 +442,13 @@ impl ConcurrencyLimit {
     pub fn try_acquire(&self, now: Instant) -> Option<ConcurrencyPermit> {
         let mut state = self.shared.state_at(now);
         if state.in_flight >= self.shared.limit_in_force(&state) {
+            self.shared.publish_free_slot(&state);
             return None;
         }
         state.in_flight += 1;
         state.round.peak_in_flight = state.round.peak_in_flight.max(state.in_flight);
         let probe = state.probe.map(|p| p.number);
+        self.shared.publish_free_slot(&state);
         drop(state);
         Some(ConcurrencyPermit {
             shared: Some(Arc::clone(&self.shared)),
@@ -460,10 +469,10 @@ impl ConcurrencyLimit {
         self.shared.lock().in_flight
     }
 
-    /// Whether a slot is free now (for server selection, which prefers servers with one).
+    /// Whether a slot was free after the last acquire or release (for server selection, which
+    /// prefers servers with one), without taking the lock.
     pub fn has_free_slot(&self) -> bool {
-        let state = self.shared.lock();
-        state.in_flight < self.shared.limit_in_force(&state)
+        self.shared.free_slot.load(Ordering::Relaxed)
     }
 
     /// The limit's state now.
@@ -548,7 +557,13 @@ impl Shared {
                 }
             }
         }
+        self.publish_free_slot(&state);
         self.limit_in_force(&state)
+    }
+
+    fn publish_free_slot(&self, state: &State) {
+        let free = state.in_flight < self.limit_in_force(state);
+        self.free_slot.store(free, Ordering::Relaxed);
     }
 
     fn sample(&self, state: &mut State, latency: u64, probe: Option<u64>) {
@@ -1387,6 +1402,8 @@ mod tests {
                 let snapshot = limit.snapshot();
                 prop_assert!((min..=max).contains(&snapshot.limit), "{:?}", snapshot);
                 prop_assert_eq!(snapshot.in_flight as usize, held.len());
+                // The lock-free answer is the locked state's.
+                prop_assert_eq!(limit.has_free_slot(), limit.in_flight() < limit.limit());
             }
             held.clear();
             prop_assert_eq!(limit.in_flight(), 0);
