@@ -302,28 +302,25 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
             })
         })
         .collect();
-    // Requests completed in each second of the ratio base, by repetition.
-    let base_seconds = |rep: usize| {
+    // The ratio base's run in each repetition.
+    let base_run = |rep: usize| {
         run.runs
             .iter()
             .find(|r| r.variant.name == RATIO_BASE && r.rep == rep)
-            .map(|r| &r.seconds)
     };
     let pooled = |variant: &str| {
         let pairs: Vec<(u64, u64)> = run
             .runs
             .iter()
             .filter(|r| r.variant.name == variant)
-            .filter_map(|r| Some((&r.seconds, base_seconds(r.rep)?)))
+            .filter_map(|r| Some((&r.seconds, &base_run(r.rep)?.seconds)))
             .flat_map(|(own, base)| own.iter().zip(base).map(|(a, b)| (a.good, b.good)))
             .collect();
         PooledRatio::of(&pairs)
     };
-    // Throughput of the ratio base in each repetition.
     let base = |rep: usize| {
-        all.iter()
-            .find(|r| r.variant == RATIO_BASE && r.rep == rep)
-            .map(|r| r.goodput)
+        base_run(rep)
+            .map(|r| r.summary.goodput)
             .filter(|g| *g > 0.0)
     };
     let variants: Vec<VariantVerdict> = cfg

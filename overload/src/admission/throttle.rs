@@ -215,7 +215,7 @@ pub struct AdaptiveThrottle {
     k_milli: u64,
     slot_nanos: u64,
     window: Mutex<Window>,
-    /// The window's origin, readable without the lock.
+    /// Times are kept as nanoseconds since this instant.
     origin: Instant,
     /// One more than the latest time (nanoseconds since `origin`) a request was refused, 0 for
     /// never: with `K ≥ 1` a window without refusals rejects nothing, so
@@ -226,8 +226,6 @@ pub struct AdaptiveThrottle {
 
 #[derive(Debug)]
 struct Window {
-    /// Times are kept as nanoseconds since this instant.
-    origin: Instant,
     /// The latest time seen; earlier times count as this one.
     latest: u64,
     /// The number (time / slot length) of the newest slot; slot `n` lives at `n % SLOTS`.
@@ -266,7 +264,6 @@ impl AdaptiveThrottle {
             k_milli,
             slot_nanos: window_nanos / SLOTS as u64,
             window: Mutex::new(Window {
-                origin,
                 latest: 0,
                 newest: 0,
                 requests: [0; SLOTS],
@@ -369,7 +366,7 @@ impl AdaptiveThrottle {
         // No code panics while holding the lock, so a poisoned lock still guards consistent
         // counts; recovering it keeps one panicking caller elsewhere from disabling the driver.
         let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        let since_origin = now.saturating_duration_since(window.origin).as_nanos();
+        let since_origin = now.saturating_duration_since(self.origin).as_nanos();
         let t = u64::try_from(since_origin)
             .unwrap_or(u64::MAX)
             .max(window.latest);
