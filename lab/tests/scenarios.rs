@@ -59,23 +59,21 @@ fn of<'a>(run: &'a LabRun, variant: &str) -> &'a RunSummary {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_rejections_are_what_default_retries_recover() {
     // One in five admitted requests is rejected at random (the default is one in twenty; a
-    // larger share keeps the difference far above the noise of 200 requests). The deadline is
-    // long enough for a retry's backoff, so a retried request can still succeed in time.
+    // larger share keeps the difference far above the noise of 200 requests). The scenario's
+    // deadline is long enough for a retry's backoff, so a retried request can still succeed in
+    // time.
     let params = ScenarioParams {
         reject_share: 0.2,
         ..ScenarioParams::default()
     };
-    let base = LabConfig {
-        deadline: Duration::from_millis(1000),
-        ..small(100.0, &["upstream-default", "upstream-no-retries"])
-    };
     let cfg = scenario(
         ScenarioName::Transient,
-        base,
+        small(100.0, &["upstream-default", "upstream-no-retries"]),
         &params,
         vec![Phase::new("base", 0.5, 4.0)],
     );
     assert_eq!(cfg.random_reject_share, 0.2);
+    assert_eq!(cfg.deadline, Duration::from_secs(1));
     let run = run(&cfg).await;
     let retried = of(&run, "upstream-default");
     let single = of(&run, "upstream-no-retries");

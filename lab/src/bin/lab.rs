@@ -93,9 +93,9 @@ struct RunArgs {
     /// Further URI options for every client (`k=v&k2=v2`).
     #[arg(long, default_value = "")]
     client_options: String,
-    /// Application deadline per request, in ms.
-    #[arg(long, default_value_t = 100)]
-    deadline_ms: u64,
+    /// Application deadline per request, in ms; default 100, but 1000 in transient.
+    #[arg(long)]
+    deadline_ms: Option<u64>,
     /// Also send maxTimeMS = deadline on reads.
     #[arg(long)]
     max_time_ms: bool,
@@ -193,9 +193,6 @@ fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
     if a.instances == 0 || a.instances > 256 {
         return Err("--instances must be in 1..=256".into());
     }
-    if a.deadline_ms == 0 {
-        return Err("--deadline-ms must be positive".into());
-    }
     let mut cfg = LabConfig {
         repeats: a
             .repeats
@@ -211,7 +208,6 @@ fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
         max_pool_size: a.max_pool_size,
         min_pool_size: a.min_pool_size,
         client_options: a.client_options.clone(),
-        deadline: Duration::from_millis(a.deadline_ms),
         max_time_ms: a.max_time_ms,
         drain: Duration::from_secs_f64(a.drain_secs),
         mix: match &a.mix {
@@ -229,6 +225,12 @@ fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
     name.apply(&mut cfg, length(a), &params(a)?);
     if let Some(on_deadline) = a.on_deadline {
         cfg.on_deadline = on_deadline;
+    }
+    if let Some(ms) = a.deadline_ms {
+        if ms == 0 {
+            return Err("--deadline-ms must be positive".into());
+        }
+        cfg.deadline = Duration::from_millis(ms);
     }
     if let Some(p) = &a.phases {
         cfg.scenario = Scenario {
