@@ -77,8 +77,9 @@ pub const TRANSIENT_REJECT_SHARE: f64 = 0.05;
 /// specification prescribes before each retry (up to 200 ms, then 400 ms), so that every request
 /// the figure counts as failed is one a driver could have kept. At the lab's 100 ms, a retry
 /// fitted the deadline only when its jitter fell below about one half: half of the random
-/// rejections failed whatever the driver's controls did, and those coin flips moved one variant's
-/// success share by 0.3 points from run to run (docs/lab.md, "transient").
+/// rejections failed whatever the driver's controls did, and those coin flips moved one
+/// variant's success share by 0.3 points from run to run (docs/lab.md, "Why `transient`'s
+/// deadline is 1 s").
 pub const TRANSIENT_DEADLINE: Duration = Duration::from_millis(1000);
 /// Retries of the application in `app-retries`.
 pub const APP_RETRIES: u32 = 2;
