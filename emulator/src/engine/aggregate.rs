@@ -860,7 +860,7 @@ fn finish_accumulator(op: &str, values: Vec<Option<Bson>>) -> EngineResult<Bson>
                     Bson::Document(d) => out.extend(d),
                     Bson::Null | Bson::Undefined => {}
                     other => {
-                        return Err(EngineError::location(40400, format!("$mergeObjects requires object inputs, but input {other} is of type {}", super::expression::bson_type_name(&other))));
+                        return Err(EngineError::location(40400, format!("$mergeObjects requires object inputs, but input {other} is of type {}", super::value::bson_type_name(&other))));
                     }
                 }
             }

@@ -105,7 +105,7 @@ fn bool_field(spec: &Document, key: &str) -> EngineResult<bool> {
         Some(Bson::Boolean(b)) => Ok(*b),
         Some(other) => Err(EngineError::type_mismatch(format!(
             "BSON field 'collation.{key}' is the wrong type '{}', expected type 'bool'",
-            super::expression::bson_type_name(other)
+            super::value::bson_type_name(other)
         ))),
     }
 }
@@ -116,7 +116,7 @@ fn str_field<'a>(spec: &'a Document, key: &str) -> EngineResult<Option<&'a str>>
         Some(Bson::String(s)) => Ok(Some(s)),
         Some(other) => Err(EngineError::type_mismatch(format!(
             "BSON field 'collation.{key}' is the wrong type '{}', expected type 'string'",
-            super::expression::bson_type_name(other)
+            super::value::bson_type_name(other)
         ))),
     }
 }
@@ -128,7 +128,7 @@ impl Collation {
             Bson::Document(spec) => Self::parse(spec),
             other => Err(EngineError::type_mismatch(format!(
                 "BSON field 'collation' is the wrong type '{}', expected type 'object'",
-                super::expression::bson_type_name(other)
+                super::value::bson_type_name(other)
             ))),
         }
     }

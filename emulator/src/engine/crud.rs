@@ -8,13 +8,14 @@ use bson::{Bson, Document};
 
 use super::catalog::Collection;
 use super::compare::OrdBson;
-use super::expression::{bson_type_name, is_truthy};
+use super::expression::is_truthy;
 use super::limits::check_depth;
 use super::path::lookup_unwound;
 use super::projection::Projection;
 use super::query::match_document;
 use super::sort::SortSpec;
 use super::update::{apply_update, upsert_seed};
+use super::value::bson_type_name;
 use super::{
     DeleteOutcome, DeleteStatement, EngineError, EngineResult, FindAndModifyOutcome,
     FindAndModifySpec, FindSpec, InsertOutcome, Store, UpdateContext, UpdateModification,

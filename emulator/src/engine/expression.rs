@@ -8,6 +8,7 @@ use bson::{Bson, Document};
 use super::compare::{compare_bson, Num};
 use super::limits::{check_depth, check_value_depth};
 use super::pattern::compile_regex;
+use super::value::bson_type_name;
 use super::{EngineError, EngineResult};
 
 /// Evaluates the aggregation expression `expr` with `root` as `$$ROOT` and `$$CURRENT`.
@@ -165,37 +166,6 @@ pub(crate) fn arith(op: Arith, a: &Bson, b: &Bson) -> Option<Bson> {
         }
         _ => Some(Bson::Double(as_double(x.as_f64(), y.as_f64()))),
     }
-}
-
-fn type_name(v: &Bson) -> &'static str {
-    match v {
-        Bson::Double(_) => "double",
-        Bson::String(_) => "string",
-        Bson::Document(_) => "object",
-        Bson::Array(_) => "array",
-        Bson::Binary(_) => "binData",
-        Bson::Undefined => "undefined",
-        Bson::ObjectId(_) => "objectId",
-        Bson::Boolean(_) => "bool",
-        Bson::DateTime(_) => "date",
-        Bson::Null => "null",
-        Bson::RegularExpression(_) => "regex",
-        Bson::DbPointer(_) => "dbPointer",
-        Bson::JavaScriptCode(_) => "javascript",
-        Bson::Symbol(_) => "symbol",
-        Bson::JavaScriptCodeWithScope(_) => "javascriptWithScope",
-        Bson::Int32(_) => "int",
-        Bson::Timestamp(_) => "timestamp",
-        Bson::Int64(_) => "long",
-        Bson::Decimal128(_) => "decimal",
-        Bson::MinKey => "minKey",
-        Bson::MaxKey => "maxKey",
-    }
-}
-
-/// mongod's type alias for `v` (as `$type` reports it), also used in error messages.
-pub(crate) fn bson_type_name(v: &Bson) -> &'static str {
-    type_name(v)
 }
 
 /// A UTC calendar breakdown of a millisecond timestamp (no time zones, like mongod's default).
@@ -524,7 +494,7 @@ impl Ctx<'_> {
                     3041705,
                     format!(
                         "$getField requires 'input' to evaluate to type Object, but got {}",
-                        type_name(&other)
+                        bson_type_name(&other)
                     ),
                 ))
             }
@@ -533,7 +503,7 @@ impl Ctx<'_> {
                     4161105,
                     format!(
                         "{op} requires 'input' to evaluate to type Object, but got {}",
-                        type_name(&other)
+                        bson_type_name(&other)
                     ),
                 ))
             }
@@ -608,7 +578,7 @@ impl Ctx<'_> {
                             EngineError::type_mismatch(format!(
                                 "{op} only supports numeric{} types, not {}",
                                 if is_add { " or date" } else { "" },
-                                type_name(&a)
+                                bson_type_name(&a)
                             ))
                         })?;
                 }
@@ -643,8 +613,8 @@ impl Ctx<'_> {
                     _ => arith(Arith::Sub, a, b).ok_or_else(|| {
                         EngineError::type_mismatch(format!(
                             "can't $subtract {} from {}",
-                            type_name(b),
-                            type_name(a)
+                            bson_type_name(b),
+                            bson_type_name(a)
                         ))
                     })?,
                 }
@@ -661,8 +631,8 @@ impl Ctx<'_> {
                 let (Some(x), Some(y)) = (Num::of(&a), Num::of(&b)) else {
                     return Err(EngineError::type_mismatch(format!(
                         "{op} only supports numeric types, not {} and {}",
-                        type_name(&a),
-                        type_name(&b)
+                        bson_type_name(&a),
+                        bson_type_name(&b)
                     )));
                 };
                 if y.as_f64() == 0.0 {
@@ -701,7 +671,10 @@ impl Ctx<'_> {
                         None => {
                             return Err(EngineError::location(
                                 28765,
-                                format!("$abs only supports numeric types, not {}", type_name(v)),
+                                format!(
+                                    "$abs only supports numeric types, not {}",
+                                    bson_type_name(v)
+                                ),
                             ))
                         }
                     },
@@ -718,7 +691,10 @@ impl Ctx<'_> {
                         Some(other) => {
                             return Err(EngineError::location(
                                 16702,
-                                format!("$concat only supports strings, not {}", type_name(&other)),
+                                format!(
+                                    "$concat only supports strings, not {}",
+                                    bson_type_name(&other)
+                                ),
                             ));
                         }
                     }
@@ -746,7 +722,7 @@ impl Ctx<'_> {
                             16007,
                             format!(
                                 "can't convert from BSON type {} to String",
-                                type_name(other)
+                                bson_type_name(other)
                             ),
                         ))
                     }
@@ -854,7 +830,7 @@ impl Ctx<'_> {
                 match &args[0] {
                     Some(Bson::Array(a)) => Bson::Int32(i32::try_from(a.len()).unwrap_or(i32::MAX)),
                     other => {
-                        let name = other.as_ref().map(type_name).unwrap_or("missing");
+                        let name = other.as_ref().map(bson_type_name).unwrap_or("missing");
                         return Err(EngineError::location(
                             17124,
                             format!(
@@ -909,7 +885,7 @@ impl Ctx<'_> {
                             28689,
                             format!(
                                 "{op}'s argument must be an array, but is {}",
-                                type_name(other)
+                                bson_type_name(other)
                             ),
                         ));
                     }
@@ -943,7 +919,7 @@ impl Ctx<'_> {
                                 28664,
                                 format!(
                                     "$concatArrays only supports arrays, not {}",
-                                    type_name(&other)
+                                    bson_type_name(&other)
                                 ),
                             ));
                         }
@@ -983,7 +959,10 @@ impl Ctx<'_> {
                         None => {
                             return Err(EngineError::location(
                                 28765,
-                                format!("{op} only supports numeric types, not {}", type_name(v)),
+                                format!(
+                                    "{op} only supports numeric types, not {}",
+                                    bson_type_name(v)
+                                ),
                             ));
                         }
                     },
@@ -996,7 +975,7 @@ impl Ctx<'_> {
                     return Ok(Some(Bson::Null));
                 };
                 let fail = |v: &Bson| {
-                    EngineError::location(241, format!("Unsupported conversion from {} to {} in $convert with no onError value", type_name(v), &op[3..].to_lowercase()))
+                    EngineError::location(241, format!("Unsupported conversion from {} to {} in $convert with no onError value", bson_type_name(v), &op[3..].to_lowercase()))
                 };
                 if op == "$toBool" {
                     Bson::Boolean(is_truthy(&v))
@@ -1035,7 +1014,7 @@ impl Ctx<'_> {
                         Bson::Array(items)
                     }
                     Some(other) => {
-                        return Err(EngineError::location(34435, format!("The argument to $reverseArray must be an array, but was of type: {}", type_name(&other))));
+                        return Err(EngineError::location(34435, format!("The argument to $reverseArray must be an array, but was of type: {}", bson_type_name(&other))));
                     }
                 }
             }
@@ -1055,7 +1034,7 @@ impl Ctx<'_> {
                             28724,
                             format!(
                                 "First argument to $slice must be an array, but is of type: {}",
-                                type_name(other)
+                                bson_type_name(other)
                             ),
                         ));
                     }
@@ -1212,7 +1191,7 @@ impl Ctx<'_> {
                             40090,
                             format!(
                                 "$indexOfArray requires an array as a first argument, found: {}",
-                                type_name(other)
+                                bson_type_name(other)
                             ),
                         ));
                     }
@@ -1237,7 +1216,7 @@ impl Ctx<'_> {
                             40390,
                             format!(
                                 "$objectToArray requires a document input, found: {}",
-                                type_name(&other)
+                                bson_type_name(&other)
                             ),
                         ));
                     }
@@ -1273,7 +1252,7 @@ impl Ctx<'_> {
                             40386,
                             format!(
                                 "$arrayToObject requires an array input, found: {}",
-                                type_name(&other)
+                                bson_type_name(&other)
                             ),
                         ));
                     }
@@ -1295,7 +1274,7 @@ impl Ctx<'_> {
                             }
                         }
                         Some(other) => {
-                            return Err(EngineError::location(17043, format!("All operands of $setUnion must be arrays. One argument is of type: {}", type_name(&other))));
+                            return Err(EngineError::location(17043, format!("All operands of $setUnion must be arrays. One argument is of type: {}", bson_type_name(&other))));
                         }
                     }
                 }
@@ -1359,7 +1338,7 @@ impl Ctx<'_> {
                             40080,
                             format!(
                                 "$reduce requires that 'input' be an array, found: {}",
-                                type_name(&other)
+                                bson_type_name(&other)
                             ),
                         ));
                     }
@@ -1470,7 +1449,7 @@ impl Ctx<'_> {
                             50699,
                             format!(
                                 "{op} requires its input to be a string, got {}",
-                                type_name(&other)
+                                bson_type_name(&other)
                             ),
                         ));
                     }
@@ -1503,7 +1482,7 @@ impl Ctx<'_> {
                                     28765,
                                     format!(
                                         "{op} only supports numeric types, not {}",
-                                        type_name(a)
+                                        bson_type_name(a)
                                     ),
                                 )
                             })?
@@ -1574,7 +1553,10 @@ impl Ctx<'_> {
                     Some(other) => {
                         return Err(EngineError::location(
                             16006,
-                            format!("can't convert from BSON type {} to Date", type_name(&other)),
+                            format!(
+                                "can't convert from BSON type {} to Date",
+                                bson_type_name(&other)
+                            ),
                         ));
                     }
                 };
@@ -1629,7 +1611,10 @@ impl Ctx<'_> {
                     Some(other) => {
                         return Err(EngineError::location(
                             16006,
-                            format!("can't convert from BSON type {} to Date", type_name(&other)),
+                            format!(
+                                "can't convert from BSON type {} to Date",
+                                bson_type_name(&other)
+                            ),
                         ));
                     }
                 };
@@ -1644,7 +1629,7 @@ impl Ctx<'_> {
                 Bson::String(
                     args[0]
                         .as_ref()
-                        .map(type_name)
+                        .map(bson_type_name)
                         .unwrap_or("missing")
                         .to_owned(),
                 )
@@ -1669,7 +1654,7 @@ impl Ctx<'_> {
                                 40400,
                                 format!(
                                     "$mergeObjects requires object inputs, but input is of type {}",
-                                    type_name(&other)
+                                    bson_type_name(&other)
                                 ),
                             ));
                         }
@@ -1730,7 +1715,10 @@ impl Ctx<'_> {
                     Some(other) => {
                         return Err(EngineError::location(
                             16883,
-                            format!("input to {op} must be an array not {}", type_name(&other)),
+                            format!(
+                                "input to {op} must be an array not {}",
+                                bson_type_name(&other)
+                            ),
                         ));
                     }
                 };

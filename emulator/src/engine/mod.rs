@@ -37,7 +37,8 @@
 //!
 //! # Files
 //!
-//! `error.rs` (the error type and mongod's codes), `limits.rs` (16 MiB and nesting limits),
+//! `error.rs` (the error type and mongod's codes), `value.rs` (mongod's type names),
+//! `limits.rs` (16 MiB and nesting limits),
 //! `compare.rs` (ordering and equality), `path.rs` (dotted paths), `query.rs` (filters),
 //! `sort.rs`, `projection.rs` (find projections, `$project`, `$addFields`, `$unset`),
 //! `update.rs` (operators, replacement, pipeline updates, upsert seeds), `expression.rs`,
@@ -77,6 +78,7 @@ mod query;
 mod sort;
 mod update;
 mod validation;
+mod value;
 mod view;
 
 #[cfg(test)]

@@ -575,7 +575,7 @@ pub(crate) fn replace_root(doc: &Document, expr: &Bson) -> EngineResult<Document
             format!(
                 "'newRoot' expression must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'.",
                 other.as_ref().map(|v| v.to_string()).unwrap_or_else(|| "MISSING".into()),
-                other.as_ref().map(super::expression::bson_type_name).unwrap_or("missing")
+                other.as_ref().map(super::value::bson_type_name).unwrap_or("missing")
             ),
         )),
     }

@@ -53,7 +53,7 @@ pub(crate) fn view_options(options: &Document) -> EngineResult<Document> {
         Some(other) => {
             return Err(EngineError::type_mismatch(format!(
                 "BSON field 'create.viewOn' is the wrong type '{}', expected type 'string'",
-                super::expression::bson_type_name(other)
+                super::value::bson_type_name(other)
             )))
         }
         None => return Err(EngineError::bad_value("a view needs 'viewOn'")),
