@@ -164,7 +164,7 @@ impl Collation {
         let strength =
             match spec.get("strength") {
                 None => 3,
-                Some(v) => match super::compare::Num::of(v).map(|n| n.as_f64()) {
+                Some(v) => match super::value::Num::of(v).map(|n| n.as_f64()) {
                     Some(s) if s.fract() == 0.0 && (1.0..=5.0).contains(&s) => s as u8,
                     Some(s) => {
                         return Err(EngineError::bad_value(format!(

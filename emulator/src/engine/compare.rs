@@ -4,6 +4,8 @@ use std::cmp::Ordering;
 
 use bson::{Bson, Document};
 
+use super::value::Num;
+
 /// mongod's canonical type rank: values of different ranks compare by rank alone.
 pub(crate) fn type_rank(v: &Bson) -> u8 {
     match v {
@@ -24,36 +26,6 @@ pub(crate) fn type_rank(v: &Bson) -> u8 {
         Bson::JavaScriptCode(_) => 14,
         Bson::JavaScriptCodeWithScope(_) => 15,
         Bson::MaxKey => 16,
-    }
-}
-
-/// A numeric value in a form that compares exactly across int32, int64 and double.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Num {
-    Int(i64),
-    Float(f64),
-}
-
-impl Num {
-    pub(crate) fn of(v: &Bson) -> Option<Num> {
-        match v {
-            Bson::Int32(i) => Some(Num::Int(i64::from(*i))),
-            Bson::Int64(i) => Some(Num::Int(*i)),
-            Bson::Double(f) => Some(Num::Float(*f)),
-            // Decimal128 has no arithmetic in bson 2.x; its decimal string is close enough for an
-            // emulator's ordering.
-            Bson::Decimal128(d) => {
-                Some(Num::Float(d.to_string().parse::<f64>().unwrap_or(f64::NAN)))
-            }
-            _ => None,
-        }
-    }
-
-    pub(crate) fn as_f64(self) -> f64 {
-        match self {
-            Num::Int(i) => i as f64,
-            Num::Float(f) => f,
-        }
     }
 }
 

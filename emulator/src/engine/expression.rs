@@ -5,10 +5,10 @@ use std::cmp::Ordering;
 
 use bson::{Bson, Document};
 
-use super::compare::{compare_bson, Num};
+use super::compare::compare_bson;
 use super::limits::{check_depth, check_value_depth};
 use super::pattern::compile_regex;
-use super::value::bson_type_name;
+use super::value::{bson_type_name, Num};
 use super::{EngineError, EngineResult};
 
 /// Evaluates the aggregation expression `expr` with `root` as `$$ROOT` and `$$CURRENT`.

@@ -5,11 +5,12 @@ use std::cmp::Ordering;
 use bson::{Bson, Document};
 use regex::Regex;
 
-use super::compare::{compare_bson, type_rank, Num};
+use super::compare::{compare_bson, type_rank};
 use super::expression::{evaluate, is_truthy};
 use super::limits::check_depth;
 use super::path::{lookup, Found};
 use super::pattern::compile_regex;
+use super::value::Num;
 use super::{EngineError, EngineResult};
 
 /// Whether `doc` matches the query `filter`.

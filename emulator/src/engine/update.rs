@@ -4,13 +4,13 @@ use std::cmp::Ordering;
 
 use bson::{Bson, Document};
 
-use super::compare::{bson_eq, compare_bson, strict_equal_docs, Num};
+use super::compare::{bson_eq, compare_bson, strict_equal_docs};
 use super::expression::{arith, Arith};
 use super::limits::{check_depth, MAX_DEPTH};
 use super::path::{array_index, get_exact};
 use super::projection::{add_fields, replace_root, Projection};
 use super::query::{is_operator_doc, match_document, match_value};
-use super::value::bson_type_name;
+use super::value::{bson_type_name, Num};
 use super::{EngineError, EngineResult, UpdateModification};
 
 /// Per-call settings of [`apply_update`].
