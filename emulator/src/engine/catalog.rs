@@ -9,6 +9,7 @@ use super::compare::{bson_eq, id_key, IdKey};
 use super::limits::{bson_size, check_depth, check_size};
 use super::path::get_exact;
 use super::query::matches;
+use super::value::bson_type_name;
 use super::{CreateIndexesOutcome, DropIndexesOutcome, EngineError, EngineResult};
 
 /// The whole in-memory deployment: databases → collections → documents in insertion order.
@@ -100,6 +101,57 @@ fn clustered_options(mut options: Document) -> EngineResult<Document> {
     Ok(options)
 }
 
+/// `create`'s options for a view checked and normalized: `viewOn` a non-empty string,
+/// `pipeline` an array of documents (empty when absent). Options a view cannot have are
+/// rejected like mongod does. (`view.rs` resolves views; this only reads `create`.)
+fn view_options(options: &Document) -> EngineResult<Document> {
+    let view_on = match options.get("viewOn") {
+        Some(Bson::String(s)) if !s.is_empty() => s.clone(),
+        Some(Bson::String(_)) => {
+            return Err(EngineError::bad_value("'viewOn' cannot be empty"));
+        }
+        Some(other) => {
+            return Err(EngineError::type_mismatch(format!(
+                "BSON field 'create.viewOn' is the wrong type '{}', expected type 'string'",
+                bson_type_name(other)
+            )))
+        }
+        None => return Err(EngineError::bad_value("a view needs 'viewOn'")),
+    };
+    let pipeline = match options.get("pipeline") {
+        None => Vec::new(),
+        Some(Bson::Array(stages)) => {
+            for stage in stages {
+                if !matches!(stage, Bson::Document(_)) {
+                    return Err(EngineError::type_mismatch(
+                        "'pipeline' must be an array of objects",
+                    ));
+                }
+            }
+            stages.clone()
+        }
+        Some(_) => {
+            return Err(EngineError::type_mismatch(
+                "'pipeline' must be an array of objects",
+            ))
+        }
+    };
+    for key in options.keys() {
+        if !matches!(key.as_str(), "viewOn" | "pipeline" | "collation") {
+            return Err(EngineError::invalid_options(format!(
+                "option '{key}' is not supported for a view"
+            )));
+        }
+    }
+    let mut out = Document::new();
+    out.insert("viewOn", view_on);
+    out.insert("pipeline", pipeline);
+    if let Some(c) = options.get("collation") {
+        out.insert("collation", c.clone());
+    }
+    Ok(out)
+}
+
 /// Validates a database name the way mongod does (no empty names, no `/\. "$` or NUL).
 fn validate_db_name(db: &str) -> EngineResult<()> {
     if db.is_empty()
@@ -183,6 +235,11 @@ impl Collection {
             uuid: bson::Uuid::new(),
             indexes: vec![id_index()],
         }
+    }
+
+    /// Whether this catalog entry is a view.
+    pub(crate) fn is_view(&self) -> bool {
+        self.options.contains_key("viewOn")
     }
 
     /// Gives `doc` an ObjectId `_id` when it has none and moves `_id` to the front, as mongod
@@ -468,7 +525,7 @@ impl Store {
         validate_coll_name(db, name)?;
         check_depth(options)?;
         let options = if options.contains_key("viewOn") {
-            super::view::view_options(options)?
+            view_options(options)?
         } else {
             options.clone()
         };

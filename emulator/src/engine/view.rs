@@ -6,8 +6,12 @@
 //! pipeline first), as mongod does; writes to it fail with 166 CommandNotSupportedOnView.
 //! mongod limits view chains to 20; so does the emulator (and the bound keeps resolution
 //! finite).
+//!
+//! The catalog checks a view's `create` options and tells a view from a collection
+//! (`Collection::is_view`); this module only reads what the catalog stored, so it depends on
+//! the catalog and the catalog does not depend on it.
 
-use bson::{Bson, Document};
+use bson::Document;
 
 use super::catalog::Collection;
 use super::error::{EngineError, EngineResult};
@@ -27,69 +31,11 @@ pub struct ResolvedView {
     pub collation: Option<Document>,
 }
 
-impl Collection {
-    /// Whether this catalog entry is a view.
-    pub(crate) fn is_view(&self) -> bool {
-        self.options.contains_key("viewOn")
-    }
-}
-
 /// 166 CommandNotSupportedOnView, as mongod reports a write to a view.
 pub fn not_supported_on_view(db: &str, view: &str) -> EngineError {
     EngineError::command_not_supported_on_view(format!(
         "Namespace {db}.{view} is a view, not a collection"
     ))
-}
-
-/// Checks and normalizes the options of `create` for a view: `viewOn` a non-empty string,
-/// `pipeline` an array of documents (empty when absent). Options a view cannot have are
-/// rejected like mongod does.
-pub(crate) fn view_options(options: &Document) -> EngineResult<Document> {
-    let view_on = match options.get("viewOn") {
-        Some(Bson::String(s)) if !s.is_empty() => s.clone(),
-        Some(Bson::String(_)) => {
-            return Err(EngineError::bad_value("'viewOn' cannot be empty"));
-        }
-        Some(other) => {
-            return Err(EngineError::type_mismatch(format!(
-                "BSON field 'create.viewOn' is the wrong type '{}', expected type 'string'",
-                super::value::bson_type_name(other)
-            )))
-        }
-        None => return Err(EngineError::bad_value("a view needs 'viewOn'")),
-    };
-    let pipeline = match options.get("pipeline") {
-        None => Vec::new(),
-        Some(Bson::Array(stages)) => {
-            for stage in stages {
-                if !matches!(stage, Bson::Document(_)) {
-                    return Err(EngineError::type_mismatch(
-                        "'pipeline' must be an array of objects",
-                    ));
-                }
-            }
-            stages.clone()
-        }
-        Some(_) => {
-            return Err(EngineError::type_mismatch(
-                "'pipeline' must be an array of objects",
-            ))
-        }
-    };
-    for key in options.keys() {
-        if !matches!(key.as_str(), "viewOn" | "pipeline" | "collation") {
-            return Err(EngineError::invalid_options(format!(
-                "option '{key}' is not supported for a view"
-            )));
-        }
-    }
-    let mut out = Document::new();
-    out.insert("viewOn", view_on);
-    out.insert("pipeline", pipeline);
-    if let Some(c) = options.get("collation") {
-        out.insert("collation", c.clone());
-    }
-    Ok(out)
 }
 
 impl Store {
