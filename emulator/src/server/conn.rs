@@ -4,18 +4,16 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::commands::{self, ConnCtx, Outcome};
 use bson::Bson;
 
 use super::mangle::{self, After, RequestFacts};
+use super::send;
 use super::{hello, Member, Shared};
 use crate::wire::{self, WireError};
-
-/// Longest time a reply may take to be written before the connection is closed.
-pub(crate) const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Whether an exhaust getMore's reply is followed by another: its cursor is still open and the
 /// batch was not empty.
@@ -184,11 +182,8 @@ pub(crate) async fn serve(
                         pending = repeat;
                     }
                     next_reply_id = next_reply_id.wrapping_add(1);
-                    // A client that stops reading must not hold the task forever.
-                    match tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(&bytes)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => stop = Some(format!("write failed: {e}")),
-                        Err(_) => stop = Some("write timed out (client not reading)".into()),
+                    if let Err(reason) = send::write_reply(&mut wr, &bytes).await {
+                        stop = Some(reason);
                     }
                     match (after, mangle_plan.as_ref()) {
                         (After::Continue, _) | (_, None) => {}

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use bson::{doc, Document};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::commands::{self, ConnCtx, Outcome};
@@ -141,11 +141,7 @@ pub(crate) async fn serve(
             let bytes = wire::encode_op_reply(*next_reply_id, request_id, flags, &[document])
                 .map_err(|e| format!("reply encoding failed: {e}"))?;
             *next_reply_id = next_reply_id.wrapping_add(1);
-            match tokio::time::timeout(super::conn::WRITE_TIMEOUT, wr.write_all(&bytes)).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(format!("write failed: {e}")),
-                Err(_) => Err("write timed out (client not reading)".into()),
-            }
+            super::send::write_reply(wr, &bytes).await
         }
     }
 }

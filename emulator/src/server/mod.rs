@@ -51,6 +51,7 @@ mod legacy;
 pub mod mangle;
 mod repl;
 mod scram;
+mod send;
 mod session;
 mod snapshot;
 
