@@ -1,0 +1,221 @@
+//! The driver's wiring of the overload controller, against the emulator: the defects found by
+//! reading the wiring (each test failed before its fix), and the controller's answers as the
+//! driver turns them into upstream's errors, on tokio's paused clock.
+//!
+//! # Paused time against a real server
+//!
+//! The emulator runs on its own runtime thread (`common::Server`), so pausing the test's clock
+//! leaves the server's alone. A paused runtime jumps to its next timer whenever it would
+//! otherwise wait, also while a reply is on its way over loopback; with an operation deadline
+//! pending, the first reply wait would jump straight to the deadline. [`Metronome`] keeps a
+//! timer 1 ms ahead and takes at least [`METRONOME_REAL_STEP`] of real time per virtual
+//! millisecond, so a network wait advances the virtual clock by at most about 20 times its real
+//! length, while sleeps (backoff, slot rechecks) still pass at once. Every assertion on virtual
+//! time below leaves a margin of hundreds of virtual milliseconds for that drift.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{client_counting_finds, fail_command_off, Server};
+use mongodb::{
+    bson::{doc, Bson, Document},
+    error::{Error, ErrorKind},
+    fork::test_hooks::with_pinned_jitter,
+    options::ClientOptions,
+    Client, Collection,
+};
+
+/// Real time a [`Metronome`] spends per virtual millisecond.
+const METRONOME_REAL_STEP: Duration = Duration::from_micros(50);
+
+/// Pauses the test runtime's clock and keeps a timer 1 ms ahead of it until dropped (see the
+/// module documentation). Needs a current-thread runtime.
+struct Metronome {
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+impl Metronome {
+    fn start() -> Self {
+        tokio::time::pause();
+        let ticker = tokio::spawn(async {
+            // Bounded by the test: the task is aborted when the metronome is dropped, and a
+            // test's operations end within their own deadlines.
+            loop {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                std::thread::sleep(METRONOME_REAL_STEP);
+            }
+        });
+        Self { ticker }
+    }
+}
+
+impl Drop for Metronome {
+    fn drop(&mut self) {
+        self.ticker.abort();
+        tokio::time::resume();
+    }
+}
+
+/// Sets `failCommand` on `find` through a separate client (not an operation of the client under
+/// test).
+async fn fail_find(uri: &str, mode: Bson, data: Document) {
+    let client = Client::with_uri_str(uri).await.expect("client");
+    let mut data = data;
+    data.insert("failCommands", vec!["find"]);
+    client
+        .database("admin")
+        .run_command(doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data })
+        .await
+        .expect("configureFailPoint");
+}
+
+/// `find` always fails with a retryable overload error (code 462).
+async fn overload_finds(uri: &str) {
+    let labels = vec!["SystemOverloadedError", "RetryableError"];
+    fail_find(
+        uri,
+        "alwaysOn".into(),
+        doc! { "errorCode": 462, "errorLabels": labels },
+    )
+    .await;
+}
+
+fn is_timeout(error: &Error) -> bool {
+    matches!(*error.kind, ErrorKind::Timeout { .. })
+}
+
+fn is_local_rejection(error: &Error) -> bool {
+    matches!(*error.kind, ErrorKind::LocalOverloadRejection { .. })
+}
+
+fn server_code(error: &Error) -> Option<i32> {
+    match *error.kind {
+        ErrorKind::Command(ref command) => Some(command.code),
+        _ => None,
+    }
+}
+
+/// Waits (bounded) until `client` has `in_flight` operations holding slots on its one server.
+async fn until_in_flight(client: &Client, in_flight: u32) {
+    for _ in 0..200 {
+        let limits = client.overload_stats().concurrency_limits;
+        if limits.values().map(|l| l.in_flight).sum::<u32>() == in_flight {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never {in_flight} operations in flight");
+}
+
+/// Defect: the slot wait added `serverSelectionTimeoutMS` to the clock unchecked, so a huge
+/// value (an application meaning "wait as long as it takes") panicked with "overflow when
+/// adding duration to instant" in the waiting operation.
+#[tokio::test(flavor = "current_thread")]
+async fn a_huge_server_selection_timeout_waits_for_a_slot_without_panicking() {
+    let server = Server::standalone();
+    let uri = server.uri_with("adaptiveConcurrency=true&maxPoolSize=1");
+    let mut options = ClientOptions::parse(&uri).await.expect("valid uri");
+    options.server_selection_timeout = Some(Duration::MAX);
+    let client = Client::with_options(options).expect("client");
+    let coll: Collection<Document> = client.database("t").collection("c");
+    coll.find_one(doc! {}).await.expect("warm up");
+    fail_find(
+        &server.uri,
+        doc! { "times": 1 }.into(),
+        doc! { "blockConnection": true, "blockTimeMS": 300 },
+    )
+    .await;
+    let holder = {
+        let coll = coll.clone();
+        tokio::spawn(async move { coll.find_one(doc! {}).await.map(|_| ()) })
+    };
+    until_in_flight(&client, 1).await;
+    // The waiter runs as a task so that a panic is seen as one rather than failing the test
+    // with the panic's own message.
+    let waiter = {
+        let coll = coll.clone();
+        tokio::spawn(async move { coll.find_one(doc! {}).await.map(|_| ()) })
+    };
+    let waited = waiter.await;
+    assert!(
+        !waited.as_ref().is_err_and(|join| join.is_panic()),
+        "the slot wait panicked: {waited:?}"
+    );
+    waited
+        .expect("task")
+        .expect("the waiter gets the holder's slot");
+    holder.await.expect("task").expect("slow find");
+}
+
+/// Defect: a checkout that failed without a network error or an overload error (here an
+/// authentication failure) released its slot as an answer after 0 ms, a sample of a server
+/// infinitely fast: sixteen of them made the limit's no-load baseline zero.
+#[tokio::test]
+async fn a_failed_checkout_is_not_a_latency_sample() {
+    let server = Server::standalone();
+    // An authentication failure marks the server unknown until its monitor's next check.
+    let uri = server.uri_with("adaptiveConcurrency=true&heartbeatFrequencyMS=500");
+    let authenticated = uri.replacen("mongodb://", "mongodb://nobody:wrong@", 1);
+    let client = Client::with_uri_str(&authenticated).await.expect("client");
+    let coll: Collection<Document> = client.database("t").collection("c");
+    // The baseline is the median of the first 16 samples.
+    for _ in 0..16 {
+        let error = coll.find_one(doc! {}).await.expect_err("wrong credentials");
+        assert!(
+            matches!(*error.kind, ErrorKind::Authentication { .. }),
+            "{error:?}"
+        );
+    }
+    let limits = client.overload_stats().concurrency_limits;
+    assert_eq!(limits.len(), 1, "{limits:?}");
+    for limit in limits.values() {
+        assert_eq!(
+            limit.baseline, None,
+            "no reply was ever received, so nothing was measured: {limit:?}"
+        );
+        assert_eq!(limit.in_flight, 0, "every slot was released: {limit:?}");
+    }
+}
+
+/// Defect: the retry loop read the deadline on std's clock while it slept its backoff on
+/// tokio's, so under a paused clock (and in any test that drives time) the deadline never came
+/// nearer between retries: a backoff that no longer fitted was slept anyway and the operation
+/// ended in a timeout error instead of its last error. With jitter pinned to 1 the backoffs are
+/// 200, 400, 800, 1600 and 3200 ms: under timeoutMS=4000 the fifth failure, at about 3000 ms,
+/// leaves about 1000 ms, less than the 3200 ms backoff, so the operation returns the overload
+/// error after five attempts without sleeping.
+#[tokio::test(flavor = "current_thread")]
+async fn retries_read_the_deadline_on_the_clock_they_sleep_on() {
+    let server = Server::standalone();
+    let uri = server.uri_with("retryReads=true&maxAdaptiveRetries=10&connectTimeoutMS=0");
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    coll.find_one(doc! {}).await.expect("warm up");
+    overload_finds(&server.uri).await;
+    let before = attempts.count();
+
+    let metronome = Metronome::start();
+    let start = tokio::time::Instant::now();
+    let result = with_pinned_jitter(
+        1.0,
+        coll.find_one(doc! {}).timeout(Duration::from_millis(4_000)),
+    )
+    .await;
+    let elapsed = start.elapsed();
+    drop(metronome);
+    fail_command_off(&server.uri).await;
+
+    let error = result.expect_err("always overloaded");
+    assert_eq!(
+        server_code(&error),
+        Some(462),
+        "the last error, not a timeout: {error:?}"
+    );
+    assert_eq!(attempts.count() - before, 5, "five attempts: {error:?}");
+    assert!(
+        elapsed >= Duration::from_millis(3_000) && elapsed < Duration::from_millis(4_000),
+        "four backoffs were slept, the fifth declined: {elapsed:?}"
+    );
+    assert!(!is_timeout(&error) && !is_local_rejection(&error));
+}
