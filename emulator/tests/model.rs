@@ -40,6 +40,16 @@ fn read(cost_ms: f64) -> CommandInfo {
     CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(cost_ms)
 }
 
+/// The paused clock advances in whole milliseconds: a sub-millisecond charge ends at the next
+/// one (the work charged is exact).
+fn assert_elapsed(t0: Instant, want: Duration) {
+    let got = t0.elapsed();
+    assert!(
+        got >= want && got < want + Duration::from_millis(1),
+        "{got:?}, want {want:?}"
+    );
+}
+
 async fn run(m: &Arc<Model>, info: CommandInfo) -> Result<emulator::model::ExecOutcome, i32> {
     let a = m.admit(&info).await.map_err(|r| r.code)?;
     a.execute(std::future::pending()).await.map_err(|r| r.code)
@@ -119,15 +129,16 @@ async fn ingress_queue_is_bounded_and_waits_for_tokens() {
     assert_eq!(rejected, 6);
     assert_eq!(m.snapshot().gauges.ingress_queue_depth, 0);
 
-    // A queued request whose maxTimeMS ends before its token is valid expires in the queue and
-    // gives the token back.
+    // A queued request whose maxTimeMS ends before its token is valid expires in the queue
+    // (the wait wakes at its deadline), gives the token back, and costs `costs.expiryMs`
+    // (0.5 ms by default) to answer.
     sleep(Duration::from_secs(1)).await;
     let _ = m.admit(&read(1.0)).await.unwrap();
     let info = read(1.0).with_max_time_ms(50);
     let t1 = Instant::now();
     let r = m.admit(&info).await.unwrap_err();
-    assert_eq!(r.code, 50);
-    assert_eq!(t1.elapsed(), Duration::from_millis(50));
+    assert_eq!((r.code, r.work), (50, Duration::from_micros(500)));
+    assert_elapsed(t1, Duration::from_micros(50_500));
     sleep(Duration::from_millis(50)).await;
     assert!(m.admit(&read(1.0)).await.is_ok(), "refunded token is valid");
 }
@@ -265,8 +276,9 @@ async fn max_time_ms_expires_at_a_ticket_wait() {
     let r = a.execute(std::future::pending()).await.unwrap_err();
     assert_eq!(r.code, 50);
     assert_eq!(r.kind, RejectionKind::MaxTimeExpired);
-    assert_eq!(r.work, Duration::ZERO);
-    assert_eq!(t0.elapsed(), Duration::from_millis(20));
+    // The ticket wait wakes at the deadline; no work was done, stopping costs expiryMs.
+    assert_eq!(r.work, Duration::from_micros(500));
+    assert_elapsed(t0, Duration::from_micros(20_500));
     assert_eq!(
         r.to_document(),
         doc! { "ok": 0.0, "errmsg": "operation exceeded time limit", "code": 50, "codeName": "MaxTimeMSExpired" }
@@ -274,7 +286,8 @@ async fn max_time_ms_expires_at_a_ticket_wait() {
     holder.await.unwrap().unwrap();
     let c = m.snapshot().counters;
     assert_eq!((c.expired, c.completed), (1, 1));
-    assert_eq!(c.wasted_work_ms, 0.0);
+    assert!((c.wasted_work_ms - 0.5).abs() < 1e-9, "{c:?}");
+    assert!((c.expiry_work_ms - 0.5).abs() < 1e-9, "{c:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -288,16 +301,39 @@ async fn max_time_ms_expires_at_a_yield_and_the_work_is_wasted() {
     assert_eq!(r, 50);
     let c = m.snapshot().counters;
     assert_eq!(c.expired, 1);
-    // Checked at each 10 ms yield: the third check (30 ms) is past the deadline.
-    assert!((c.wasted_work_ms - 30.0).abs() < 0.5, "{c:?}");
+    // Checked at each 10 ms yield: the third check (30 ms) is past the deadline. The 30 ms
+    // done are wasted, and so is the 0.5 ms it takes to stop.
+    assert!((c.wasted_work_ms - 30.5).abs() < 0.5, "{c:?}");
+    assert!((c.expiry_work_ms - 0.5).abs() < 1e-9, "{c:?}");
     assert_eq!(c.useful_work_ms, 0.0);
+
+    // Without expiry cost the same request wastes only its work.
+    let m = Model::new(ModelConfig {
+        quantum_ms: 10.0,
+        costs: emulator::model::CostConfig {
+            expiry_ms: 0.0,
+            ..emulator::model::CostConfig::default()
+        },
+        ..base()
+    })
+    .unwrap();
+    assert_eq!(
+        run(&m, read(100.0).with_max_time_ms(25)).await.unwrap_err(),
+        50
+    );
+    let c = m.snapshot().counters;
+    assert!((c.wasted_work_ms - 30.0).abs() < 0.5, "{c:?}");
+    assert_eq!(c.expiry_work_ms, 0.0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn disconnected_clients_waste_work_killed_or_not() {
-    // Kill on disconnect: stops at the next check.
+    // Kill on disconnect: a read stops at the first yield point (every 10 ms of work) more
+    // than `interruptCheckMs` (10 here) after it started: the client left at 15 ms, the check
+    // at 10 ms is too early, the one at 20 ms sees it.
     let m = Model::new(ModelConfig {
         kill_on_client_disconnect: true,
+        interrupt_check_ms: 10,
         ..base()
     })
     .unwrap();
@@ -307,10 +343,22 @@ async fn disconnected_clients_waste_work_killed_or_not() {
         .await
         .unwrap_err();
     assert_eq!((r.code, r.code_name), (279, "ClientDisconnect"));
-    assert!(r.work >= Duration::from_millis(15) && r.work <= Duration::from_millis(17));
+    assert_eq!(r.work, Duration::from_micros(20_500));
     let c = m.snapshot().counters;
     assert_eq!(c.killed, 1);
     assert!((c.wasted_work_ms - r.work.as_secs_f64() * 1000.0).abs() < 0.01);
+
+    // With mongod's 500 ms between client checks, a 100 ms read is never checked: it
+    // completes for nobody.
+    let m = Model::new(ModelConfig {
+        kill_on_client_disconnect: true,
+        ..base()
+    })
+    .unwrap();
+    let a = m.admit(&read(100.0)).await.unwrap();
+    let o = a.execute(sleep(Duration::from_millis(15))).await.unwrap();
+    assert!(o.client_disconnected);
+    assert_eq!(m.snapshot().counters.killed, 0);
 
     // Keep burning (mongod without the check): completes, but nobody gets the answer.
     let m = Model::new(base()).unwrap();

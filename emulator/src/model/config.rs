@@ -69,8 +69,10 @@ pub struct ModelConfig {
     pub seed: u64,
     /// Share of data requests (any kind but [`super::CommandKind::Command`]) that the model
     /// would otherwise admit and rejects at random instead, in [0, 1]: a transient overload
-    /// error (462 with `SystemOverloadedError` and `RetryableError`), drawn from a generator
-    /// seeded with `seed`. 0 (the default) never draws.
+    /// error (462 with `SystemOverloadedError` and `RetryableError`). A request with a lab id
+    /// (`comment.labReq`) draws from a hash of `seed`, the id and its attempt number, so every
+    /// lab variant meets the same rejections; others draw from a generator seeded with `seed`.
+    /// 0 (the default) never draws.
     pub random_reject_share: f64,
     /// Ingress request rate limiter (code 462).
     pub limiter: LimiterConfig,
@@ -86,10 +88,18 @@ pub struct ModelConfig {
     pub yield_period_ms: f64,
     /// Cost of each kind of command in ms of core time.
     pub costs: CostConfig,
-    /// Stop a request at its next interruption point once its client has disconnected (like
-    /// mongod's client-connected check). Off: the request runs to the end, like mongod when the
-    /// check never fires; its work is counted as wasted either way.
+    /// Stop a request whose client has disconnected at its next interrupt point, as mongod
+    /// does for operations marked kill-on-client-disconnect: reads (`find`, `count`,
+    /// `distinct`, an `aggregate` without `$out`/`$merge`) and authentication. Writes are never
+    /// marked and run to the end. The client is checked at interrupt points only, at most once
+    /// every `interruptCheckMs` and not before `interruptCheckMs` after execution starts
+    /// (mongod's `_checkClientConnected`). Off: every request runs to the end. Work done for a
+    /// gone client is counted as wasted either way.
     pub kill_on_client_disconnect: bool,
+    /// How often a request waiting for a ticket wakes to check for interruption besides its
+    /// deadline (mongod's ticket semaphore wakes every 500 ms ± 20 %), and the least time
+    /// between two client-connected checks of one request (mongod: 500 ms), in ms.
+    pub interrupt_check_ms: u64,
     /// Deadline of a request that carries no `maxTimeMS`, in ms from arrival, so that no wait is
     /// unbounded. Expiry is reported like maxTimeMS (code 50).
     pub safety_time_limit_ms: u64,
@@ -113,6 +123,7 @@ impl Default for ModelConfig {
             yield_period_ms: 10.0,
             costs: CostConfig::default(),
             kill_on_client_disconnect: false,
+            interrupt_check_ms: 500,
             safety_time_limit_ms: 600_000,
             base_backoff_ms: 0,
             series_capacity_secs: 3600,
@@ -238,6 +249,12 @@ pub struct CostConfig {
     /// Core time to reject a request with 462 or 433 (the reply waits for it); counted as
     /// wasted work.
     pub rejection_ms: f64,
+    /// Core time to stop a request at an interrupt point, once its `maxTimeMS` has passed or
+    /// its client has gone: unwind, abort the storage transaction, build the error reply, log
+    /// the slow operation (the reply waits for it). Charged on top of the work already done;
+    /// counted as wasted work and as `expiryWorkMs`. The default, 0.5 ms (0.25 × `pointReadMs`),
+    /// is derived in docs/emulator.md ("What mongod charges").
+    pub expiry_ms: f64,
     /// Core time to accept a connection ([`super::Model::connection_opened`]); counted as
     /// overhead work.
     pub connection_ms: f64,
@@ -259,6 +276,7 @@ impl Default for CostConfig {
             write_ms: 3.0,
             command_ms: 0.0,
             rejection_ms: 0.0,
+            expiry_ms: 0.5,
             connection_ms: 0.0,
             auth_ms: 2.6,
         }
@@ -406,6 +424,7 @@ impl ModelConfig {
             86_400_000,
         )?;
         count_in("baseBackoffMs", self.base_backoff_ms, 0, 86_400_000)?;
+        count_in("interruptCheckMs", self.interrupt_check_ms, 1, 60_000)?;
         count_in(
             "seriesCapacitySecs",
             u64::from(self.series_capacity_secs),
@@ -473,6 +492,7 @@ impl ModelConfig {
         finite_in("costs.writeMs", c.write_ms, 0.0, MAX_COST_MS, false)?;
         finite_in("costs.commandMs", c.command_ms, 0.0, MAX_COST_MS, false)?;
         finite_in("costs.rejectionMs", c.rejection_ms, 0.0, MAX_COST_MS, false)?;
+        finite_in("costs.expiryMs", c.expiry_ms, 0.0, MAX_COST_MS, false)?;
         finite_in(
             "costs.connectionMs",
             c.connection_ms,
@@ -580,6 +600,12 @@ mod tests {
             (doc! { "quantumMs": 0 }, "quantumMs"),
             (doc! { "costs": { "scanMs": f64::NAN } }, "costs.scanMs"),
             (doc! { "costs": { "writeMs": -3.5 } }, "costs.writeMs"),
+            (doc! { "costs": { "expiryMs": -0.5 } }, "costs.expiryMs"),
+            (doc! { "costs": { "expiryMs": f64::NAN } }, "costs.expiryMs"),
+            (doc! { "costs": { "expiryMs": 1.0e9 } }, "costs.expiryMs"),
+            (doc! { "interruptCheckMs": 0 }, "interruptCheckMs"),
+            (doc! { "interruptCheckMs": 600_000 }, "interruptCheckMs"),
+            (doc! { "interruptCheckMs": -5 }, "interruptCheckMs"),
             (doc! { "tickets": { "read": 0 } }, "tickets.read"),
             (
                 doc! { "tickets": { "probing": { "min": 10, "max": 5 } } },

@@ -11,11 +11,23 @@
 //!    AdmissionQueueOverflow), then the command's cost in core
 //!    time on a fixed number of virtual cores, in quanta that *sleep* (real-time emulation, no
 //!    CPU burnt). Every `yieldPeriodMs` of work the request yields: it gives its ticket back and
-//!    queues for it again. `maxTimeMS`, counted from arrival, is checked at every wait and
-//!    every quantum (→ 50 MaxTimeMSExpired). A disconnected client's request is stopped at the
-//!    next check when `killOnClientDisconnect` is on; otherwise it runs to the end. Work done for
-//!    expired, killed, orphaned (client gone) or failed requests is counted as wasted, and so
-//!    is the optional cost of rejecting a request (`costs.rejectionMs`).
+//!    queues for it again.
+//!
+//! Like mongod, a request notices that its `maxTimeMS` (counted from arrival) has passed, or
+//! that its client has gone, only at interrupt points (module `wait`): the ingress queue and the
+//! ticket waits (interruptible: they wake at the deadline, and every `interruptCheckMs`) and
+//! the yield points while running. Waiting for a core is not one. Stopping there costs
+//! `costs.expiryMs` of core time on top of the work already done (→ 50 MaxTimeMSExpired, or
+//! 279 ClientDisconnect for the kinds mongod kills on disconnect when `killOnClientDisconnect`
+//! is on). Work done for expired, killed, orphaned (client gone) or failed requests is counted
+//! as wasted, and so are the cost of stopping them and the optional cost of rejecting a request
+//! (`costs.rejectionMs`). docs/emulator.md, "What mongod charges", gives the server source
+//! behind each of these.
+//!
+//! Random draws (random rejections, ticket wake-ups) of a request that carries the lab's id
+//! (`comment.labReq`) are keyed by the seed, that id and its attempt number (module `draws`), so
+//! every lab variant meets the same luck for the same request; switching the model on restarts
+//! them.
 //!
 //! The lab's load generator also tells the model when its application stops waiting
 //! (`comment: {labDeadlineMs: <Unix epoch ms>}`). mongod cannot know this; the model uses it
@@ -50,6 +62,7 @@
 
 mod config;
 mod cores;
+mod draws;
 mod histogram;
 mod limiter;
 mod probing;
@@ -77,6 +90,7 @@ pub use rejection::{Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
 pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample, WaitPercentiles};
 
 use cores::Cores;
+use draws::{keyed, unit, AttemptCounter};
 use limiter::{Bucket, Take};
 use probing::Prober;
 use stats::{add_ns, bump, Counters, Series, WaitHistogram};
@@ -183,6 +197,9 @@ pub struct CommandInfo {
     /// When the application stops waiting (`comment.labDeadlineMs`), if it said so, on the
     /// model's clock (tokio's, like every other instant here).
     pub client_deadline: Option<Instant>,
+    /// The lab's request id (`comment.labReq`): the key of this request's random draws, so
+    /// that every lab variant meets the same luck for the same request and attempt.
+    pub lab_req: Option<u64>,
 }
 
 impl CommandInfo {
@@ -196,12 +213,13 @@ impl CommandInfo {
             in_transaction: false,
             arrival,
             client_deadline: None,
+            lab_req: None,
         }
     }
 
     /// Reads name, kind ([`CommandKind::classify`]), `maxTimeMS`, `comment.labCostMs`,
-    /// `comment.labDeadlineMs` and `autocommit` from a command body. Malformed fields are
-    /// ignored.
+    /// `comment.labDeadlineMs`, `comment.labReq` and `autocommit` from a command body.
+    /// Malformed fields are ignored.
     pub fn from_command(body: &Document, arrival: Instant) -> CommandInfo {
         let name = body.keys().next().cloned().unwrap_or_default();
         let kind = CommandKind::classify(&name, body);
@@ -227,6 +245,11 @@ impl CommandInfo {
             })
             .map(on_model_clock);
         let in_transaction = matches!(body.get("autocommit"), Some(Bson::Boolean(false)));
+        let lab_req = match comment.and_then(|c| c.get("labReq")) {
+            Some(Bson::Int64(i)) => u64::try_from(*i).ok(),
+            Some(Bson::Int32(i)) => u64::try_from(*i).ok(),
+            _ => None,
+        };
         CommandInfo {
             name,
             kind,
@@ -235,6 +258,7 @@ impl CommandInfo {
             in_transaction,
             arrival,
             client_deadline,
+            lab_req,
         }
     }
 
@@ -254,6 +278,35 @@ impl CommandInfo {
     pub fn with_client_deadline(mut self, at: Instant) -> CommandInfo {
         self.client_deadline = Some(at);
         self
+    }
+
+    /// Sets the lab's request id.
+    pub fn with_lab_req(mut self, id: u64) -> CommandInfo {
+        self.lab_req = Some(id);
+        self
+    }
+
+    /// A data request (anything that reads or writes documents), the kind random rejections
+    /// and attempt counts apply to.
+    fn is_data_request(&self) -> bool {
+        !matches!(
+            self.kind,
+            CommandKind::Command | CommandKind::Authentication
+        )
+    }
+
+    /// Whether mongod marks this request kill-on-client-disconnect: `find`, `count`,
+    /// `distinct`, an `aggregate` without `$out`/`$merge` (those are `Write` here) and
+    /// authentication do; writes do not; `getMore` did not in the test that lists them
+    /// (docs/emulator.md, "What mongod charges").
+    fn marked_kill_on_disconnect(&self) -> bool {
+        match self.kind {
+            CommandKind::PointRead | CommandKind::RangeRead | CommandKind::Scan => {
+                self.name != "getMore"
+            }
+            CommandKind::Authentication => true,
+            CommandKind::Write | CommandKind::Command => false,
+        }
     }
 
     fn deadline(&self, cfg: &ModelConfig) -> Instant {
@@ -321,9 +374,11 @@ pub struct Model {
     series: Mutex<Series>,
     /// Serializes reconfigurations (read-merge-write of `setParameter`).
     reconfiguring: Mutex<()>,
-    /// Draws random rejections (`randomRejectShare`); seeded from `seed`, so a run with the same
-    /// arrival order rejects the same requests.
+    /// Draws random rejections (`randomRejectShare`) for requests without a lab request id;
+    /// seeded from `seed`, so a run with the same arrival order rejects the same requests.
     rejector: Mutex<StdRng>,
+    /// Attempt numbers of lab request ids, the other half of their draws' key.
+    attempts: Mutex<AttemptCounter>,
     /// Mixed into every seed, so that members built from one configuration draw different
     /// sequences (0 for member 0 and for [`Model::new`]: seeds exactly as configured).
     stream_salt: u64,
@@ -336,6 +391,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 const WRITE_SEED_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
 /// Keeps the random-rejection draws independent of the ticket pools' wake-up draws.
 const REJECT_SEED_SALT: u64 = 0x5851_f42d_4c95_7f2d;
+/// Lab request ids whose attempts are remembered (the oldest are forgotten beyond this).
+const ATTEMPT_MEMORY: usize = 65_536;
 
 /// The salt of member `index`'s random streams (0 for member 0).
 fn stream_salt(index: usize) -> u64 {
@@ -373,6 +430,7 @@ impl Model {
             prober: Mutex::new(Prober::new(config.probing_initial(), now, 0)),
             series: Mutex::new(Series::new(config.series_capacity_secs as usize)),
             rejector: Mutex::new(StdRng::seed_from_u64(config.seed ^ salt ^ REJECT_SEED_SALT)),
+            attempts: Mutex::new(AttemptCounter::new(ATTEMPT_MEMORY)),
             stream_salt: salt,
             cfg: RwLock::new(Arc::new(config)),
             reconfiguring: Mutex::new(()),
@@ -423,15 +481,19 @@ impl Model {
         let fifo = new.tickets.wakeup == Wakeup::Fifo;
         self.read.set_fifo(fifo);
         self.write.set_fifo(fifo);
-        if new.seed != old.seed {
+        let switched_on = new.enabled && !old.enabled;
+        if new.seed != old.seed || switched_on {
+            // Each lab variant switches the model on: its draws start where the previous
+            // variant's started, so variants meet the same luck.
             let seed = new.seed ^ self.stream_salt;
             self.read.reseed(seed);
             self.write.reseed(seed ^ WRITE_SEED_SALT);
             *lock(&self.rejector) = StdRng::seed_from_u64(seed ^ REJECT_SEED_SALT);
+            lock(&self.attempts).clear();
         }
         self.cores.resize(new.cores);
         lock(&self.series).set_capacity(new.series_capacity_secs as usize);
-        if new.enabled && !old.enabled {
+        if switched_on {
             // Each lab variant switches the model on; its wait figures start afresh.
             self.queue_waits.reset();
         }
@@ -460,6 +522,13 @@ impl Model {
         self.maintain(now, &cfg);
         let deadline = info.deadline(&cfg);
         let mut ingress_wait = Duration::ZERO;
+        // The request's key for its random draws: its lab id and how many times it arrived.
+        let draw_key = match info.lab_req {
+            Some(id) if cfg.enabled && info.is_data_request() => {
+                Some((id, lock(&self.attempts).arrive(id)))
+            }
+            _ => None,
+        };
         let l = &cfg.limiter;
         if cfg.enabled && l.enabled && !l.exempt_commands.contains(&info.name) {
             let cap = cfg.burst_tokens();
@@ -478,11 +547,14 @@ impl Model {
                         refund: true,
                     };
                     if valid > deadline {
+                        // The queue's wait is interruptible and wakes at the deadline; then the
+                        // request is unwound and answered like any expired one.
                         tokio::time::sleep_until(deadline).await;
                         drop(slot);
                         self.queue_waits.record(Instant::now() - now);
                         bump(&self.counters.expired);
-                        return Err(Rejection::expired(Duration::ZERO));
+                        let unwind = self.charge_expiry(&cfg).await;
+                        return Err(Rejection::expired(unwind));
                     }
                     tokio::time::sleep_until(valid).await;
                     slot.refund = false;
@@ -491,11 +563,7 @@ impl Model {
                 }
             }
         }
-        let data_request = !matches!(
-            info.kind,
-            CommandKind::Command | CommandKind::Authentication
-        );
-        if cfg.enabled && data_request && self.draw_random_rejection(&cfg) {
+        if cfg.enabled && info.is_data_request() && self.draw_random_rejection(&cfg, draw_key) {
             bump(&self.counters.random_rejections);
             let mut r = Rejection::random(cfg.base_backoff_ms);
             r.work = self.charge_rejection(deadline, &cfg).await;
@@ -511,18 +579,39 @@ impl Model {
             client_deadline: info.client_deadline,
             deadline,
             ingress_wait,
+            wake_key: draw_key.map(|(id, attempt)| keyed(&[id, u64::from(attempt)])),
+            kill_marked: info.marked_kill_on_disconnect(),
         })
     }
 
-    /// Whether this data request is one of the `randomRejectShare` rejected at random. Draws
-    /// nothing when the share is 0, so a configuration without random rejections leaves the
-    /// generator where it was.
-    fn draw_random_rejection(&self, cfg: &ModelConfig) -> bool {
+    /// Whether this data request is one of the `randomRejectShare` rejected at random: a hash
+    /// of the seed, its lab id and attempt when it has an id (`key`), else the next draw of the
+    /// seeded generator. Draws nothing when the share is 0, so a configuration without random
+    /// rejections leaves the generator where it was.
+    fn draw_random_rejection(&self, cfg: &ModelConfig, key: Option<(u64, u32)>) -> bool {
         let share = cfg.random_reject_share;
         if share <= 0.0 || !share.is_finite() {
             return false;
         }
-        lock(&self.rejector).random::<f64>() < share
+        match key {
+            Some((id, attempt)) => {
+                let seed = cfg.seed ^ self.stream_salt ^ REJECT_SEED_SALT;
+                unit(keyed(&[seed, id, u64::from(attempt)])) < share
+            }
+            None => lock(&self.rejector).random::<f64>() < share,
+        }
+    }
+
+    /// Charges `costs.expiryMs` of core time for stopping a request at an interrupt point
+    /// (unwind, abort, error reply, slow-operation log; the reply waits for it) as wasted work
+    /// and expiry work. Returns the time charged. Its deadline has passed, so the charge is
+    /// bounded by the safety limit instead.
+    async fn charge_expiry(&self, cfg: &ModelConfig) -> Duration {
+        let bound = Instant::now() + Duration::from_millis(cfg.safety_time_limit_ms);
+        let work = self.burn(cfg.costs.expiry_ms, bound, cfg).await;
+        add_ns(&self.counters.wasted_ns, work);
+        add_ns(&self.counters.expiry_ns, work);
+        work
     }
 
     /// Charges `costs.rejectionMs` of core time for refusing a request (the reply waits for
@@ -721,6 +810,10 @@ pub struct Admission {
     client_deadline: Option<Instant>,
     deadline: Instant,
     ingress_wait: Duration,
+    /// Key of the request's ticket wake-up draws (`None`: the pool's generator draws it).
+    wake_key: Option<u64>,
+    /// mongod marks this kind of request kill-on-client-disconnect.
+    kill_marked: bool,
 }
 
 /// Accounting of one execution; dropping it unsettled (the future was cancelled) counts its work
@@ -735,18 +828,19 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn stop(&mut self, why: Interrupt) -> Rejection {
+    /// The request noticed `why` at an interrupt point: its work so far is wasted, and
+    /// stopping costs `costs.expiryMs` more. The rejection's `work` is both.
+    async fn stop(&mut self, why: Interrupt, cfg: &ModelConfig) -> Rejection {
         self.settled = true;
         add_ns(&self.model.counters.wasted_ns, self.work);
         match why {
-            Interrupt::Deadline => {
-                bump(&self.model.counters.expired);
-                Rejection::expired(self.work)
-            }
-            Interrupt::Disconnected => {
-                bump(&self.model.counters.killed);
-                Rejection::disconnected(self.work)
-            }
+            Interrupt::Deadline => bump(&self.model.counters.expired),
+            Interrupt::Disconnected => bump(&self.model.counters.killed),
+        }
+        let work = self.work + self.model.charge_expiry(cfg).await;
+        match why {
+            Interrupt::Deadline => Rejection::expired(work),
+            Interrupt::Disconnected => Rejection::disconnected(work),
         }
     }
 }
@@ -776,6 +870,13 @@ impl Admission {
 
     /// Step 2: ticket, cores, yields, deadline. `disconnected` completes when the client has
     /// gone away (use `std::future::pending()` if unknown). Errors: 433, 50, 279.
+    ///
+    /// The deadline and the client are checked only at interrupt points, as mongod checks
+    /// them: the ticket wait (which wakes at the deadline and every `interruptCheckMs`) and
+    /// every `yieldPeriodMs` of work (a yield point; a transaction statement checks there too
+    /// but keeps its ticket). Waiting for a core is not an interrupt point (a thread in the
+    /// run queue checks nothing); it is bounded by the safety limit. A request that reaches
+    /// its end after its deadline without meeting an interrupt point completes.
     pub async fn execute<F: Future<Output = ()>>(
         self,
         disconnected: F,
@@ -787,7 +888,12 @@ impl Admission {
             ..ExecOutcome::default()
         };
         let disconnected = pin!(disconnected);
-        let mut watch = Watch::new(disconnected, cfg.kill_on_client_disconnect);
+        let mut watch = Watch::new(
+            disconnected,
+            cfg.kill_on_client_disconnect && self.kill_marked,
+            Duration::from_millis(cfg.interrupt_check_ms),
+            Instant::now(),
+        );
         model.in_flight.fetch_add(1, Ordering::Relaxed);
         let cost_ms = if cfg.enabled { self.cost_ms } else { 0.0 };
         let pool = match self.kind {
@@ -804,10 +910,16 @@ impl Admission {
             settled: false,
             queued: pool.map(|_| self.ingress_wait),
         };
+        // Bounds the waits that are not interrupt points (cores).
+        let safety =
+            (self.arrival + Duration::from_millis(cfg.safety_time_limit_ms)).max(self.deadline);
         let mut ticket = None;
         if let Some(p) = pool {
             let t0 = Instant::now();
-            match p.acquire(true, self.deadline, &mut watch).await {
+            match p
+                .acquire(true, self.deadline, self.wake_key, &mut watch)
+                .await
+            {
                 Ok(t) => ticket = Some(t),
                 Err(AcquireError::Shed) => {
                     run.settled = true;
@@ -816,64 +928,65 @@ impl Admission {
                     r.work = model.charge_rejection(self.deadline, &cfg).await;
                     return Err(r);
                 }
-                Err(AcquireError::Interrupted(i)) => return Err(run.stop(i)),
+                Err(AcquireError::Interrupted(i)) => return Err(run.stop(i, &cfg).await),
             }
             out.ticket_wait += Instant::now() - t0;
             run.queued = Some(self.ingress_wait + out.ticket_wait);
         }
         let quantum = Duration::from_secs_f64(cfg.quantum_ms / 1000.0);
-        let yield_period = Duration::from_secs_f64(cfg.yield_period_ms / 1000.0);
+        let check_period = Duration::from_secs_f64(cfg.yield_period_ms / 1000.0);
         let mut remaining = Duration::from_secs_f64(cost_ms / 1000.0);
-        let mut since_yield = Duration::ZERO;
-        // Each turn removes at least min(quantum, remaining, time to the next yield) > 0 of
-        // work, and the deadline stops it anyway.
+        let mut since_check = Duration::ZERO;
+        // Each turn removes at least min(quantum, remaining, time to the next interrupt point)
+        // > 0 of work, and the safety limit stops it anyway.
         while !remaining.is_zero() {
-            if Instant::now() >= self.deadline {
-                return Err(run.stop(Interrupt::Deadline));
-            }
-            if watch.killed().await {
-                return Err(run.stop(Interrupt::Disconnected));
-            }
             let t0 = Instant::now();
-            let core = match watch.run(self.deadline, model.cores.acquire()).await {
-                Ok(c) => c,
-                Err(i) => return Err(run.stop(i)),
+            let Ok(core) = tokio::time::timeout_at(safety, model.cores.acquire()).await else {
+                return Err(run.stop(Interrupt::Deadline, &cfg).await);
             };
-            let t1 = Instant::now();
-            out.core_wait += t1 - t0;
+            out.core_wait += Instant::now() - t0;
+            let to_check = check_period.saturating_sub(since_check);
             let mut slice = remaining.min(quantum);
-            if !self.in_transaction {
-                let to_yield = yield_period.saturating_sub(since_yield);
-                if !to_yield.is_zero() {
-                    slice = slice.min(to_yield);
-                }
+            if !to_check.is_zero() {
+                slice = slice.min(to_check);
             }
             let charged = model.quantum(slice, remaining, &cfg, slice / 2).await;
             drop(core);
             run.work += charged;
             remaining -= charged;
-            since_yield += charged;
+            since_check += charged;
             if remaining.is_zero() {
                 break;
             }
-            if !self.in_transaction && since_yield >= yield_period {
-                since_yield = Duration::ZERO;
-                out.yields += 1;
-                if let Some(p) = pool {
-                    drop(ticket.take());
-                    if Instant::now() >= self.deadline {
-                        return Err(run.stop(Interrupt::Deadline));
+            if since_check < check_period {
+                continue;
+            }
+            // Yield points and interrupt points are one and the same in mongod's query
+            // execution; a transaction statement (INTERRUPT_ONLY) checks without yielding.
+            since_check = Duration::ZERO;
+            if let Some(i) = watch.interrupt_point(self.deadline).await {
+                return Err(run.stop(i, &cfg).await);
+            }
+            if self.in_transaction {
+                continue;
+            }
+            out.yields += 1;
+            if let Some(p) = pool {
+                drop(ticket.take());
+                let t0 = Instant::now();
+                match p
+                    .acquire(false, self.deadline, self.wake_key, &mut watch)
+                    .await
+                {
+                    Ok(t) => ticket = Some(t),
+                    Err(AcquireError::Interrupted(i)) => return Err(run.stop(i, &cfg).await),
+                    // Not sheddable; treat like running out of time if it ever happened.
+                    Err(AcquireError::Shed) => {
+                        return Err(run.stop(Interrupt::Deadline, &cfg).await)
                     }
-                    let t0 = Instant::now();
-                    match p.acquire(false, self.deadline, &mut watch).await {
-                        Ok(t) => ticket = Some(t),
-                        Err(AcquireError::Interrupted(i)) => return Err(run.stop(i)),
-                        // Not sheddable; treat like running out of time if it ever happened.
-                        Err(AcquireError::Shed) => return Err(run.stop(Interrupt::Deadline)),
-                    }
-                    out.ticket_wait += Instant::now() - t0;
-                    run.queued = Some(self.ingress_wait + out.ticket_wait);
                 }
+                out.ticket_wait += Instant::now() - t0;
+                run.queued = Some(self.ingress_wait + out.ticket_wait);
             }
         }
         drop(ticket);

@@ -29,6 +29,7 @@ pub(crate) struct Counters {
     pub(crate) busy_ns: AtomicU64,
     pub(crate) overhead_ns: AtomicU64,
     pub(crate) rejection_ns: AtomicU64,
+    pub(crate) expiry_ns: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -57,7 +58,8 @@ pub struct CounterSnapshot {
     pub random_rejections: u64,
     /// Requests that did all their work (including orphaned ones).
     pub completed: u64,
-    /// 50 MaxTimeMSExpired, at any wait or yield.
+    /// 50 MaxTimeMSExpired, noticed at an interrupt point (the ingress queue, a ticket wait, a
+    /// yield point).
     pub expired: u64,
     /// Requests stopped because their client disconnected.
     pub killed: u64,
@@ -69,7 +71,7 @@ pub struct CounterSnapshot {
     /// `comment.labDeadlineMs` (the application had stopped waiting; the lab's oracle).
     pub abandoned: u64,
     /// Core time spent on requests that expired, were killed, were orphaned, were abandoned or
-    /// failed, and on rejecting requests (ms).
+    /// failed, on stopping expired and killed requests, and on rejecting requests (ms).
     pub wasted_work_ms: f64,
     /// Core time spent on requests that completed for a client still waiting (ms).
     pub useful_work_ms: f64,
@@ -80,6 +82,9 @@ pub struct CounterSnapshot {
     /// Core time spent rejecting requests (`costs.rejectionMs` for every 462, 433 and random
     /// rejection), ms; part of both `wastedWorkMs` and `busyCoreMs`.
     pub rejection_work_ms: f64,
+    /// Core time spent stopping requests at interrupt points (`costs.expiryMs` for every
+    /// request that expired or was killed), ms; part of both `wastedWorkMs` and `busyCoreMs`.
+    pub expiry_work_ms: f64,
 }
 
 impl Counters {
@@ -102,6 +107,7 @@ impl Counters {
             overhead_work_ms: ms(&self.overhead_ns),
             busy_core_ms: ms(&self.busy_ns),
             rejection_work_ms: ms(&self.rejection_ns),
+            expiry_work_ms: ms(&self.expiry_ns),
         }
     }
 }
@@ -124,6 +130,7 @@ impl CounterSnapshot {
             overhead_work_ms: (self.overhead_work_ms - o.overhead_work_ms).max(0.0),
             busy_core_ms: (self.busy_core_ms - o.busy_core_ms).max(0.0),
             rejection_work_ms: (self.rejection_work_ms - o.rejection_work_ms).max(0.0),
+            expiry_work_ms: (self.expiry_work_ms - o.expiry_work_ms).max(0.0),
         }
     }
 }

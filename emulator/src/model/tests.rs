@@ -80,11 +80,24 @@ fn futures_are_send_for_spawned_connection_tasks() {
     assert_send(&fut);
 }
 
+/// The paused clock advances in whole milliseconds: a sub-millisecond charge ends at the next
+/// one (the work charged is exact).
+fn assert_elapsed(t0: Instant, want: Duration) {
+    let got = t0.elapsed();
+    assert!(
+        got >= want && got < want + Duration::from_millis(1),
+        "{got:?}, want {want:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
-async fn kill_on_disconnect_also_ends_a_ticket_wait() {
+async fn kill_on_disconnect_ends_a_ticket_wait_at_its_next_client_check() {
     let m = Model::new(ModelConfig {
         enabled: true,
         kill_on_client_disconnect: true,
+        interrupt_check_ms: 20,
+        // The holder keeps its ticket throughout.
+        yield_period_ms: 1000.0,
         tickets: TicketConfig {
             read: 1,
             write: 1,
@@ -93,7 +106,7 @@ async fn kill_on_disconnect_also_ends_a_ticket_wait() {
         ..ModelConfig::default()
     })
     .unwrap();
-    let info = CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(50.0);
+    let info = CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(200.0);
     let holder = {
         let (m, info) = (m.clone(), info.clone());
         tokio::spawn(async move {
@@ -108,12 +121,307 @@ async fn kill_on_disconnect_also_ends_a_ticket_wait() {
         .execute(tokio::time::sleep(Duration::from_millis(5)))
         .await
         .unwrap_err();
-    assert_eq!((r.code, r.work), (279, Duration::ZERO));
-    assert_eq!(t0.elapsed(), Duration::from_millis(5));
+    // The client went at 5 ms. The wait wakes every 20 ms, and the client may be checked only
+    // more than 20 ms after the last check (the start): the wake-up at 40 ms notices it. Then
+    // stopping costs expiryMs (0.5 ms by default) on a free core.
+    assert_eq!(r.code, 279);
     assert_eq!(r.fixed_labels(), None);
+    let expiry = Duration::from_micros(500);
+    assert_eq!(r.work, expiry);
+    assert_elapsed(t0, Duration::from_millis(40) + expiry);
     assert!(holder.await.unwrap());
     let c = m.snapshot().counters;
     assert_eq!((c.killed, c.completed), (1, 1));
+    assert!((c.expiry_work_ms - 0.5).abs() < 1e-9, "{c:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_are_not_killed_when_their_client_goes() {
+    let m = Model::new(ModelConfig {
+        enabled: true,
+        kill_on_client_disconnect: true,
+        interrupt_check_ms: 5,
+        ..ModelConfig::default()
+    })
+    .unwrap();
+    let write = CommandInfo::new("insert", CommandKind::Write, Instant::now()).with_cost_ms(60.0);
+    let out = m
+        .admit(&write)
+        .await
+        .unwrap()
+        .execute(tokio::time::sleep(Duration::from_millis(1)))
+        .await
+        .unwrap();
+    assert!(out.client_disconnected);
+    // The same read is killed at its first yield point after the client check interval.
+    let read = CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(60.0);
+    let r = m
+        .admit(&read)
+        .await
+        .unwrap()
+        .execute(tokio::time::sleep(Duration::from_millis(1)))
+        .await
+        .unwrap_err();
+    assert_eq!(r.code, 279);
+    assert_eq!(
+        r.work,
+        Duration::from_millis(10) + Duration::from_micros(500)
+    );
+    let c = m.snapshot().counters;
+    assert_eq!((c.orphaned, c.killed), (1, 1), "{c:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_ticket_waiter_is_noticed_at_its_deadline_and_costs_expiry_ms() {
+    let m = Model::new(ModelConfig {
+        enabled: true,
+        tickets: TicketConfig {
+            read: 1,
+            write: 1,
+            ..TicketConfig::default()
+        },
+        costs: CostConfig {
+            expiry_ms: 0.7,
+            ..CostConfig::default()
+        },
+        ..ModelConfig::default()
+    })
+    .unwrap();
+    let holder_info =
+        CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(100.0);
+    let holder = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            let a = m.admit(&holder_info).await.unwrap();
+            a.execute(std::future::pending()).await.is_ok()
+        })
+    };
+    tokio::task::yield_now().await;
+    let t0 = Instant::now();
+    let waiter = CommandInfo::new("find", CommandKind::Scan, t0)
+        .with_cost_ms(5.0)
+        .with_max_time_ms(30);
+    let r = m
+        .admit(&waiter)
+        .await
+        .unwrap()
+        .execute(std::future::pending())
+        .await
+        .unwrap_err();
+    // The ticket wait wakes at the deadline (30 ms); unwinding costs 0.7 ms on a free core.
+    let expiry = Duration::from_micros(700);
+    assert_eq!((r.code, r.work), (50, expiry));
+    assert_elapsed(t0, Duration::from_millis(30) + expiry);
+    assert!(holder.await.unwrap());
+    let c = m.snapshot().counters;
+    assert_eq!((c.expired, c.completed), (1, 1));
+    assert!((c.expiry_work_ms - 0.7).abs() < 1e-9, "{c:?}");
+    assert!((c.wasted_work_ms - 0.7).abs() < 1e-9, "{c:?}");
+    assert!((c.busy_core_ms - 100.7).abs() < 1e-9, "{c:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_ingress_waiter_costs_expiry_ms() {
+    let m = Model::new(ModelConfig {
+        enabled: true,
+        limiter: LimiterConfig {
+            enabled: true,
+            rate_per_sec: 1.0,
+            burst_capacity_secs: 1.0,
+            max_queue_depth: 1,
+            ..LimiterConfig::default()
+        },
+        ..ModelConfig::default()
+    })
+    .unwrap();
+    let first = CommandInfo::new("find", CommandKind::PointRead, Instant::now());
+    assert!(m.admit(&first).await.is_ok());
+    let t0 = Instant::now();
+    let queued = CommandInfo::new("find", CommandKind::PointRead, t0).with_max_time_ms(50);
+    let r = m.admit(&queued).await.unwrap_err();
+    // The token would come at 1 s; the interruptible wait ends at the deadline.
+    let expiry = Duration::from_micros(500);
+    assert_eq!((r.code, r.work), (50, expiry));
+    assert_elapsed(t0, Duration::from_millis(50) + expiry);
+    let c = m.snapshot().counters;
+    assert_eq!(c.expired, 1);
+    assert!((c.expiry_work_ms - 0.5).abs() < 1e-9, "{c:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_request_notices_expiry_at_its_next_yield_point_and_is_charged_its_work() {
+    let m = Model::new(ModelConfig {
+        enabled: true,
+        ..ModelConfig::default()
+    })
+    .unwrap();
+    // 100 ms of work, yield points every 10 ms, maxTimeMS 25: the check at 30 ms of work
+    // notices it; the 30 ms done stay charged, plus 0.5 ms to stop.
+    let t0 = Instant::now();
+    let scan = CommandInfo::new("find", CommandKind::Scan, t0)
+        .with_cost_ms(100.0)
+        .with_max_time_ms(25);
+    let r = m
+        .admit(&scan)
+        .await
+        .unwrap()
+        .execute(std::future::pending())
+        .await
+        .unwrap_err();
+    let expiry = Duration::from_micros(500);
+    assert_eq!(r.code, 50);
+    assert_eq!(r.work, Duration::from_millis(30) + expiry);
+    assert_elapsed(t0, Duration::from_millis(30) + expiry);
+    let c = m.snapshot().counters;
+    assert!((c.wasted_work_ms - 30.5).abs() < 1e-9, "{c:?}");
+    assert!((c.expiry_work_ms - 0.5).abs() < 1e-9, "{c:?}");
+    assert_eq!(c.useful_work_ms, 0.0);
+
+    // A transaction statement checks at the same points (without yielding its ticket). A new
+    // model: the first one's cores banked the paused clock's rounding of the 0.5 ms charge.
+    let m = Model::new(ModelConfig {
+        enabled: true,
+        ..ModelConfig::default()
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    let mut stmt = CommandInfo::new("update", CommandKind::Write, t0)
+        .with_cost_ms(100.0)
+        .with_max_time_ms(15);
+    stmt.in_transaction = true;
+    let r = m
+        .admit(&stmt)
+        .await
+        .unwrap()
+        .execute(std::future::pending())
+        .await
+        .unwrap_err();
+    assert_eq!(r.work, Duration::from_millis(20) + expiry);
+
+    // A point read meets no interrupt point once it has its ticket: past its deadline (it
+    // waited for a core), it completes, as mongod's short reads do.
+    let busy = CommandInfo::new("find", CommandKind::Scan, Instant::now()).with_cost_ms(8.0);
+    let (m1, m2) = (m.clone(), m.clone());
+    let hogs: Vec<_> = (0..2)
+        .map(|_| {
+            let (m, busy) = (m1.clone(), busy.clone());
+            tokio::spawn(async move {
+                m.admit(&busy)
+                    .await
+                    .unwrap()
+                    .execute(std::future::pending())
+                    .await
+                    .is_ok()
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    let read = CommandInfo::new("find", CommandKind::PointRead, Instant::now())
+        .with_cost_ms(2.0)
+        .with_max_time_ms(1);
+    let out = m2
+        .admit(&read)
+        .await
+        .unwrap()
+        .execute(std::future::pending())
+        .await
+        .unwrap();
+    assert!(out.total > Duration::from_millis(1), "{out:?}");
+    assert_eq!(out.work, Duration::from_millis(2));
+    for h in hogs {
+        assert!(h.await.unwrap());
+    }
+}
+
+/// Admits each `(labReq, other traffic before it)` in order and returns the (id, attempt) of
+/// the requests rejected at random.
+async fn rejected_ids(m: &Arc<Model>, arrivals: &[(u64, u32)]) -> Vec<(u64, u32)> {
+    let mut attempts = std::collections::HashMap::new();
+    let mut rejected = Vec::new();
+    for &(id, noise) in arrivals {
+        // Requests without an id and requests of other ids, between this one's arrivals.
+        for k in 0..noise {
+            let other = CommandInfo::new("find", CommandKind::PointRead, Instant::now());
+            let other = if k % 2 == 0 {
+                other
+            } else {
+                other.with_lab_req(1_000_000 + u64::from(k) + id * 10)
+            };
+            let _ = m.admit(&other).await;
+        }
+        let attempt = attempts.entry(id).or_insert(0u32);
+        let info =
+            CommandInfo::new("find", CommandKind::PointRead, Instant::now()).with_lab_req(id);
+        if m.admit(&info).await.is_err() {
+            rejected.push((id, *attempt));
+        }
+        *attempt += 1;
+    }
+    rejected.sort_unstable();
+    rejected
+}
+
+fn random_rejecting(seed: u64) -> Arc<Model> {
+    Model::new(ModelConfig {
+        enabled: true,
+        seed,
+        random_reject_share: 0.2,
+        ..ModelConfig::default()
+    })
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn variants_meet_the_same_random_rejections_for_the_same_requests() {
+    // Variant A: ids 0..500 in order, each once, ids below 100 retried once at the end.
+    let mut a: Vec<(u64, u32)> = (0..500).map(|id| (id, 0)).collect();
+    a.extend((0..100).map(|id| (id, 0)));
+    // Variant B: the same requests and attempts, another order, other traffic between them.
+    let mut b: Vec<(u64, u32)> = (0..500).rev().map(|id| (id, (id % 3) as u32)).collect();
+    b.extend((0..100).rev().map(|id| (id, 1)));
+    let first = rejected_ids(&random_rejecting(7), &a).await;
+    let second = rejected_ids(&random_rejecting(7), &b).await;
+    assert_eq!(first, second);
+    // Share 0.2 of 600 attempts: 120 expected (sd 9.8).
+    assert!((70..=170).contains(&first.len()), "{}", first.len());
+    // Retries draw afresh: some first attempts rejected, their retries not, and vice versa.
+    let retried_ok = first
+        .iter()
+        .filter(|(id, at)| *at == 0 && *id < 100 && !first.contains(&(*id, 1)))
+        .count();
+    assert!(retried_ok > 0, "{first:?}");
+    // Another seed rejects other requests.
+    assert_ne!(rejected_ids(&random_rejecting(8), &a).await, first);
+
+    // Switching the model off and on (the lab's reset between variants) starts the attempt
+    // counts and the fallback stream afresh: the same requests are rejected again.
+    let m = random_rejecting(7);
+    assert_eq!(rejected_ids(&m, &a).await, first);
+    m.set_parameters(&bson::doc! {"enabled": false}).unwrap();
+    m.set_parameters(&bson::doc! {"enabled": true}).unwrap();
+    assert_eq!(rejected_ids(&m, &b).await, first);
+}
+
+#[test]
+fn the_lab_request_id_is_read_from_the_comment() {
+    let now = Instant::now();
+    let id = |comment: bson::Bson| {
+        CommandInfo::from_command(&bson::doc! {"find": "c", "comment": comment}, now).lab_req
+    };
+    assert_eq!(
+        id(bson::Bson::Document(bson::doc! {"labReq": 7_i64})),
+        Some(7)
+    );
+    assert_eq!(
+        id(bson::Bson::Document(bson::doc! {"labReq": 9_i32})),
+        Some(9)
+    );
+    assert_eq!(
+        id(bson::Bson::Document(bson::doc! {"labReq": -1_i64})),
+        None
+    );
+    assert_eq!(id(bson::Bson::Document(bson::doc! {"labReq": "x"})), None);
+    assert_eq!(id(bson::Bson::String("plain".into())), None);
 }
 
 #[tokio::test(start_paused = true)]

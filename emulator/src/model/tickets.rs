@@ -1,9 +1,15 @@
 //! A ticket pool whose wake-ups are not FIFO.
 //!
 //! A request that finds a free ticket takes it at once, even if others are waiting. Giving a
-//! ticket back wakes one waiter chosen at random (seeded); the woken waiter then has to take the
-//! ticket itself and may find that a request that just arrived got it first, in which case it
-//! sleeps again. So a later request can overtake an earlier one, as in mongod 8.0.
+//! ticket back wakes one waiter chosen at random; the woken waiter then has to take the ticket
+//! itself and may find that a request that just arrived got it first, in which case it sleeps
+//! again. So a later request can overtake an earlier one, as in mongod 8.0.
+//!
+//! The random choice is a contest: each sleeping waiter draws a priority and the highest wins.
+//! A waiter's draw is a hash of the pool's seed, the waiter's key (from its lab request id and
+//! attempt, or from the pool's seeded generator for requests without an id) and the number of
+//! contests it has already lost, so each contest is a fresh uniform choice among the waiters,
+//! and the same request has the same luck in every lab variant (`draws`).
 //!
 //! With `tickets.wakeup: fifo` the pool is a fair queue instead: a release wakes the
 //! longest-waiting request and new arrivals do not take tickets promised to it.
@@ -17,6 +23,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::draws::keyed;
 use super::wait::{Interrupt, Watch};
 
 /// Why no ticket was obtained.
@@ -28,17 +35,33 @@ pub(crate) enum AcquireError {
     Interrupted(Interrupt),
 }
 
+/// A waiter nobody has woken yet.
+#[derive(Debug, Clone, Copy)]
+struct Sleeper {
+    id: u64,
+    /// Its draws' key: from the request (`draws`), or from the pool's generator.
+    key: u64,
+    /// Contests it has lost so far.
+    losses: u64,
+}
+
 #[derive(Debug)]
 struct PoolState {
     total: u32,
     in_use: u32,
     max_waiters: u64,
     /// Waiters nobody has woken yet.
-    sleeping: Vec<u64>,
+    sleeping: Vec<Sleeper>,
+    /// Keys of waiters that are awake (woken, or racing for a ticket), by id, so that one that
+    /// sleeps again keeps its key and losses.
+    keys: HashMap<u64, (u64, u64)>,
     /// Waiters woken for a free ticket that have not yet tried to take it.
     woken: Vec<u64>,
     notify: HashMap<u64, Arc<Notify>>,
     next_id: u64,
+    /// Mixed into every draw; changes with the model's seed.
+    seed: u64,
+    /// Keys of waiters without a request key.
     rng: StdRng,
     /// Since the last [`TicketPool::take_pressure`]: all tickets were in use at some point.
     pressure: bool,
@@ -72,37 +95,62 @@ impl PoolState {
         }
     }
 
-    /// Wakes random sleeping waiters until every free ticket has a woken waiter racing for it.
+    /// Which sleeping waiter a wake-up goes to: the oldest in FIFO mode, else the winner of a
+    /// contest of fresh draws (the losers' loss counts go up, so their next draws are new).
+    fn choose(&mut self) -> usize {
+        if self.fifo {
+            // Ids grow with arrival; a waiter keeps its id when it sleeps again.
+            return self
+                .sleeping
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, s)| s.id)
+                .map_or(0, |(i, _)| i);
+        }
+        let seed = self.seed;
+        let draw = |s: &Sleeper| (keyed(&[seed, s.key, s.losses]), s.id);
+        let winner = self
+            .sleeping
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, s)| draw(s))
+            .map_or(0, |(i, _)| i);
+        for (i, s) in self.sleeping.iter_mut().enumerate() {
+            if i != winner {
+                s.losses = s.losses.saturating_add(1);
+            }
+        }
+        winner
+    }
+
+    /// Wakes sleeping waiters until every free ticket has a woken waiter racing for it.
     fn wake(&mut self) {
         // Bounded by the number of sleeping waiters.
         while self.free() as usize > self.woken.len() && !self.sleeping.is_empty() {
-            let i = if self.fifo {
-                // Ids grow with arrival; a waiter keeps its id when it sleeps again.
-                let (i, _) = self
-                    .sleeping
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, id)| **id)
-                    .unwrap_or((0, &0));
-                i
-            } else {
-                self.rng.random_range(0..self.sleeping.len())
-            };
-            let id = self.sleeping.swap_remove(i);
-            self.woken.push(id);
-            if let Some(n) = self.notify.get(&id) {
+            let i = self.choose();
+            let s = self.sleeping.swap_remove(i);
+            self.keys.insert(s.id, (s.key, s.losses));
+            self.woken.push(s.id);
+            if let Some(n) = self.notify.get(&s.id) {
                 n.notify_one();
             }
         }
     }
 
+    /// Puts an awake waiter back to sleep, with its key and losses.
+    fn sleep_again(&mut self, id: u64) {
+        let (key, losses) = self.keys.remove(&id).unwrap_or((id, 0));
+        self.sleeping.push(Sleeper { id, key, losses });
+    }
+
     fn forget(&mut self, id: u64) -> bool {
         self.notify.remove(&id);
+        self.keys.remove(&id);
         if let Some(i) = self.woken.iter().position(|w| *w == id) {
             self.woken.swap_remove(i);
             return true;
         }
-        if let Some(i) = self.sleeping.iter().position(|w| *w == id) {
+        if let Some(i) = self.sleeping.iter().position(|w| w.id == id) {
             self.sleeping.swap_remove(i);
         }
         false
@@ -143,9 +191,11 @@ impl TicketPool {
                 in_use: 0,
                 max_waiters,
                 sleeping: Vec::new(),
+                keys: HashMap::new(),
                 woken: Vec::new(),
                 notify: HashMap::new(),
                 next_id: 0,
+                seed,
                 rng: StdRng::seed_from_u64(seed),
                 pressure: false,
                 fifo,
@@ -157,12 +207,15 @@ impl TicketPool {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes a ticket, waiting (non-FIFO) until `deadline` if none is free. `may_shed`: a full
-    /// waiter queue rejects this request (false for requests coming back from a yield).
+    /// Takes a ticket, waiting (non-FIFO) if none is free: an interruptible wait that wakes at
+    /// `deadline` and at the watch's interval for an interrupt point. `may_shed`: a full waiter
+    /// queue rejects this request (false for requests coming back from a yield). `key`: the
+    /// request's key for wake-up draws (`None`: drawn from the pool's generator).
     pub(crate) async fn acquire<F: Future<Output = ()>>(
         &self,
         may_shed: bool,
         deadline: Instant,
+        key: Option<u64>,
         watch: &mut Watch<'_, F>,
     ) -> Result<Ticket<'_>, AcquireError> {
         let (id, notify) = {
@@ -179,13 +232,17 @@ impl TicketPool {
             st.next_id += 1;
             let n = Arc::new(Notify::new());
             st.notify.insert(id, n.clone());
-            st.sleeping.push(id);
+            let key = match key {
+                Some(k) => k,
+                None => st.rng.random(),
+            };
+            st.sleeping.push(Sleeper { id, key, losses: 0 });
             (id, n)
         };
         // Each turn ends with a ticket, an interruption, or a lost race; lost races only happen
         // after another request took a ticket, and the deadline bounds the whole wait.
         loop {
-            match watch.run(deadline, notify.notified()).await {
+            match watch.wait(deadline, notify.notified()).await {
                 Ok(()) => {
                     let mut st = self.lock();
                     if let Some(i) = st.woken.iter().position(|w| *w == id) {
@@ -193,13 +250,14 @@ impl TicketPool {
                     }
                     if st.free() > 0 {
                         st.notify.remove(&id);
+                        st.keys.remove(&id);
                         st.take();
                         // More free tickets than woken waiters (e.g. the pool grew)?
                         st.wake();
                         return Ok(Ticket { pool: self });
                     }
                     // Someone else got there first: sleep again.
-                    st.sleeping.push(id);
+                    st.sleep_again(id);
                 }
                 Err(i) => {
                     let mut st = self.lock();
@@ -236,8 +294,11 @@ impl TicketPool {
         st.wake();
     }
 
+    /// Restarts the pool's draws from `seed` (waiters already asleep keep their keys).
     pub(crate) fn reseed(&self, seed: u64) {
-        self.lock().rng = StdRng::seed_from_u64(seed);
+        let mut st = self.lock();
+        st.seed = seed;
+        st.rng = StdRng::seed_from_u64(seed);
     }
 
     pub(crate) fn counts(&self) -> PoolCounts {
@@ -268,30 +329,30 @@ mod tests {
     async fn free_ticket_is_taken_at_once_and_shed_when_queue_full() {
         let pool = TicketPool::new(1, 1, 0, false);
         let never = pin!(std::future::pending::<()>());
-        let mut w = Watch::new(never, false);
+        let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
         let deadline = Instant::now() + Duration::from_millis(50);
-        let t = pool.acquire(true, deadline, &mut w).await.unwrap();
+        let t = pool.acquire(true, deadline, None, &mut w).await.unwrap();
         assert_eq!(pool.counts().in_use, 1);
         // One waiter fits, the second is shed, an exempt one still queues.
         let pool = &pool;
         let (a, b, c) = tokio::join!(
             async {
                 let never = pin!(std::future::pending::<()>());
-                let mut w = Watch::new(never, false);
-                pool.acquire(true, deadline, &mut w).await.map(drop)
+                let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
+                pool.acquire(true, deadline, None, &mut w).await.map(drop)
             },
             async {
                 tokio::task::yield_now().await;
                 let never = pin!(std::future::pending::<()>());
-                let mut w = Watch::new(never, false);
-                pool.acquire(true, deadline, &mut w).await.map(drop)
+                let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
+                pool.acquire(true, deadline, None, &mut w).await.map(drop)
             },
             async {
                 tokio::task::yield_now().await;
                 tokio::task::yield_now().await;
                 let never = pin!(std::future::pending::<()>());
-                let mut w = Watch::new(never, false);
-                pool.acquire(false, deadline, &mut w).await.map(drop)
+                let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
+                pool.acquire(false, deadline, None, &mut w).await.map(drop)
             },
         );
         assert_eq!(
@@ -303,6 +364,81 @@ mod tests {
         assert_eq!(c, Err(AcquireError::Interrupted(Interrupt::Deadline)));
         drop(t);
         assert_eq!(pool.counts(), PoolCounts::default_with_total(1));
+    }
+
+    /// The keys of waiters (arriving in the given order, all asleep) in the order one released
+    /// ticket after another wakes them.
+    fn wake_order(seed: u64, arrivals: &[u64]) -> Vec<u64> {
+        let pool = TicketPool::new(1, 0, seed, false);
+        let mut st = pool.lock();
+        st.in_use = 1;
+        for (id, key) in arrivals.iter().enumerate() {
+            st.sleeping.push(Sleeper {
+                id: id as u64,
+                key: *key,
+                losses: 0,
+            });
+        }
+        let mut order = Vec::new();
+        for _ in 0..arrivals.len() {
+            st.in_use = 0;
+            st.wake();
+            let id = st.woken.pop().expect("one waiter woken per free ticket");
+            st.keys.remove(&id);
+            st.in_use = 1;
+            order.push(arrivals[id as usize]);
+        }
+        order
+    }
+
+    #[test]
+    fn wake_ups_depend_only_on_the_seed_and_the_waiters_keys() {
+        let keys: Vec<u64> = (100..140).collect();
+        let mut shuffled = keys.clone();
+        shuffled.reverse();
+        shuffled.swap(3, 17);
+        let a = wake_order(4, &keys);
+        // Every waiter is woken once.
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, keys);
+        // The same waiters in another arrival order are woken in the same order.
+        assert_eq!(wake_order(4, &shuffled), a);
+        // Not arrival order (that would be FIFO), and another seed gives another order.
+        assert_ne!(a, keys);
+        assert_ne!(wake_order(5, &keys), a);
+    }
+
+    #[test]
+    fn every_waiter_has_a_fair_chance_at_each_wake_up() {
+        // Two waiters, one wake-up each round, the loser stays: each contest is a fresh draw,
+        // so neither waiter wins (nearly) always, as a fixed priority would make it.
+        let pool = TicketPool::new(1, 0, 9, false);
+        let mut st = pool.lock();
+        st.in_use = 1;
+        let mut first_wins = 0;
+        for round in 0..400u64 {
+            st.sleeping.clear();
+            st.sleeping.push(Sleeper {
+                id: 0,
+                key: 1,
+                losses: round,
+            });
+            st.sleeping.push(Sleeper {
+                id: 1,
+                key: 2,
+                losses: round,
+            });
+            st.in_use = 0;
+            st.wake();
+            if st.woken.pop() == Some(0) {
+                first_wins += 1;
+            }
+            st.keys.clear();
+            st.in_use = 1;
+        }
+        // Binomial(400, 0.5): mean 200, sd 10; five deviations either side.
+        assert!((150..=250).contains(&first_wins), "{first_wins}");
     }
 
     impl PoolCounts {
