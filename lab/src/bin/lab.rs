@@ -96,7 +96,8 @@ struct RunArgs {
     /// Application deadline per request, in ms; default 100, but 1000 in transient.
     #[arg(long)]
     deadline_ms: Option<u64>,
-    /// Also send maxTimeMS = deadline on reads.
+    /// Every variant's application sends maxTimeMS = deadline on finds, whatever the variant's
+    /// own application does (an override: the report marks the variants it changes).
     #[arg(long)]
     max_time_ms: bool,
     /// Operation mix, e.g. `point=80,range=10,insert=5,update=5`.
@@ -109,8 +110,9 @@ struct RunArgs {
     /// default 0.9, 0 in no-limiter.
     #[arg(long)]
     limiter_share: Option<f64>,
-    /// What the application does at its deadline: `continue` lets the spawned driver call go
-    /// on; `drop` drops the driver's future. Default: `continue`, but `drop` in `flood`.
+    /// What every variant's application does at its deadline, whatever the variant's own does
+    /// (an override, marked in the report): `continue` lets the spawned driver call go on;
+    /// `drop` drops the driver's future. Default: each variant's own, but `drop` in `flood`.
     #[arg(long, value_enum)]
     on_deadline: Option<OnDeadline>,
     /// transient: share of admitted data requests the server rejects at random.
@@ -122,9 +124,23 @@ struct RunArgs {
     /// flood: offered load in percent of capacity (at least 500).
     #[arg(long, default_value_t = lab::loadgen::scenarios::FLOOD_LOAD * 100.0)]
     flood_load: f64,
-    /// flood: server core time per rejection (ms).
-    #[arg(long, default_value_t = lab::loadgen::scenarios::FLOOD_REJECTION_MS)]
-    rejection_ms: f64,
+    /// Server core time per rejection (ms, the model's `costs.rejectionMs`): default 0.3 in
+    /// flood, the model's own elsewhere.
+    #[arg(long)]
+    rejection_ms: Option<f64>,
+    /// Server core time to stop an expired or disconnected request (ms, the model's
+    /// `costs.expiryMs`): default the model's own. With --rejection-ms, for the sensitivity
+    /// table of flood and no-limiter.
+    #[arg(long)]
+    expiry_ms: Option<f64>,
+    /// With --suite: include instructions per operation from this `instructions.json`
+    /// (written by `lab instructions`) in the verdict.
+    #[arg(long, requires = "suite")]
+    instructions: Option<PathBuf>,
+    /// With --suite: also write a dated results file (commit, host, verdict) into DIR and
+    /// rewrite DIR/current.md (e.g. `--publish docs/results`).
+    #[arg(long, value_name = "DIR", requires = "suite")]
+    publish: Option<PathBuf>,
     /// fast-path: closed-loop workers in all.
     #[arg(long, default_value_t = lab::loadgen::scenarios::FAST_PATH_WORKERS)]
     workers: usize,
@@ -171,6 +187,7 @@ fn params(a: &RunArgs) -> Result<ScenarioParams, String> {
         app_retries: a.app_retries,
         flood_load: a.flood_load / 100.0,
         rejection_ms: a.rejection_ms,
+        expiry_ms: a.expiry_ms,
         workers: a.workers,
     };
     p.check()?;
@@ -208,7 +225,7 @@ fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
         max_pool_size: a.max_pool_size,
         min_pool_size: a.min_pool_size,
         client_options: a.client_options.clone(),
-        max_time_ms: a.max_time_ms,
+        max_time_override: a.max_time_ms.then_some(true),
         drain: Duration::from_secs_f64(a.drain_secs),
         mix: match &a.mix {
             Some(m) => OpMix::parse(m)?,
@@ -224,7 +241,7 @@ fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
     };
     name.apply(&mut cfg, length(a), &params(a)?);
     if let Some(on_deadline) = a.on_deadline {
-        cfg.on_deadline = on_deadline;
+        cfg.on_deadline_override = Some(on_deadline);
     }
     if let Some(ms) = a.deadline_ms {
         if ms == 0 {
@@ -303,10 +320,23 @@ async fn run(a: RunArgs) -> Result<bool, String> {
         cfg.deadline.as_millis()
     );
     println!("\n{}", report::text_table(&run));
-    let invalid = run.runs.iter().any(|r| r.summary.invalid);
-    if invalid {
-        println!("INVALID: the generator missed its schedule (lag p99 > limit) in some runs.");
+    let invalid: Vec<String> = run
+        .runs
+        .iter()
+        .filter(|r| !r.summary.is_valid())
+        .map(|r| {
+            format!(
+                "{} #{} ({})",
+                r.variant.name,
+                r.rep + 1,
+                r.summary.invalid_why.join(", ")
+            )
+        })
+        .collect();
+    if !invalid.is_empty() {
+        println!("INVALID runs: {}.", invalid.join("; "));
     }
+    let invalid = !invalid.is_empty();
     if cfg.saturation_expected {
         println!("(this scenario saturates the client on purpose: CPU saturation is expected)");
     } else if run.runs.iter().any(|r| r.summary.saturated) {
@@ -400,8 +430,12 @@ async fn audit(a: &RunArgs, writes: u64) -> Result<bool, String> {
 
 /// `--suite`: every scenario (or those named) with its variants, then the verdict.
 async fn suite(a: RunArgs) -> Result<bool, String> {
+    let instructions = match &a.instructions {
+        Some(p) => Some(verdict::InstructionCounts::read(p)?),
+        None => None,
+    };
     let names = if a.scenarios.is_empty() {
-        ScenarioName::ALL.to_vec()
+        ScenarioName::SUITE.to_vec()
     } else {
         a.scenarios
             .iter()
@@ -427,6 +461,7 @@ async fn suite(a: RunArgs) -> Result<bool, String> {
         out.display()
     );
     let wall = std::time::Instant::now();
+    let host_before = lab::loadgen::publish::HostSample::now();
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len}s {msg}")
@@ -449,10 +484,19 @@ async fn suite(a: RunArgs) -> Result<bool, String> {
         runs.push(run);
     }
     bar.finish_and_clear();
-    let v = verdict::verdict(&runs, wall.elapsed().as_secs_f64());
+    let v = verdict::verdict(&runs, wall.elapsed().as_secs_f64(), instructions);
     verdict::write(&v, &out)?;
     println!("\n{}", verdict::markdown(&v));
     println!("verdict: {}", out.join("verdict.md").display());
+    if let Some(dir) = &a.publish {
+        let host = lab::loadgen::publish::Host::between(&host_before);
+        let dated = lab::loadgen::publish::publish(&v, &host, &out, dir)?;
+        println!(
+            "results: {} (and {})",
+            dated.display(),
+            dir.join("current.md").display()
+        );
+    }
     if !v.valid {
         println!("INVALID runs in some scenarios (see the verdict).");
     }
@@ -464,7 +508,19 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Variants => {
             for v in Variant::builtin() {
-                println!("{:<22} {:<9} {}", v.name, v.driver, v.uri_options);
+                let opts = if v.uri_options.is_empty() {
+                    "-".to_string()
+                } else {
+                    v.uri_options.clone()
+                };
+                println!(
+                    "{:<26} {:<9} {}\n{:<36} application: {}",
+                    v.name,
+                    v.driver,
+                    opts,
+                    "",
+                    v.app.describe(&v.uri_options)
+                );
             }
             ExitCode::SUCCESS
         }

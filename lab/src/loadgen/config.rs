@@ -322,7 +322,95 @@ pub const DEADLINE_PLACEHOLDER: &str = "{deadline}";
 /// application enforces around the call.
 const TIMEOUT_AT_DEADLINE: &str = "timeoutMS={deadline}";
 
-/// A variant: a driver and the connection-string options its clients get.
+/// What the application around the driver does with its deadline: part of a variant, because
+/// upstream's best practice is a driver setting *and* an application habit (`docs/lab.md`,
+/// "Variants").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Application {
+    /// The application sends `maxTimeMS` = its deadline on every operation upstream 3.9.1
+    /// accepts it on: finds (`FindOptions::max_time`, `FindOneOptions::max_time`). Inserts and
+    /// updates have no such option in 3.9.1. Not sent where the variant sets `timeoutMS`: the
+    /// driver then sends `maxTimeMS` itself, on every command.
+    pub max_time: bool,
+    /// What the application does when its deadline passes.
+    pub on_deadline: OnDeadline,
+}
+
+impl Default for Application {
+    fn default() -> Self {
+        Application::DEFAULT
+    }
+}
+
+impl Application {
+    /// Upstream's advice: no `maxTimeMS`, the driver call goes on after the deadline.
+    pub const DEFAULT: Application = Application {
+        max_time: false,
+        on_deadline: OnDeadline::Continue,
+    };
+    /// Upstream's best practice: `maxTimeMS` on finds and the call dropped at the deadline.
+    pub const BEST: Application = Application {
+        max_time: true,
+        on_deadline: OnDeadline::Drop,
+    };
+
+    /// Parses `maxtime`, `drop`, `continue` joined by `+` (e.g. `maxtime+drop`); `default`
+    /// is `continue`. `None` when `spec` is not such a list.
+    pub fn parse(spec: &str) -> Option<Application> {
+        let mut app = Application::DEFAULT;
+        for token in spec.split('+').map(str::trim) {
+            match token {
+                "maxtime" => app.max_time = true,
+                "drop" => app.on_deadline = OnDeadline::Drop,
+                "continue" | "default" => app.on_deadline = OnDeadline::Continue,
+                _ => return None,
+            }
+        }
+        Some(app)
+    }
+
+    /// The short form `parse` reads back (`maxtime+drop`, `continue`).
+    pub fn spec(&self) -> String {
+        let end = match self.on_deadline {
+            OnDeadline::Continue => "continue",
+            OnDeadline::Drop => "drop",
+        };
+        if self.max_time {
+            format!("maxtime+{end}")
+        } else {
+            end.to_string()
+        }
+    }
+
+    /// In words, for a variant with `uri_options`.
+    pub fn describe(&self, uri_options: &str) -> String {
+        let timeout = has_timeout(uri_options);
+        let max_time = match (timeout, self.max_time) {
+            (true, _) => "the driver sends maxTimeMS (timeoutMS) on every command",
+            (false, true) => "maxTimeMS = deadline on finds",
+            (false, false) => "no maxTimeMS",
+        };
+        let end = match (timeout, self.on_deadline) {
+            (true, _) => "the driver returns at the deadline",
+            (false, OnDeadline::Continue) => "the call goes on after the deadline",
+            (false, OnDeadline::Drop) => "the call is dropped at the deadline",
+        };
+        format!("{max_time}; {end}")
+    }
+}
+
+/// Whether URI options set `timeoutMS`.
+fn has_timeout(uri_options: &str) -> bool {
+    uri_options.split('&').any(|o| {
+        o.split('=')
+            .next()
+            .is_some_and(|k| k.trim().eq_ignore_ascii_case("timeoutMS"))
+    })
+}
+
+/// A variant: a driver, the connection-string options its clients get, and what the
+/// application around it does.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Variant {
     /// Name in the report.
@@ -331,56 +419,79 @@ pub struct Variant {
     pub driver: Driver,
     /// URI options (`k=v&k2=v2`), appended to every instance's connection string.
     pub uri_options: String,
+    /// The application's behaviour (the run's `--max-time-ms` / `--on-deadline` and a
+    /// scenario's own requirement override it: [`LabConfig::application`]).
+    pub app: Application,
 }
 
+/// Upstream's retries switched off.
+const NO_RETRIES: &str = "maxAdaptiveRetries=0";
+/// Overload retargeting switched on.
+const RETARGETING: &str = "enableOverloadRetargeting=true";
+
 impl Variant {
-    /// A variant.
+    /// A variant with the default application.
     pub fn new(name: &str, driver: Driver, uri_options: &str) -> Variant {
+        Variant::with_app(name, driver, uri_options, Application::DEFAULT)
+    }
+
+    /// A variant with application `app`.
+    pub fn with_app(name: &str, driver: Driver, uri_options: &str, app: Application) -> Variant {
         Variant {
             name: name.into(),
             driver,
             uri_options: uri_options.into(),
+            app,
         }
+    }
+
+    /// Whether this variant is upstream 3.9.1.
+    pub fn is_upstream(&self) -> bool {
+        self.driver == Driver::Upstream
     }
 
     /// The built-in variants, in the default order.
     pub fn builtin() -> Vec<Variant> {
+        use Driver::{Fork, Upstream};
+        let best = Application::BEST;
         vec![
-            Variant::new("upstream-default", Driver::Upstream, ""),
-            Variant::new(
-                "upstream-no-retries",
-                Driver::Upstream,
-                "maxAdaptiveRetries=0",
-            ),
-            Variant::new("fork-default", Driver::Fork, ""),
-            Variant::new("fork-no-retries", Driver::Fork, "maxAdaptiveRetries=0"),
-            Variant::new(
-                "upstream-retargeting",
-                Driver::Upstream,
-                "enableOverloadRetargeting=true",
-            ),
-            Variant::new(
-                "fork-retargeting",
-                Driver::Fork,
-                "enableOverloadRetargeting=true",
-            ),
-            Variant::new("fork-timeout", Driver::Fork, TIMEOUT_AT_DEADLINE),
-            Variant::new("fork-budget", Driver::Fork, "retryBudget=true"),
+            Variant::new("upstream-default", Upstream, ""),
+            Variant::new("upstream-no-retries", Upstream, NO_RETRIES),
+            Variant::new("fork-default", Fork, ""),
+            Variant::new("fork-no-retries", Fork, NO_RETRIES),
+            Variant::new("upstream-retargeting", Upstream, RETARGETING),
+            Variant::new("fork-retargeting", Fork, RETARGETING),
+            Variant::new("fork-timeout", Fork, TIMEOUT_AT_DEADLINE),
+            Variant::new("fork-budget", Fork, "retryBudget=true"),
             Variant::new(
                 "fork-budget-timeout",
-                Driver::Fork,
+                Fork,
                 &format!("retryBudget=true&{TIMEOUT_AT_DEADLINE}"),
             ),
-            Variant::new("fork-throttle", Driver::Fork, "adaptiveThrottle=true"),
-            Variant::new("fork-concurrency", Driver::Fork, "adaptiveConcurrency=true"),
+            Variant::new("fork-throttle", Fork, "adaptiveThrottle=true"),
+            Variant::new("fork-concurrency", Fork, "adaptiveConcurrency=true"),
             Variant::new(
                 "fork-controls",
-                Driver::Fork,
+                Fork,
                 &format!(
                     "retryBudget=true&{TIMEOUT_AT_DEADLINE}&adaptiveThrottle=true\
-                     &adaptiveConcurrency=true&enableOverloadRetargeting=true"
+                     &adaptiveConcurrency=true&{RETARGETING}"
                 ),
             ),
+            // Upstream's best practice (issue 27): what a careful application does with
+            // upstream 3.9.1 today.
+            Variant::with_app(
+                "upstream-maxtime",
+                Upstream,
+                "",
+                Application {
+                    max_time: true,
+                    on_deadline: OnDeadline::Continue,
+                },
+            ),
+            Variant::with_app("upstream-best", Upstream, "", best),
+            Variant::with_app("upstream-best-no-retries", Upstream, NO_RETRIES, best),
+            Variant::with_app("upstream-best-retargeting", Upstream, RETARGETING, best),
         ]
     }
 
@@ -389,8 +500,10 @@ impl Variant {
         Variant::builtin().into_iter().take(3).collect()
     }
 
-    /// Parses one `--variants` entry: a built-in name, or `NAME:DRIVER[:URI_OPTIONS]` with
-    /// DRIVER `fork` or `upstream` (e.g. `fork-r1:fork:maxAdaptiveRetries=1`). In URI_OPTIONS,
+    /// Parses one `--variants` entry: a built-in name, or `NAME:DRIVER[:URI_OPTIONS[:APP]]`
+    /// with DRIVER `fork` or `upstream` (e.g. `fork-r1:fork:maxAdaptiveRetries=1`) and APP
+    /// the application's behaviour ([`Application::parse`], e.g.
+    /// `u2:upstream:maxAdaptiveRetries=1:maxtime+drop`; default `continue`). In URI_OPTIONS,
     /// `{deadline}` stands for the application's deadline in ms (`timeoutMS={deadline}`).
     pub fn parse(entry: &str) -> Result<Variant, String> {
         let entry = entry.trim();
@@ -402,7 +515,7 @@ impl Variant {
         let driver = parts.next().ok_or_else(|| {
             let known: Vec<String> = Variant::builtin().into_iter().map(|v| v.name).collect();
             format!(
-                "unknown variant {entry:?}: use one of {} or NAME:DRIVER[:URI_OPTIONS]",
+                "unknown variant {entry:?}: use one of {} or NAME:DRIVER[:URI_OPTIONS[:APP]]",
                 known.join(", ")
             )
         })?;
@@ -414,8 +527,18 @@ impl Variant {
         if name.is_empty() {
             return Err(format!("variant {entry:?}: empty name"));
         }
-        let opts = parts.next().unwrap_or_default().trim_start_matches('?');
-        Ok(Variant::new(name, driver, opts))
+        let rest = parts.next().unwrap_or_default();
+        // The application is the last field when it reads as one; URI options may hold ':'
+        // themselves (`readPreferenceTags=dc:ny`).
+        let (opts, app) = match rest.rsplit_once(':') {
+            Some((opts, app)) => match Application::parse(app) {
+                Some(app) => (opts, app),
+                None => (rest, Application::DEFAULT),
+            },
+            None => (rest, Application::DEFAULT),
+        };
+        let opts = opts.trim_start_matches('?');
+        Ok(Variant::with_app(name, driver, opts, app))
     }
 }
 
@@ -482,6 +605,22 @@ pub struct HotMember {
     pub share: f64,
 }
 
+/// Faults injected during every variant run (`faults`): connections closed on every member
+/// and step-downs of the primary, as the exactly-once audit injects them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Faults {
+    /// Share of inserts and updates whose connection is closed before they run
+    /// (`failCommand` with `closeConnection`).
+    pub drop_before: f64,
+    /// Share of applied writes whose connection is closed before the reply
+    /// (`onPrimaryTransactionalWrite` with `closeConnection`).
+    pub drop_after: f64,
+    /// Period of the primary's step-downs (the first one period after the schedule starts).
+    #[serde(serialize_with = "ser_secs")]
+    pub step_down_every: Duration,
+}
+
 /// Everything a run needs.
 #[derive(Debug, Clone, Serialize)]
 pub struct LabConfig {
@@ -506,8 +645,9 @@ pub struct LabConfig {
     /// Application deadline per request.
     #[serde(serialize_with = "ser_secs")]
     pub deadline: Duration,
-    /// Send `maxTimeMS` equal to the deadline on reads.
-    pub max_time_ms: bool,
+    /// `--max-time-ms`: every variant's application sends `maxTimeMS` on finds, whatever the
+    /// variant's own application does (`None`: each variant's own).
+    pub max_time_override: Option<bool>,
     /// Longest wait for late completions after the schedule ends.
     #[serde(serialize_with = "ser_secs")]
     pub drain: Duration,
@@ -530,8 +670,10 @@ pub struct LabConfig {
     /// Schedule-lag p99 above which a run is INVALID.
     #[serde(serialize_with = "ser_secs")]
     pub max_lag_p99: Duration,
-    /// What the application does at its deadline.
-    pub on_deadline: OnDeadline,
+    /// What every variant's application does at its deadline, whatever the variant's own does:
+    /// the scenario's requirement (`flood` drops) or `--on-deadline`, which wins over it
+    /// (`None`: each variant's own).
+    pub on_deadline_override: Option<OnDeadline>,
     /// Times the application retries an operation that failed with an overload error, while
     /// its deadline has not passed (0: the application does not retry).
     pub app_retries: u32,
@@ -547,6 +689,8 @@ pub struct LabConfig {
     /// Whether a closed-loop run saturating the process's CPU is the intent (`fast-path`):
     /// then CPU saturation is reported but does not make the run invalid.
     pub saturation_expected: bool,
+    /// Faults during every variant run (`faults`).
+    pub faults: Option<Faults>,
 }
 
 impl Default for LabConfig {
@@ -562,7 +706,7 @@ impl Default for LabConfig {
             min_pool_size: 0,
             client_options: String::new(),
             deadline: Duration::from_millis(100),
-            max_time_ms: false,
+            max_time_override: None,
             drain: Duration::from_secs(2),
             mix: OpMix::default(),
             docs: 1000,
@@ -572,13 +716,14 @@ impl Default for LabConfig {
             limiter_share: 0.9,
             model_overrides: None,
             max_lag_p99: Duration::from_millis(5),
-            on_deadline: OnDeadline::Continue,
+            on_deadline_override: None,
             app_retries: 0,
             random_reject_share: 0.0,
             load: Load::Open,
             members: 1,
             hot_member: None,
             saturation_expected: false,
+            faults: None,
         }
     }
 }
@@ -636,6 +781,33 @@ impl LabConfig {
             .and_then(|v| v.get(key))
             .and_then(|v| v.as_f64())
             .unwrap_or(default)
+    }
+
+    /// What `variant`'s application does in this run: its own behaviour, with the run's
+    /// overrides ([`LabConfig::max_time_override`], [`LabConfig::on_deadline_override`]) over
+    /// it. Where the variant sets `timeoutMS` the application sends no `maxTimeMS` of its own.
+    pub fn application(&self, variant: &Variant) -> Application {
+        let mut app = variant.app;
+        if let Some(m) = self.max_time_override {
+            app.max_time = m;
+        }
+        if let Some(d) = self.on_deadline_override {
+            app.on_deadline = d;
+        }
+        if has_timeout(&variant.uri_options) || has_timeout(&self.client_options) {
+            app.max_time = false;
+        }
+        app
+    }
+
+    /// Whether this run's overrides change what `variant`'s application does (the report
+    /// says so beside the variant).
+    pub fn app_overridden(&self, variant: &Variant) -> bool {
+        let mut own = variant.app;
+        if has_timeout(&variant.uri_options) || has_timeout(&self.client_options) {
+            own.max_time = false;
+        }
+        self.application(variant) != own
     }
 
     /// The connection string options every client of `variant` gets (pool settings, the

@@ -35,14 +35,11 @@ fn recovery(r: &RunSummary) -> String {
 
 fn flags(r: &RunSummary) -> String {
     let mut f = Vec::new();
-    if r.invalid {
-        f.push("INVALID (schedule lag)");
+    if !r.is_valid() {
+        f.push(format!("INVALID ({})", r.invalid_why.join(", ")));
     }
     if r.saturated {
-        f.push("CPU SATURATED");
-    }
-    if r.unfinished > 0 {
-        f.push("unfinished requests");
+        f.push("CPU SATURATED".to_string());
     }
     f.join(", ")
 }
@@ -211,19 +208,26 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
         .runs
         .iter()
         .map(|r| &r.summary)
-        .filter(|r| r.invalid)
+        .filter(|r| !r.is_valid())
         .collect();
     if !invalid.is_empty() {
         let _ = writeln!(
             s,
-            "**INVALID:** the generator fell behind its schedule (lag p99 > {} ms) in: {}. \
-             Their figures are not trustworthy.\n",
+            "**INVALID** runs (schedule lag p99 > {} ms, CPU saturated, unfinished requests, \
+             steal time > {} %, or a closed loop without the machine's cores): {}. Their \
+             figures are not trustworthy.\n",
             cfg.max_lag_p99.as_millis(),
+            super::summary::MAX_STEAL_PCT,
             invalid
                 .iter()
-                .map(|r| format!("{} #{}", r.variant, r.rep + 1))
+                .map(|r| format!(
+                    "{} #{} ({})",
+                    r.variant,
+                    r.rep + 1,
+                    r.invalid_why.join(", ")
+                ))
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join("; ")
         );
     }
     if run.runs.iter().any(|r| r.summary.saturated) {
@@ -466,12 +470,22 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
     let _ = writeln!(s, "## Configuration\n");
     let _ = writeln!(s, "Emulator: `{}`\n", run.uri);
     for r in run.runs.iter().filter(|r| r.rep == 0) {
+        let overridden = if cfg.app_overridden(&r.variant) {
+            format!(
+                " (overridden by the run: the variant's own is {})",
+                r.variant.app.describe(&r.variant.uri_options)
+            )
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "- `{}`: driver {}, URI options `{}`",
+            "- `{}`: driver {}, URI options `{}`; application: {}{}",
             r.variant.name,
             r.variant.driver,
-            cfg.uri_options(&r.variant)
+            cfg.uri_options(&r.variant),
+            cfg.application(&r.variant).describe(&r.variant.uri_options),
+            overridden
         );
     }
     if let Some(m) = &run.model_config {

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::calibrate::calibrate;
 use super::client::{self, ForkStats, LabClient, Sink};
-use super::config::{with_options, LabConfig, Load, Persona, ServerMode, Variant};
+use super::config::{with_options, Faults, LabConfig, Load, Persona, ServerMode, Variant};
 use super::control::{counter_deltas, member_documents, model_document, Control, COLL, DB};
 use super::drive::{drive_all, drive_closed_from, ClosedLoop, DriveStats, RequestOpts};
 use super::emulator_thread::EmulatorThread;
@@ -26,6 +26,7 @@ use super::failpoint_limiter::failpoint_controller;
 use super::metrics::{Recorder, Second};
 use super::sampler::sampler;
 use super::schedule::{self, Arrival, ScheduleSpec};
+use super::soak::{Drops, Members};
 use super::summary::{summarize, RunSummary};
 use emulator::{EmulatorConfig, Topology};
 
@@ -203,7 +204,7 @@ async fn run_against(
                 }
                 _ => None,
             };
-            let (seconds, stats, cpu_total, fork_stats) = run;
+            let (seconds, stats, cpu_total, fork_stats, steal_pct) = run;
             let mut summary = summarize(
                 variant,
                 rep,
@@ -216,6 +217,8 @@ async fn run_against(
                 cfg.max_lag_p99,
             );
             summary.fork_stats = fork_stats;
+            summary.steal_pct = steal_pct;
+            summary.judge_validity(cfg.saturation_expected);
             runs.push(VariantRun {
                 variant: variant.clone(),
                 rep,
@@ -232,8 +235,15 @@ async fn run_against(
 }
 
 /// What one variant run measured: per-second figures, the driver's view, mean process CPU
-/// (percent of all cores), and the fork's overload statistics summed over the instances.
-type VariantFigures = (Vec<Second>, DriveStats, Option<f64>, Option<ForkStats>);
+/// (percent of all cores), the fork's overload statistics summed over the instances, and the
+/// machine's steal time (percent).
+type VariantFigures = (
+    Vec<Second>,
+    DriveStats,
+    Option<f64>,
+    Option<ForkStats>,
+    Option<f64>,
+);
 
 #[allow(clippy::too_many_arguments)]
 async fn run_variant(
@@ -270,16 +280,31 @@ async fn run_variant(
             stop_rx.clone(),
         ));
     }
+    let faults = match &cfg.faults {
+        Some(f) => Some(start_faults(f, uri, start, stop_rx.clone()).await?),
+        None => None,
+    };
     let cpu_start = super::sys::process_cpu();
-    let opts = request_opts(cfg);
+    let ticks_start = super::sys::machine_ticks();
+    let opts = request_opts(cfg, variant);
     // Closed loops run interleaved (`run_interleaved`), never through here.
     let stats = drive_all(&clients, schedules, recorder.clone(), opts).await;
     let cpu_end = super::sys::process_cpu();
+    let steal_pct = match (ticks_start, super::sys::machine_ticks()) {
+        (Some(a), Some(b)) => a.steal_pct_until(&b),
+        _ => None,
+    };
     let wall = Instant::now()
         .saturating_duration_since(start)
         .as_secs_f64();
     let _ = stop_tx.send(true);
     while helpers.join_next().await.is_some() {}
+    if let Some((members, stepper)) = faults {
+        let _ = stepper.await;
+        // Off before the next variant seeds its collection.
+        members.set_drops(None).await?;
+        members.shutdown().await;
+    }
     let fork_stats = overload_stats_of(&clients);
     for c in &clients {
         c.shutdown().await;
@@ -291,7 +316,48 @@ async fn run_variant(
         _ => None,
     };
     let len = cfg.scenario.duration().as_secs_f64().ceil() as usize;
-    Ok((recorder.take(len), stats, cpu_total, fork_stats))
+    Ok((recorder.take(len), stats, cpu_total, fork_stats, steal_pct))
+}
+
+/// Switches `faults`' connection drops on on every member and starts stepping the primary
+/// down every `faults.step_down_every` from `start` until `stop` turns true. Returns the
+/// members' connections (to switch the drops off) and the stepping task.
+async fn start_faults(
+    faults: &Faults,
+    uri: &str,
+    start: Instant,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(Members, tokio::task::JoinHandle<()>), String> {
+    let members = Members::connect(uri).await?;
+    members
+        .set_drops(Some(&Drops {
+            before_share: faults.drop_before,
+            before_commands: &["insert", "update"],
+            after_share: faults.drop_after,
+        }))
+        .await?;
+    let every = faults.step_down_every.max(Duration::from_millis(100));
+    let stepper_members = Members::connect(uri).await?;
+    let stepper = tokio::spawn(async move {
+        let mut next = start + every;
+        // Bounded: ends when the run stops (the sender drops or sends `true`).
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => {
+                    // A step-down that finds no primary (mid-election) is skipped.
+                    let _ = stepper_members.step_down().await;
+                    next += every;
+                }
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        break;
+                    }
+                }
+            }
+        }
+        stepper_members.shutdown().await;
+    });
+    Ok((members, stepper))
 }
 
 /// The overload statistics of `clients` added up (`None` where the driver keeps none).
@@ -303,14 +369,16 @@ pub(crate) fn overload_stats_of(clients: &[Arc<dyn LabClient>]) -> Option<ForkSt
     all
 }
 
-/// How the generator treats each request under `cfg`.
-fn request_opts(cfg: &LabConfig) -> RequestOpts {
+/// How the generator treats each request of `variant` under `cfg`: the deadline, and what the
+/// variant's application does with it ([`LabConfig::application`]).
+fn request_opts(cfg: &LabConfig, variant: &Variant) -> RequestOpts {
+    let app = cfg.application(variant);
     RequestOpts {
         deadline: cfg.deadline,
         drain: cfg.drain,
         range_len: cfg.mix.range_len,
-        max_time: cfg.max_time_ms.then_some(cfg.deadline),
-        on_deadline: cfg.on_deadline,
+        max_time: app.max_time.then_some(cfg.deadline),
+        on_deadline: app.on_deadline,
         app_retries: cfg.app_retries,
     }
 }
@@ -334,6 +402,8 @@ struct Turn<'a> {
     /// The same over the slices of the second being booked.
     second_cpu: Duration,
     second_wall: Duration,
+    /// The machine's ticks over the variant's counted slices, summed: all, and stolen.
+    ticks: super::sys::MachineTicks,
 }
 
 /// Connects `cfg.instances` clients of `variant`, booking into `recorder` and counting their
@@ -409,9 +479,9 @@ async fn run_interleaved(
             wall: Duration::ZERO,
             second_cpu: Duration::ZERO,
             second_wall: Duration::ZERO,
+            ticks: super::sys::MachineTicks::default(),
         });
     }
-    let opts = request_opts(cfg);
     let mut order: Vec<usize> = (0..turns.len()).collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed.wrapping_add(rep as u64 * 1000));
     // Round 0 warms every pool and code path up; its second is dropped below.
@@ -440,6 +510,8 @@ async fn run_interleaved(
                 seed: cfg.seed.wrapping_add((rep * 1000 + round) as u64),
             };
             let cpu_start = super::sys::process_cpu();
+            let ticks_start = super::sys::machine_ticks();
+            let opts = request_opts(cfg, turn.variant);
             let stats =
                 drive_closed_from(&turn.clients, &spec, turn.recorder.clone(), opts, start).await;
             let wall = Instant::now().saturating_duration_since(start);
@@ -449,6 +521,10 @@ async fn run_interleaved(
             };
             if round == 0 {
                 continue;
+            }
+            if let (Some(a), Some(b)) = (ticks_start, super::sys::machine_ticks()) {
+                turn.ticks.total += b.total.saturating_sub(a.total);
+                turn.ticks.steal += b.steal.saturating_sub(a.steal);
             }
             if quarter == 0 {
                 (turn.second_cpu, turn.second_wall) = (Duration::ZERO, Duration::ZERO);
@@ -497,6 +573,8 @@ async fn run_interleaved(
             cfg.max_lag_p99,
         );
         summary.fork_stats = fork_stats;
+        summary.steal_pct = super::sys::MachineTicks::default().steal_pct_until(&turn.ticks);
+        summary.judge_validity(cfg.saturation_expected);
         runs.push(VariantRun {
             variant: turn.variant.clone(),
             rep,

@@ -30,15 +30,57 @@ pub enum ScenarioName {
     /// A three-member replica set serving reads from every member, one of which admits a third
     /// of the others' rate: it gets 150 % of its capacity, the others 50 %.
     HotMember,
+    /// 200 % of capacity with half the mix inserts and updates, which take no `maxTimeMS` in
+    /// upstream 3.9.1.
+    WriteHeavy,
+    /// `transient` at 1 % random rejections.
+    #[value(name = "transient-1")]
+    Transient1,
+    /// `transient` at 5 % random rejections.
+    #[value(name = "transient-5")]
+    Transient5,
+    /// `transient` at 15 % random rejections (above the retry budget's share).
+    #[value(name = "transient-15")]
+    Transient15,
+    /// `transient` at 30 % random rejections.
+    #[value(name = "transient-30")]
+    Transient30,
+    /// The exactly-once audit's faults (connection drops, step-downs, 5 % random rejections)
+    /// under open-loop load below capacity.
+    Faults,
 }
 
 impl ScenarioName {
-    /// Every scenario, in the suite's order.
-    pub const ALL: [ScenarioName; 8] = [
+    /// Every scenario.
+    pub const ALL: [ScenarioName; 14] = [
         ScenarioName::Burst,
         ScenarioName::Sustained,
         ScenarioName::Transient,
         ScenarioName::AppRetries,
+        ScenarioName::Flood,
+        ScenarioName::NoLimiter,
+        ScenarioName::FastPath,
+        ScenarioName::HotMember,
+        ScenarioName::WriteHeavy,
+        ScenarioName::Transient1,
+        ScenarioName::Transient5,
+        ScenarioName::Transient15,
+        ScenarioName::Transient30,
+        ScenarioName::Faults,
+    ];
+
+    /// The suite's scenarios, in its order. `transient` itself is the sweep's `transient-5`
+    /// (its default share) and does not run twice; `app-retries` is left out for the suite's
+    /// 15 minutes (docs/lab.md, "The suite and its verdict").
+    pub const SUITE: [ScenarioName; 12] = [
+        ScenarioName::Burst,
+        ScenarioName::Sustained,
+        ScenarioName::WriteHeavy,
+        ScenarioName::Transient1,
+        ScenarioName::Transient5,
+        ScenarioName::Transient15,
+        ScenarioName::Transient30,
+        ScenarioName::Faults,
         ScenarioName::Flood,
         ScenarioName::NoLimiter,
         ScenarioName::FastPath,
@@ -56,6 +98,12 @@ impl ScenarioName {
             ScenarioName::NoLimiter => "no-limiter",
             ScenarioName::FastPath => "fast-path",
             ScenarioName::HotMember => "hot-member",
+            ScenarioName::WriteHeavy => "write-heavy",
+            ScenarioName::Transient1 => "transient-1",
+            ScenarioName::Transient5 => "transient-5",
+            ScenarioName::Transient15 => "transient-15",
+            ScenarioName::Transient30 => "transient-30",
+            ScenarioName::Faults => "faults",
         }
     }
 
@@ -81,6 +129,29 @@ pub const TRANSIENT_REJECT_SHARE: f64 = 0.05;
 /// variant's success share by 0.3 points from run to run (docs/lab.md, "Why `transient`'s
 /// deadline is 1 s").
 pub const TRANSIENT_DEADLINE: Duration = Duration::from_millis(1000);
+/// Operation mix of `write-heavy` (and `faults`): half inserts and updates.
+pub const WRITE_HEAVY_MIX: &str = "point=40,range=10,insert=25,update=25";
+/// Offered load of `write-heavy`, as a multiple of capacity.
+pub const WRITE_HEAVY_LOAD: f64 = 2.0;
+/// Offered load of `faults` and of the `transient` sweep, as a multiple of capacity.
+pub const BELOW_CAPACITY_LOAD: f64 = 0.5;
+/// Replica-set members of `faults` (a step-down needs another electable member).
+pub const FAULTS_MEMBERS: usize = 3;
+/// The faults of `faults`: the exactly-once audit's (`audit::AuditPlan::for_writes`): 2 % of
+/// inserts and updates lose their connection before they run, 3 % of applied writes before
+/// their reply, and the primary steps down every 2 s.
+pub const FAULTS: super::config::Faults = super::config::Faults {
+    drop_before: 0.02,
+    drop_after: 0.03,
+    step_down_every: Duration::from_secs(2),
+};
+/// Random rejections in `faults` (the audit's 5 %).
+pub const FAULTS_REJECT_SHARE: f64 = 0.05;
+/// Suite length of each `transient-N` scenario (s): four of them share the suite's 15 minutes.
+pub const TRANSIENT_SWEEP_SUITE_SECS: f64 = 3.0;
+/// Suite length of `faults` (s): three step-downs at one every 2 s.
+pub const FAULTS_SUITE_SECS: f64 = 6.0;
+
 /// Retries of the application in `app-retries`.
 pub const APP_RETRIES: u32 = 2;
 /// Offered load of `flood`, as a multiple of capacity.
@@ -92,6 +163,8 @@ pub const FLOOD_REJECTION_MS: f64 = 0.3;
 /// Virtual cores of the `flood` scenario's server: one, so that 500 % of its capacity stays a
 /// load the generator's two real cores can send.
 pub const FLOOD_CORES: f64 = 1.0;
+/// Suite length of `fast-path` (s; 40 quarter-second slices a variant and repetition).
+pub const FAST_PATH_SUITE_SECS: f64 = 10.0;
 /// Closed-loop workers of `fast-path` (all instances together).
 pub const FAST_PATH_WORKERS: usize = 32;
 /// Replica-set members of `hot-member`.
@@ -118,8 +191,12 @@ pub struct ScenarioParams {
     pub app_retries: u32,
     /// `flood`: offered load as a multiple of capacity.
     pub flood_load: f64,
-    /// `flood`: core time per rejection (ms).
-    pub rejection_ms: f64,
+    /// Core time per rejection (ms), `costs.rejectionMs`: `flood`'s default is
+    /// [`FLOOD_REJECTION_MS`]; elsewhere the model's own unless given.
+    pub rejection_ms: Option<f64>,
+    /// Core time to stop an expired or disconnected request (ms), `costs.expiryMs`: the
+    /// model's own unless given (for the sensitivity table of `flood` and `no-limiter`).
+    pub expiry_ms: Option<f64>,
     /// `fast-path`: closed-loop workers in all.
     pub workers: usize,
 }
@@ -130,7 +207,8 @@ impl Default for ScenarioParams {
             reject_share: TRANSIENT_REJECT_SHARE,
             app_retries: APP_RETRIES,
             flood_load: FLOOD_LOAD,
-            rejection_ms: FLOOD_REJECTION_MS,
+            rejection_ms: None,
+            expiry_ms: None,
             workers: FAST_PATH_WORKERS,
         }
     }
@@ -148,8 +226,13 @@ impl ScenarioParams {
         if !(self.flood_load.is_finite() && self.flood_load >= 5.0 && self.flood_load <= 20.0) {
             return Err("--flood-load must be between 500 and 2000 (%)".into());
         }
-        if !(self.rejection_ms.is_finite() && (0.0..=100.0).contains(&self.rejection_ms)) {
-            return Err("--rejection-ms must be between 0 and 100".into());
+        for (flag, v) in [
+            ("--rejection-ms", self.rejection_ms),
+            ("--expiry-ms", self.expiry_ms),
+        ] {
+            if v.is_some_and(|v| !(v.is_finite() && (0.0..=100.0).contains(&v))) {
+                return Err(format!("{flag} must be between 0 and 100"));
+            }
         }
         if self.workers == 0 || self.workers > 4096 {
             return Err("--workers must be in 1..=4096".into());
@@ -186,9 +269,49 @@ impl ScenarioName {
             ScenarioName::Burst => cfg.scenario = Scenario::burst(len),
             ScenarioName::Sustained => cfg.scenario = Scenario::sustained(len),
             ScenarioName::Transient => {
-                cfg.scenario = Scenario::steady("transient", "base", 0.5, steady);
+                cfg.scenario = Scenario::steady("transient", "base", BELOW_CAPACITY_LOAD, steady);
                 cfg.random_reject_share = p.reject_share;
                 cfg.deadline = TRANSIENT_DEADLINE;
+            }
+            ScenarioName::Transient1
+            | ScenarioName::Transient5
+            | ScenarioName::Transient15
+            | ScenarioName::Transient30 => {
+                // The share is the scenario's name; `--reject-share` is `transient`'s.
+                let share = self.sweep_share().unwrap_or(TRANSIENT_REJECT_SHARE);
+                let secs = if len == Length::Suite {
+                    TRANSIENT_SWEEP_SUITE_SECS
+                } else {
+                    steady
+                };
+                cfg.scenario = Scenario::steady(self.name(), "base", BELOW_CAPACITY_LOAD, secs);
+                cfg.random_reject_share = share;
+                cfg.deadline = TRANSIENT_DEADLINE;
+            }
+            ScenarioName::WriteHeavy => {
+                cfg.scenario =
+                    Scenario::steady("write-heavy", "overload", WRITE_HEAVY_LOAD, steady);
+                // `OpMix::parse` accepts this constant.
+                if let Ok(mix) = super::config::OpMix::parse(WRITE_HEAVY_MIX) {
+                    cfg.mix = mix;
+                }
+            }
+            ScenarioName::Faults => {
+                let secs = if len == Length::Suite {
+                    FAULTS_SUITE_SECS
+                } else {
+                    steady
+                };
+                cfg.scenario = Scenario::steady("faults", "faults", BELOW_CAPACITY_LOAD, secs);
+                cfg.persona = super::config::Persona::Replicaset;
+                cfg.members = FAULTS_MEMBERS;
+                if let Ok(mix) = super::config::OpMix::parse(WRITE_HEAVY_MIX) {
+                    cfg.mix = mix;
+                }
+                cfg.random_reject_share = FAULTS_REJECT_SHARE;
+                // Room for the specification's backoff and a failover, as in `transient`.
+                cfg.deadline = TRANSIENT_DEADLINE;
+                cfg.faults = Some(FAULTS);
             }
             ScenarioName::AppRetries => {
                 cfg.scenario = Scenario::steady("app-retries", "overload", 2.0, steady);
@@ -203,10 +326,10 @@ impl ScenarioName {
                 // flood's application drops the call at its deadline instead, as applications
                 // using `tokio::time::timeout` do, and every attempt sent reaches the server
                 // at the offered rate.
-                cfg.on_deadline = OnDeadline::Drop;
+                cfg.on_deadline_override = Some(OnDeadline::Drop);
                 model = serde_json::json!({
                     "cores": FLOOD_CORES,
-                    "costs": { "rejectionMs": p.rejection_ms },
+                    "costs": { "rejectionMs": p.rejection_ms.unwrap_or(FLOOD_REJECTION_MS) },
                 });
             }
             ScenarioName::NoLimiter => {
@@ -261,7 +384,12 @@ impl ScenarioName {
                 // slices a variant) is about ±2.5 %; twice the slices narrow it by a third, for
                 // 3 more minutes of a suite that must finish in 15 (`pathbench` and instruction
                 // counts resolve less; docs/lab.md, "How precise the fast path is").
-                let mut s = Scenario::steady("fast-path", "closed", 1.0, 3.0 * steady);
+                let secs = if len == Length::Suite {
+                    FAST_PATH_SUITE_SECS
+                } else {
+                    3.0 * steady
+                };
+                let mut s = Scenario::steady("fast-path", "closed", 1.0, secs);
                 // A closed loop has no burst to recover from.
                 s.burst = None;
                 cfg.scenario = s;
@@ -270,6 +398,20 @@ impl ScenarioName {
                 cfg.saturation_expected = true;
             }
         }
+        // The cost flags apply to every scenario that has the model (the sensitivity table).
+        let mut costs = serde_json::Map::new();
+        if let Some(ms) = p.rejection_ms {
+            costs.insert("rejectionMs".into(), ms.into());
+        }
+        if let Some(ms) = p.expiry_ms {
+            costs.insert("expiryMs".into(), ms.into());
+        }
+        if !costs.is_empty() {
+            merge_json(
+                &mut model,
+                serde_json::json!({ "costs": serde_json::Value::Object(costs) }),
+            );
+        }
         if let Some(user) = cfg.model_overrides.take() {
             merge_json(&mut model, user);
         }
@@ -277,68 +419,62 @@ impl ScenarioName {
         cfg.model_overrides = (!empty).then_some(model);
     }
 
-    /// The variants this scenario runs when none are named: upstream's configurations, and
-    /// the fork's controls where the scenario judges them (where they help and where they may
-    /// hurt). `fork-default` (every control off, so upstream's behaviour) runs in `burst`, to
-    /// show the fork without options behaves as upstream, and in `fast-path`, where the
-    /// fork's cost is the question. `fork-timeout` and `fork-budget`, each half of the
-    /// recommended settings, run where overload is sustained (`sustained`, `app-retries`, and
-    /// `fork-timeout` in `no-limiter`). The suite's 15 minutes do not allow every variant in
-    /// every scenario.
+    /// The random rejection share of a `transient-N` scenario.
+    pub fn sweep_share(self) -> Option<f64> {
+        match self {
+            ScenarioName::Transient1 => Some(0.01),
+            ScenarioName::Transient5 => Some(0.05),
+            ScenarioName::Transient15 => Some(0.15),
+            ScenarioName::Transient30 => Some(0.30),
+            _ => None,
+        }
+    }
+
+    /// The variants this scenario runs when none are named: the strongest upstream
+    /// configurations for the scenario (upstream's best practice: `maxTimeMS` on finds and
+    /// the call dropped at the deadline, with and without retries), upstream's defaults where
+    /// a check compares with them or they show what the scenario is about, and the fork's
+    /// recommended settings and every control everywhere. Every upstream configuration runs
+    /// in at least one scenario, so each has a row in the dominance tables. The suite's
+    /// 15 minutes do not allow every variant everywhere; docs/lab.md ("Which variants each
+    /// scenario runs") lists what was cut and why.
     pub fn default_variants(self) -> Vec<Variant> {
-        let names: &[&str] = match self {
-            ScenarioName::Burst => &[
-                "upstream-default",
-                "upstream-no-retries",
-                "fork-default",
-                "fork-budget-timeout",
-                "fork-controls",
-            ],
+        const FORK: [&str; 2] = ["fork-budget-timeout", "fork-controls"];
+        let upstream: &[&str] = match self {
+            // `upstream-default` is the base of `fast-path`'s ratio and of the success-share
+            // checks; elsewhere upstream's best practice is what the fork must beat.
+            ScenarioName::Burst => &["upstream-best", "upstream-best-no-retries"],
             ScenarioName::Sustained | ScenarioName::AppRetries => &[
-                "upstream-default",
                 "upstream-no-retries",
-                "fork-timeout",
-                "fork-budget",
-                "fork-budget-timeout",
-                "fork-controls",
+                "upstream-maxtime",
+                "upstream-best",
+                "upstream-best-no-retries",
             ],
-            ScenarioName::Transient => &[
+            ScenarioName::WriteHeavy => &[
+                "upstream-maxtime",
+                "upstream-best",
+                "upstream-best-no-retries",
+            ],
+            ScenarioName::Transient | ScenarioName::Transient15 => &[
                 "upstream-default",
-                "upstream-no-retries",
-                "fork-default",
-                "fork-budget-timeout",
-                "fork-controls",
+                "upstream-best",
+                "upstream-best-no-retries",
             ],
-            ScenarioName::Flood => &[
-                "upstream-default",
-                "upstream-no-retries",
-                "fork-budget-timeout",
-                "fork-throttle",
-                "fork-controls",
-            ],
-            ScenarioName::NoLimiter => &[
-                "upstream-default",
-                "upstream-no-retries",
-                "fork-timeout",
-                "fork-concurrency",
-                "fork-controls",
-            ],
-            ScenarioName::FastPath => &[
-                "upstream-default",
-                "fork-default",
-                "fork-budget-timeout",
-                "fork-controls",
-            ],
-            ScenarioName::HotMember => &[
-                "upstream-default",
-                "upstream-retargeting",
-                "fork-retargeting",
-                "fork-budget-timeout",
-                "fork-controls",
-            ],
+            ScenarioName::Transient1 | ScenarioName::Transient5 | ScenarioName::Transient30 => {
+                &["upstream-default", "upstream-best"]
+            }
+            ScenarioName::Faults => &["upstream-default", "upstream-best"],
+            // The flood's application drops every call (the scenario's requirement), so
+            // `upstream-maxtime` is `upstream-best` there.
+            ScenarioName::Flood => &["upstream-best", "upstream-best-no-retries"],
+            // No overload error reaches the driver: its retry setting changes nothing.
+            ScenarioName::NoLimiter => &["upstream-default", "upstream-best"],
+            ScenarioName::FastPath => &["upstream-default"],
+            ScenarioName::HotMember => &["upstream-best", "upstream-best-retargeting"],
         };
-        names
+        upstream
             .iter()
+            .chain(FORK.iter())
             .filter_map(|name| Variant::parse(name).ok())
             .collect()
     }
@@ -385,7 +521,7 @@ mod tests {
         let mut cfg = LabConfig::default();
         ScenarioName::FastPath.apply(&mut cfg, Length::Suite, &p);
         assert_eq!(cfg.repeats, LabConfig::default().repeats);
-        assert_eq!(cfg.scenario.duration(), Duration::from_secs(15));
+        assert_eq!(cfg.scenario.duration(), Duration::from_secs(10));
         assert_eq!(cfg.server_mode, ServerMode::None);
         assert_eq!(cfg.load, Load::Closed { workers: 32 });
 
@@ -405,34 +541,106 @@ mod tests {
             .into_iter()
             .map(|v| v.name)
             .collect();
-        assert_eq!(names.len(), 5, "{names:?}");
-        assert!(names.iter().any(|n| n == "fork-retargeting"));
+        assert!(
+            names.iter().any(|n| n == "upstream-best-retargeting"),
+            "{names:?}"
+        );
 
         let mut cfg = LabConfig::default();
         ScenarioName::AppRetries.apply(&mut cfg, Length::Suite, &p);
         assert_eq!(cfg.app_retries, 2);
         assert!(cfg.model_overrides.is_none());
+
+        for (s, share) in [
+            (ScenarioName::Transient1, 0.01),
+            (ScenarioName::Transient15, 0.15),
+            (ScenarioName::Transient30, 0.30),
+        ] {
+            let mut cfg = LabConfig::default();
+            s.apply(&mut cfg, Length::Suite, &p);
+            assert_eq!(cfg.random_reject_share, share);
+            assert_eq!(cfg.scenario.name, s.name());
+            assert_eq!(cfg.deadline, TRANSIENT_DEADLINE);
+            assert_eq!(cfg.scenario.phases[0].load, 0.5);
+        }
+
+        let mut cfg = LabConfig::default();
+        ScenarioName::WriteHeavy.apply(&mut cfg, Length::Suite, &p);
+        assert_eq!(cfg.scenario.phases[0].load, 2.0);
+        let writes = cfg.mix.share(super::super::config::OpKind::Insert)
+            + cfg.mix.share(super::super::config::OpKind::Update);
+        assert!((writes - 0.5).abs() < 1e-9, "{:?}", cfg.mix);
+
+        let mut cfg = LabConfig::default();
+        ScenarioName::Faults.apply(&mut cfg, Length::Suite, &p);
+        assert_eq!(cfg.members, 3);
+        assert_eq!(cfg.random_reject_share, 0.05);
+        assert!(cfg.scenario.phases[0].load < 1.0, "below capacity");
+        let f = cfg.faults.expect("faults");
+        assert_eq!((f.drop_before, f.drop_after), (0.02, 0.03));
     }
 
     #[test]
     fn every_scenario_judges_fork_controls_against_upstream() {
+        use super::super::config::Application;
         for s in ScenarioName::ALL {
             let v = s.default_variants();
             assert!(v.len() >= 3, "{s:?}: {v:?}");
-            assert_eq!(v[0].name, "upstream-default", "{s:?}: the ratio base runs");
-            assert!(v
-                .iter()
-                .any(|x| x.driver == super::super::config::Driver::Fork));
-            // The recommended settings are judged everywhere but where they change nothing.
-            if s != ScenarioName::NoLimiter {
-                assert!(v.iter().any(|x| x.name == "fork-budget-timeout"), "{s:?}");
-            }
-            // Every control together is judged everywhere (issue 15).
+            assert!(v[0].is_upstream(), "{s:?}: upstream runs");
+            // The recommended settings and every control are judged everywhere (issue 27).
+            assert!(v.iter().any(|x| x.name == "fork-budget-timeout"), "{s:?}");
             assert!(v.iter().any(|x| x.name == "fork-controls"), "{s:?}");
+            // Upstream's best practice runs wherever an application could use it.
+            if s != ScenarioName::FastPath {
+                assert!(
+                    v.iter()
+                        .any(|x| x.is_upstream() && x.app == Application::BEST),
+                    "{s:?}: {v:?}"
+                );
+            }
+        }
+        // The success-share checks compare with upstream's defaults.
+        for s in ScenarioName::SUITE {
+            if s.sweep_share().is_some() || s == ScenarioName::Faults || s == ScenarioName::FastPath
+            {
+                assert!(
+                    s.default_variants()
+                        .iter()
+                        .any(|x| x.name == "upstream-default"),
+                    "{s:?}"
+                );
+            }
+        }
+        // Every built-in upstream configuration but retargeting alone runs somewhere in the
+        // suite, so each has a row in the dominance tables.
+        for u in super::super::config::Variant::builtin()
+            .into_iter()
+            .filter(|v| v.is_upstream() && v.name != "upstream-retargeting")
+        {
+            assert!(
+                ScenarioName::SUITE
+                    .iter()
+                    .any(|s| s.default_variants().iter().any(|x| x.name == u.name)),
+                "{} runs nowhere",
+                u.name
+            );
         }
         let mut cfg = LabConfig::default();
         ScenarioName::Flood.apply(&mut cfg, Length::Suite, &ScenarioParams::default());
-        assert_eq!(cfg.on_deadline, OnDeadline::Drop);
+        assert_eq!(cfg.on_deadline_override, Some(OnDeadline::Drop));
+        // The cost flags reach the model in `flood` and `no-limiter` alike.
+        let costs = ScenarioParams {
+            rejection_ms: Some(0.9),
+            expiry_ms: Some(1.5),
+            ..ScenarioParams::default()
+        };
+        for s in [ScenarioName::Flood, ScenarioName::NoLimiter] {
+            let mut cfg = LabConfig::default();
+            s.apply(&mut cfg, Length::Suite, &costs);
+            let m = cfg.model_overrides.expect("costs");
+            assert_eq!(m["costs"]["rejectionMs"], 0.9, "{s:?}");
+            assert_eq!(m["costs"]["expiryMs"], 1.5, "{s:?}");
+        }
     }
 
     #[test]
@@ -449,6 +657,10 @@ mod tests {
             },
             ScenarioParams {
                 workers: 0,
+                ..ScenarioParams::default()
+            },
+            ScenarioParams {
+                expiry_ms: Some(-1.0),
                 ..ScenarioParams::default()
             },
         ];

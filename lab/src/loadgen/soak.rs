@@ -356,13 +356,32 @@ fn member_hosts(uri: &str) -> Vec<String> {
         .collect()
 }
 
+/// Which connections the members close: before a share of some commands, and after a share of
+/// the writes they applied (the reply lost).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Drops {
+    /// Share of `before_commands` whose connection is closed before they run.
+    pub(crate) before_share: f64,
+    /// The commands `failCommand` closes the connection before.
+    pub(crate) before_commands: &'static [&'static str],
+    /// Share of applied writes whose connection is closed before the reply.
+    pub(crate) after_share: f64,
+}
+
+/// The soak's drops.
+const SOAK_DROPS: Drops = Drops {
+    before_share: DROP_BEFORE_SHARE,
+    before_commands: &["find", "getMore", "update"],
+    after_share: DROP_AFTER_WRITE_SHARE,
+};
+
 /// A direct connection to each member, for its fail points and for finding the primary.
-struct Members {
+pub(crate) struct Members {
     clients: Vec<mongodb::Client>,
 }
 
 impl Members {
-    async fn connect(uri: &str) -> Result<Members, String> {
+    pub(crate) async fn connect(uri: &str) -> Result<Members, String> {
         let mut clients = Vec::new();
         for host in member_hosts(uri) {
             let c = mongodb::Client::with_uri_str(format!(
@@ -382,22 +401,22 @@ impl Members {
             .map_err(|e| e.to_string())
     }
 
-    /// Switches the connection drops on (or off) on every member.
-    async fn set_drops(&self, on: bool) -> Result<(), String> {
+    /// Switches the connection drops `drops` on (or, with `None`, off) on every member.
+    pub(crate) async fn set_drops(&self, drops: Option<&Drops>) -> Result<(), String> {
         for c in &self.clients {
-            let (before, after) = if on {
+            let (before, after) = if let Some(d) = drops {
                 (
                     doc! {
                         "configureFailPoint": "failCommand",
-                        "mode": { "activationProbability": DROP_BEFORE_SHARE },
+                        "mode": { "activationProbability": d.before_share },
                         "data": {
-                            "failCommands": ["find", "getMore", "update"],
+                            "failCommands": d.before_commands,
                             "closeConnection": true,
                         },
                     },
                     doc! {
                         "configureFailPoint": "onPrimaryTransactionalWrite",
-                        "mode": { "activationProbability": DROP_AFTER_WRITE_SHARE },
+                        "mode": { "activationProbability": d.after_share },
                         "data": { "closeConnection": true },
                     },
                 )
@@ -414,7 +433,7 @@ impl Members {
     }
 
     /// Steps the current primary down; `Ok(false)` when no member is primary right now.
-    async fn step_down(&self) -> Result<bool, String> {
+    pub(crate) async fn step_down(&self) -> Result<bool, String> {
         for c in &self.clients {
             let hello = Members::admin(c, doc! { "hello": 1 }).await?;
             if hello.get_bool("isWritablePrimary").unwrap_or(false) {
@@ -433,7 +452,7 @@ impl Members {
         Ok(false)
     }
 
-    async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         for c in self.clients {
             c.shutdown().immediate(true).await;
         }
@@ -561,7 +580,7 @@ async fn run_against(
     // is not used again until the drain check is done: after a step-down it would connect to
     // the new primary, and the check counts every connection that is no pool's.
     let members = Members::connect(uri).await?;
-    members.set_drops(false).await?;
+    members.set_drops(None).await?;
     // Samples go over a client of their own, so that they never need a second connection
     // while the step-downs use the members' clients.
     let status = mongodb::Client::with_uri_str(format!(
@@ -627,7 +646,7 @@ async fn run_against(
     let outside_before = server_figures(status)
         .await
         .map_or(-1, |f| f.connections - events.pool);
-    members.set_drops(true).await?;
+    members.set_drops(Some(&SOAK_DROPS)).await?;
 
     let start = Instant::now() + Duration::from_millis(200);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -670,7 +689,7 @@ async fn run_against(
         drain: lab.drain,
         range_len: lab.mix.range_len,
         max_time: None,
-        on_deadline: lab.on_deadline,
+        on_deadline: lab.application(&cfg.variant).on_deadline,
         app_retries: 0,
     };
     let mut load = JoinSet::new();
@@ -786,7 +805,7 @@ async fn run_against(
     }
 
     // The drain check: faults off, a grace period, then nothing may be left.
-    members.set_drops(false).await?;
+    members.set_drops(None).await?;
     progress.set_message("soak: drain check");
     tokio::time::sleep(cfg.grace).await;
     events.take();

@@ -10,6 +10,14 @@ use super::config::{Scenario, Variant};
 use super::drive::DriveStats;
 use super::metrics::{goodput, merged, pct_ms, recovery_time, ErrorClass, Second};
 
+/// Steal time (the hypervisor giving the machine's cores to other guests) above which a run is
+/// invalid: its figures then describe the host, not the drivers.
+pub const MAX_STEAL_PCT: f64 = 10.0;
+
+/// Process CPU (percent of all cores) below which a closed loop that should saturate the
+/// machine (`fast-path`) is invalid: something else took the cores.
+pub const MIN_CLOSED_LOOP_CPU_PCT: f64 = 75.0;
+
 /// Goodput share of offered load that counts as recovered.
 pub const RECOVERED_SHARE: f64 = 0.95;
 
@@ -115,6 +123,12 @@ pub struct RunSummary {
     /// The fork's overload statistics over the run, summed over the instances (`None`:
     /// upstream).
     pub fork_stats: Option<ForkStats>,
+    /// The machine's steal time over the run, percent of all CPU time (`None`: no
+    /// `/proc/stat`).
+    pub steal_pct: Option<f64>,
+    /// Every reason this run does not count ([`RunSummary::invalid_reasons`], set by the
+    /// runner once the run's figures are complete; empty: valid).
+    pub invalid_why: Vec<String>,
 }
 
 impl RunSummary {
@@ -123,9 +137,25 @@ impl RunSummary {
         self.errors.values().sum()
     }
 
+    /// Sets [`RunSummary::invalid_why`] from the run's figures.
+    pub fn judge_validity(&mut self, saturation_expected: bool) {
+        self.invalid_why = self
+            .invalid_reasons(saturation_expected)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+    }
+
+    /// Whether the run counts ([`RunSummary::judge_validity`] must have run).
+    pub fn is_valid(&self) -> bool {
+        self.invalid_why.is_empty()
+    }
+
     /// Why this run's figures cannot be trusted (empty: valid): the generator missed its
     /// schedule, the machine was saturated (unless `saturation_expected`, as in a closed loop
-    /// meant to saturate the client), or requests were still running after the drain.
+    /// meant to saturate the client), requests were still running after the drain, the
+    /// hypervisor stole more than [`MAX_STEAL_PCT`] of the CPU time, or a closed loop meant to
+    /// saturate the machine got less than [`MIN_CLOSED_LOOP_CPU_PCT`] of it.
     pub fn invalid_reasons(&self, saturation_expected: bool) -> Vec<&'static str> {
         let mut why = Vec::new();
         if self.invalid {
@@ -136,6 +166,12 @@ impl RunSummary {
         }
         if self.unfinished > 0 {
             why.push("unfinished requests");
+        }
+        if self.steal_pct.is_some_and(|s| s > MAX_STEAL_PCT) {
+            why.push("steal time");
+        }
+        if saturation_expected && self.cpu_pct.is_some_and(|c| c < MIN_CLOSED_LOOP_CPU_PCT) {
+            why.push("CPU taken by other processes");
         }
         why
     }
@@ -265,6 +301,8 @@ pub fn summarize(
         cpu_max_pct,
         saturated: cpu_pct.is_some_and(|c| c >= 90.0),
         fork_stats: None,
+        steal_pct: None,
+        invalid_why: Vec::new(),
     }
 }
 
@@ -333,7 +371,7 @@ pub struct VariantAggregate {
     pub recovery_secs: Option<Spread>,
     /// Runs that did not recover.
     pub not_recovered: usize,
-    /// Runs marked INVALID.
+    /// Runs that do not count (any reason of [`RunSummary::invalid_reasons`]).
     pub invalid: usize,
     /// Runs on a saturated machine.
     pub saturated: usize,
@@ -365,7 +403,7 @@ pub fn aggregate(runs: &[&RunSummary]) -> Vec<VariantAggregate> {
                     .iter()
                     .filter(|r| r.has_burst && r.recovery_secs.is_none())
                     .count(),
-                invalid: g.iter().filter(|r| r.invalid).count(),
+                invalid: g.iter().filter(|r| !r.is_valid()).count(),
                 saturated: g.iter().filter(|r| r.saturated).count(),
                 variant: name,
             }
@@ -384,5 +422,48 @@ mod tests {
         let s = Spread::of([Some(1.0), Some(4.0)]).unwrap();
         assert_eq!(s.median, 2.5);
         assert!(Spread::of([None]).is_none());
+    }
+
+    #[test]
+    fn every_reason_makes_a_run_invalid() {
+        let s = Scenario::steady("t", "p", 0.5, 1.0);
+        let v = Variant::new("v", super::super::config::Driver::Fork, "");
+        let base = summarize(
+            &v,
+            0,
+            &[Second::default()],
+            &s,
+            1,
+            DriveStats::default(),
+            None,
+            Some(50.0),
+            Duration::from_millis(5),
+        );
+        assert!(base.invalid_reasons(false).is_empty());
+        let steal = RunSummary {
+            steal_pct: Some(MAX_STEAL_PCT + 1.0),
+            ..base.clone()
+        };
+        assert_eq!(steal.invalid_reasons(false), vec!["steal time"]);
+        // A closed loop meant to saturate the machine that got half of it.
+        assert_eq!(
+            base.invalid_reasons(true),
+            vec!["CPU taken by other processes"]
+        );
+        let saturated = RunSummary {
+            saturated: true,
+            cpu_pct: Some(95.0),
+            ..base.clone()
+        };
+        assert_eq!(saturated.invalid_reasons(false), vec!["CPU saturated"]);
+        assert!(saturated.invalid_reasons(true).is_empty());
+        let unfinished = RunSummary {
+            unfinished: 1,
+            ..base
+        };
+        assert_eq!(
+            unfinished.invalid_reasons(false),
+            vec!["unfinished requests"]
+        );
     }
 }

@@ -1,24 +1,41 @@
 //! The suite's verdict (`lab run --suite`): per scenario, each variant's headline figures
-//! (median and spread over the repetitions), the best upstream configuration and each fork
-//! variant's ratio to it, written as `verdict.json` (keys documented in `docs/lab.md`, stable)
-//! and `verdict.md`.
+//! (median and spread over its *valid* repetitions), the best upstream configuration and each
+//! fork variant's ratio to it; then the dominance tables (every upstream configuration against
+//! the fork's recommended settings and against every control, per scenario) and the checks of
+//! issue 27, each met, missed or not judged. Written as `verdict.json` (keys documented in
+//! `docs/lab.md`, stable) and `verdict.md`.
+//!
+//! The verdict refuses to guess: a run that failed an honesty check (`RunSummary::invalid_why`)
+//! counts for nothing, and a variant with fewer than [`MIN_VALID_RUNS`] valid runs in a
+//! scenario is *not judged* there (no median, no ratio, not a candidate for best upstream).
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::client::ForkStats;
 use super::config::Driver;
 use super::runner::LabRun;
 use super::summary::{RunSummary, Spread};
 
-/// Version of `verdict.json`'s layout; raised when a key changes meaning or goes away.
-pub const VERDICT_SCHEMA: u32 = 1;
+/// Version of `verdict.json`'s layout; raised when a key changes meaning or goes away. 2: the
+/// figures are over valid runs only, `throughputRatioPooled`'s interval resamples repetitions
+/// and blocks of seconds, and the dominance tables and checks were added.
+pub const VERDICT_SCHEMA: u32 = 2;
 
 /// The variant whose throughput the `throughputRatio` figures divide by.
 pub const RATIO_BASE: &str = "upstream-default";
+
+/// The fork's recommended settings.
+pub const RECOMMENDED: &str = "fork-budget-timeout";
+
+/// Every control of the fork together.
+pub const CONTROLS: &str = "fork-controls";
+
+/// Valid runs a variant needs in a scenario to be judged there.
+pub const MIN_VALID_RUNS: usize = 2;
 
 /// Which figure ranks the variants of a scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -26,7 +43,8 @@ pub const RATIO_BASE: &str = "upstream-default";
 pub enum Primary {
     /// Goodput ÷ capacity (overload scenarios).
     GoodputShare,
-    /// Requests that succeeded within the deadline ÷ requests offered (`transient`).
+    /// Requests that succeeded within the deadline ÷ requests offered (`transient`, the
+    /// `transient-N` sweep, `faults`).
     SuccessShare,
     /// Requests completed per second in a closed loop (`fast-path`).
     Throughput,
@@ -35,10 +53,12 @@ pub enum Primary {
 impl Primary {
     /// The primary figure of a scenario.
     pub fn of(scenario: &str) -> Primary {
-        match scenario {
-            "transient" => Primary::SuccessShare,
-            "fast-path" => Primary::Throughput,
-            _ => Primary::GoodputShare,
+        if is_success_scenario(scenario) {
+            Primary::SuccessShare
+        } else if scenario == "fast-path" {
+            Primary::Throughput
+        } else {
+            Primary::GoodputShare
         }
     }
 
@@ -51,6 +71,12 @@ impl Primary {
     }
 }
 
+/// Whether a scenario is judged on success share: `transient`, the `transient-N` sweep and
+/// `faults`.
+pub fn is_success_scenario(scenario: &str) -> bool {
+    scenario == "transient" || scenario.starts_with("transient-") || scenario == "faults"
+}
+
 /// A run that does not count.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -59,11 +85,13 @@ pub struct InvalidRun {
     pub variant: String,
     /// Repetition, 1-based.
     pub run: usize,
-    /// Why (schedule lag, CPU saturated, unfinished requests).
+    /// Why (schedule lag, CPU saturated, unfinished requests, steal time, CPU taken by other
+    /// processes).
     pub reasons: Vec<String>,
 }
 
-/// One variant's headline figures over its repetitions (`None` = not applicable or no sample).
+/// One variant's headline figures over its valid repetitions (`None` = not applicable, no
+/// sample, or not judged).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VariantVerdict {
@@ -73,10 +101,19 @@ pub struct VariantVerdict {
     pub driver: String,
     /// The variant's own URI options.
     pub uri_options: String,
+    /// What its application did in this scenario, in words.
+    pub application: String,
+    /// Whether the run's options or the scenario changed the variant's own application.
+    pub application_overridden: bool,
     /// Runs.
     pub runs: usize,
     /// Runs that do not count (see the scenario's `invalidRuns`).
     pub invalid_runs: usize,
+    /// Runs that count.
+    pub valid_runs: usize,
+    /// At least [`MIN_VALID_RUNS`] valid runs: the figures below are over them. Otherwise
+    /// every figure is `null` and the variant is "not judged" in this scenario.
+    pub judged: bool,
     /// Goodput ÷ capacity over the whole schedule.
     pub goodput_share: Option<Spread>,
     /// Goodput ÷ capacity during the burst or overload phase.
@@ -93,62 +130,91 @@ pub struct VariantVerdict {
     pub rejection_share: Option<Spread>,
     /// Seconds after the burst until goodput stays ≥ 95 % of offered (recovered runs only).
     pub recovery_secs: Option<Spread>,
-    /// Runs that never recovered.
+    /// Valid runs that never recovered.
     pub not_recovered: usize,
     /// Successes within the deadline ÷ requests offered.
     pub success_share: Option<Spread>,
-    /// Throughput ÷ `upstream-default`'s in the same repetition (`fast-path`; `None` without
-    /// `upstream-default`).
+    /// Throughput ÷ `upstream-default`'s in the same repetition (both runs valid; `None`
+    /// without `upstream-default`).
     pub throughput_ratio: Option<Spread>,
-    /// Throughput ÷ `upstream-default`'s over every second of every repetition, with its 95 %
-    /// interval (`fast-path`, where it is the figure the target is judged on).
+    /// Throughput ÷ `upstream-default`'s over every paired second of every repetition where
+    /// both runs are valid, with a 95 % interval that resamples repetitions and blocks of
+    /// seconds (`fast-path`, where it is the figure the target is judged on).
     pub throughput_ratio_pooled: Option<PooledRatio>,
     /// End-to-end latency p99 (ms).
     pub p99_ms: Option<Spread>,
-    /// Request errors by class, median over the runs.
+    /// Request errors by class, median over the valid runs.
     pub errors: std::collections::BTreeMap<String, f64>,
-    /// The fork's overload statistics per request offered, median over the runs (`None`:
-    /// upstream).
+    /// The fork's overload statistics per request offered, median over the valid runs
+    /// (`None`: upstream).
     pub fork_stats_per_request: Option<ForkStatsPerRequest>,
 }
 
 /// A ratio of two variants' throughputs over all their paired seconds, with its 95 % interval.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PooledRatio {
     /// The variant's completed requests ÷ the base variant's, over all pairs.
     pub ratio: f64,
-    /// The 2.5th and 97.5th percentiles of `ratio` over bootstrap resamples of the pairs.
+    /// The 2.5th and 97.5th percentiles of `ratio` over bootstrap resamples: repetitions drawn
+    /// with replacement, then within each drawn repetition its blocks of [`BLOCK_SECS`]
+    /// consecutive paired seconds drawn with replacement.
     pub low: f64,
     pub high: f64,
     /// Paired seconds.
     pub pairs: usize,
+    /// Repetitions the pairs come from.
+    pub repetitions: usize,
+    /// The ratio of each repetition alone, in order.
+    pub rep_ratios: Vec<f64>,
 }
 
 /// Bootstrap resamples behind a [`PooledRatio`]'s interval.
 const BOOTSTRAP_RESAMPLES: usize = 2000;
 
+/// Consecutive seconds (16 interleaved rounds) resampled together: neighbouring seconds share
+/// the machine's state (the hypervisor's share moves over seconds), so resampling seconds one
+/// by one as if independent understated the scatter.
+pub const BLOCK_SECS: usize = 2;
+
 impl PooledRatio {
-    /// The ratio of the sums of `pairs` (a variant's completed requests, the base variant's,
-    /// in the same second of the same repetition), and its percentile-bootstrap 95 % interval:
-    /// the pairs are resampled with replacement, with a fixed seed so that a verdict is
-    /// reproducible. `None` without pairs or when the base completed nothing.
+    /// The ratio of the sums of `reps` (per repetition, a variant's completed requests and the
+    /// base variant's in the same second), and its two-level percentile-bootstrap 95 % interval
+    /// with a fixed seed, so that a verdict is reproducible. `None` without pairs or when the
+    /// base completed nothing.
     ///
-    /// Why pairs: in an interleaved closed loop (`fast-path`) the variants' second `n` come
-    /// from the same rounds, so they saw the same machine; resampling pairs keeps that.
-    pub fn of(pairs: &[(u64, u64)]) -> Option<PooledRatio> {
+    /// Why two levels: separate suites of the same code gave ratios 0.99–1.09, outside each
+    /// other's intervals when seconds were resampled as independent. Drawing repetitions first
+    /// lets the interval carry the scatter between repetitions (new clients, new connections,
+    /// another stretch of the host's load), and blocks carry the scatter between neighbouring
+    /// seconds. With few repetitions the interval is wide: that is what the data support.
+    pub fn of(reps: &[Vec<(u64, u64)>]) -> Option<PooledRatio> {
         let ratio_of = |sum: (u64, u64)| (sum.1 > 0).then(|| sum.0 as f64 / sum.1 as f64);
-        let sum = |items: &mut dyn Iterator<Item = (u64, u64)>| {
-            items.fold((0u64, 0u64), |acc, p| {
-                (acc.0.saturating_add(p.0), acc.1.saturating_add(p.1))
-            })
+        let add = |acc: (u64, u64), p: &(u64, u64)| {
+            (acc.0.saturating_add(p.0), acc.1.saturating_add(p.1))
         };
-        let ratio = ratio_of(sum(&mut pairs.iter().copied()))?;
+        let reps: Vec<&Vec<(u64, u64)>> = reps.iter().filter(|r| !r.is_empty()).collect();
+        let all = reps.iter().flat_map(|r| r.iter()).fold((0u64, 0u64), add);
+        let ratio = ratio_of(all)?;
+        let blocks: Vec<Vec<(u64, u64)>> = reps
+            .iter()
+            .map(|r| {
+                r.chunks(BLOCK_SECS)
+                    .map(|c| c.iter().fold((0u64, 0u64), add))
+                    .collect()
+            })
+            .collect();
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
         let mut resampled: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
             .filter_map(|_| {
-                let mut draws = (0..pairs.len()).map(|_| pairs[rng.random_range(0..pairs.len())]);
-                ratio_of(sum(&mut draws))
+                let mut sum = (0u64, 0u64);
+                for _ in 0..blocks.len() {
+                    let rep = &blocks[rng.random_range(0..blocks.len())];
+                    for _ in 0..rep.len() {
+                        sum = add(sum, &rep[rng.random_range(0..rep.len())]);
+                    }
+                }
+                ratio_of(sum)
             })
             .collect();
         resampled.sort_by(f64::total_cmp);
@@ -162,7 +228,12 @@ impl PooledRatio {
             ratio,
             low,
             high,
-            pairs: pairs.len(),
+            pairs: reps.iter().map(|r| r.len()).sum(),
+            repetitions: reps.len(),
+            rep_ratios: reps
+                .iter()
+                .filter_map(|r| ratio_of(r.iter().fold((0u64, 0u64), add)))
+                .collect(),
         })
     }
 }
@@ -251,10 +322,141 @@ pub struct ScenarioVerdict {
     pub primary: Primary,
     /// Per variant.
     pub variants: Vec<VariantVerdict>,
-    /// The upstream variant with the best primary figure.
+    /// The judged upstream variant with the best primary figure.
     pub best_upstream: Option<Best>,
-    /// Each fork variant's primary figure against the best upstream one.
+    /// Each judged fork variant's primary figure against the best upstream one.
     pub fork_ratios: Vec<ForkRatio>,
+}
+
+/// Instructions per operation of each variant, counted by callgrind (`lab instructions`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstructionCounts {
+    /// Operations the counts are over (the difference of two counts).
+    pub ops: u64,
+    /// Commit of the code counted.
+    #[serde(default)]
+    pub commit: String,
+    /// Per variant.
+    pub variants: Vec<InstructionCount>,
+}
+
+/// One variant's instructions per operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstructionCount {
+    /// Variant (`pathbench`'s name).
+    pub name: String,
+    /// Instructions per operation, client and in-process emulator together.
+    pub per_op: f64,
+    /// `per_op` ÷ `upstream-default`'s (filled in by the verdict).
+    #[serde(default)]
+    pub ratio: Option<f64>,
+}
+
+impl InstructionCounts {
+    /// Reads `instructions.json` (written by `lab instructions`) and fills in each ratio to
+    /// `upstream-default`.
+    pub fn read(path: &Path) -> Result<InstructionCounts, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut counts: InstructionCounts =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        counts.fill_ratios();
+        Ok(counts)
+    }
+
+    /// Sets each variant's ratio to `upstream-default`'s count.
+    pub fn fill_ratios(&mut self) {
+        let base = self
+            .variants
+            .iter()
+            .find(|v| v.name == RATIO_BASE)
+            .map(|v| v.per_op)
+            .filter(|b| *b > 0.0);
+        for v in &mut self.variants {
+            v.ratio = base.map(|b| v.per_op / b);
+        }
+    }
+}
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Status {
+    /// Every figure it needs was judged and meets it.
+    Met,
+    /// A judged figure misses it.
+    Missed,
+    /// Nothing misses it, but a figure it needs was not judged (invalid runs, a variant or
+    /// scenario that did not run).
+    NotJudged,
+}
+
+impl Status {
+    fn word(self) -> &'static str {
+        match self {
+            Status::Met => "met",
+            Status::Missed => "**missed**",
+            Status::NotJudged => "not judged",
+        }
+    }
+
+    /// Met only when every part is met; missed when one is missed.
+    fn all(parts: impl IntoIterator<Item = Status>) -> Status {
+        let mut out = Status::Met;
+        for p in parts {
+            match p {
+                Status::Missed => return Status::Missed,
+                Status::NotJudged => out = Status::NotJudged,
+                Status::Met => {}
+            }
+        }
+        out
+    }
+
+    fn at_least(value: Option<f64>, bound: f64) -> Status {
+        match value {
+            Some(v) if v >= bound => Status::Met,
+            Some(_) => Status::Missed,
+            None => Status::NotJudged,
+        }
+    }
+}
+
+/// One check of issue 27's "Done when".
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Check {
+    /// What is checked.
+    pub name: String,
+    /// Met, missed or not judged.
+    pub status: Status,
+    /// The figures behind it.
+    pub detail: String,
+}
+
+/// A fork variant against every upstream configuration, scenario by scenario.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Dominance {
+    /// The fork variant (the rows' numerator).
+    pub fork_variant: String,
+    /// The columns, in the order run.
+    pub scenarios: Vec<String>,
+    /// One row per upstream configuration that ran anywhere.
+    pub rows: Vec<DominanceRow>,
+}
+
+/// One upstream configuration's row of a [`Dominance`] table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DominanceRow {
+    /// The upstream variant.
+    pub upstream: String,
+    /// Per scenario (same order as the table's): the fork variant's median primary figure ÷
+    /// this configuration's (`fast-path` against `upstream-default`: the pooled ratio); `null`
+    /// where either did not run or is not judged.
+    pub ratios: Vec<Option<f64>>,
 }
 
 /// The whole verdict.
@@ -269,6 +471,13 @@ pub struct Verdict {
     pub valid: bool,
     /// Per scenario, in the order run.
     pub scenarios: Vec<ScenarioVerdict>,
+    /// The recommended settings and every control against each upstream configuration.
+    pub dominance: Vec<Dominance>,
+    /// Instructions per operation (`--instructions`), the layout-insensitive figure beside the
+    /// fast path's throughput.
+    pub instructions: Option<InstructionCounts>,
+    /// Issue 27's checks.
+    pub checks: Vec<Check>,
 }
 
 fn spread(runs: &[&RunSummary], f: impl Fn(&RunSummary) -> Option<f64>) -> Option<Spread> {
@@ -276,6 +485,9 @@ fn spread(runs: &[&RunSummary], f: impl Fn(&RunSummary) -> Option<f64>) -> Optio
 }
 
 fn primary_value(v: &VariantVerdict, p: Primary) -> Option<f64> {
+    if !v.judged {
+        return None;
+    }
     match p {
         Primary::GoodputShare => v.goodput_share,
         Primary::SuccessShare => v.success_share,
@@ -290,33 +502,37 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
     let name = cfg.scenario.name.clone();
     let primary = Primary::of(&name);
     let cap = run.capacity;
-    let all: Vec<&RunSummary> = run.runs.iter().map(|r| &r.summary).collect();
-    let invalid_runs: Vec<InvalidRun> = all
+    let invalid_runs: Vec<InvalidRun> = run
+        .runs
         .iter()
-        .filter_map(|r| {
-            let why = r.invalid_reasons(cfg.saturation_expected);
-            (!why.is_empty()).then(|| InvalidRun {
-                variant: r.variant.clone(),
-                run: r.rep + 1,
-                reasons: why.into_iter().map(str::to_string).collect(),
-            })
+        .map(|r| &r.summary)
+        .filter(|r| !r.is_valid())
+        .map(|r| InvalidRun {
+            variant: r.variant.clone(),
+            run: r.rep + 1,
+            reasons: r.invalid_why.clone(),
         })
         .collect();
-    // The ratio base's run in each repetition.
+    // The ratio base's valid run in each repetition.
     let base_run = |rep: usize| {
         run.runs
             .iter()
-            .find(|r| r.variant.name == RATIO_BASE && r.rep == rep)
+            .find(|r| r.variant.name == RATIO_BASE && r.rep == rep && r.summary.is_valid())
     };
     let pooled = |variant: &str| {
-        let pairs: Vec<(u64, u64)> = run
+        let reps: Vec<Vec<(u64, u64)>> = run
             .runs
             .iter()
-            .filter(|r| r.variant.name == variant)
+            .filter(|r| r.variant.name == variant && r.summary.is_valid())
             .filter_map(|r| Some((&r.seconds, &base_run(r.rep)?.seconds)))
-            .flat_map(|(own, base)| own.iter().zip(base).map(|(a, b)| (a.good, b.good)))
+            .map(|(own, base)| {
+                own.iter()
+                    .zip(base)
+                    .map(|(a, b)| (a.good, b.good))
+                    .collect()
+            })
             .collect();
-        PooledRatio::of(&pairs)
+        PooledRatio::of(&reps)
     };
     let base = |rep: usize| {
         base_run(rep)
@@ -327,11 +543,16 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
         .variants
         .iter()
         .map(|v| {
-            let runs: Vec<&RunSummary> = all
+            let all: Vec<&RunSummary> = run
+                .runs
                 .iter()
-                .copied()
+                .map(|r| &r.summary)
                 .filter(|r| r.variant == v.name)
                 .collect();
+            let valid: Vec<&RunSummary> = all.iter().copied().filter(|r| r.is_valid()).collect();
+            let judged = valid.len() >= MIN_VALID_RUNS;
+            // A variant not judged has no figures: none of them may be read as a result.
+            let runs: Vec<&RunSummary> = if judged { valid.clone() } else { Vec::new() };
             let share = |x: f64| (cap > 0.0).then(|| x / cap);
             let mut errors = std::collections::BTreeMap::new();
             for class in runs.first().map(|r| r.errors.keys()).into_iter().flatten() {
@@ -343,8 +564,12 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
                 name: v.name.clone(),
                 driver: v.driver.to_string(),
                 uri_options: v.uri_options.clone(),
-                runs: runs.len(),
-                invalid_runs: invalid_runs.iter().filter(|i| i.variant == v.name).count(),
+                application: cfg.application(v).describe(&v.uri_options),
+                application_overridden: cfg.app_overridden(v),
+                runs: all.len(),
+                invalid_runs: all.len() - valid.len(),
+                valid_runs: valid.len(),
+                judged,
                 goodput_share: spread(&runs, |r| share(r.goodput)),
                 burst_goodput_share: spread(&runs, |r| r.burst_goodput.and_then(share)),
                 throughput: spread(&runs, |r| Some(r.goodput)),
@@ -359,7 +584,7 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
                     .count(),
                 success_share: spread(&runs, |r| r.success_share),
                 throughput_ratio: spread(&runs, |r| base(r.rep).map(|b| r.goodput / b)),
-                throughput_ratio_pooled: (primary == Primary::Throughput)
+                throughput_ratio_pooled: (judged && primary == Primary::Throughput)
                     .then(|| pooled(&v.name))
                     .flatten(),
                 p99_ms: spread(&runs, |r| r.latency.p99),
@@ -413,14 +638,218 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
     }
 }
 
-/// The verdict of a suite.
-pub fn verdict(runs: &[LabRun], wall_secs: f64) -> Verdict {
+impl ScenarioVerdict {
+    fn variant(&self, name: &str) -> Option<&VariantVerdict> {
+        self.variants.iter().find(|v| v.name == name)
+    }
+
+    /// `fork`'s primary figure ÷ `upstream`'s (both judged); in `fast-path` against the ratio
+    /// base, the pooled ratio.
+    pub fn ratio(&self, fork: &str, upstream: &str) -> Option<f64> {
+        let f = self.variant(fork)?;
+        if self.primary == Primary::Throughput && upstream == RATIO_BASE {
+            if let Some(p) = &f.throughput_ratio_pooled {
+                return Some(p.ratio);
+            }
+        }
+        let fv = primary_value(f, self.primary)?;
+        let uv = primary_value(self.variant(upstream)?, self.primary)?;
+        (uv > 0.0).then(|| fv / uv)
+    }
+
+    /// `fork`'s primary figure ÷ the best upstream's.
+    pub fn ratio_to_best(&self, fork: &str) -> Option<f64> {
+        let best = self.best_upstream.as_ref()?;
+        self.ratio(fork, &best.variant)
+    }
+}
+
+/// The dominance table of `fork` over every upstream configuration that ran.
+pub fn dominance(scenarios: &[ScenarioVerdict], fork: &str) -> Dominance {
+    let mut upstreams: Vec<String> = Vec::new();
+    for v in scenarios.iter().flat_map(|s| &s.variants) {
+        if v.driver == Driver::Upstream.to_string() && !upstreams.contains(&v.name) {
+            upstreams.push(v.name.clone());
+        }
+    }
+    Dominance {
+        fork_variant: fork.to_string(),
+        scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
+        rows: upstreams
+            .into_iter()
+            .map(|u| DominanceRow {
+                ratios: scenarios.iter().map(|s| s.ratio(fork, &u)).collect(),
+                upstream: u,
+            })
+            .collect(),
+    }
+}
+
+/// Least ratio to the best upstream, in every scenario, for the one configuration.
+pub const EVERYWHERE_RATIO: f64 = 0.98;
+/// Lead over each upstream configuration somewhere.
+pub const SOMEWHERE_RATIO: f64 = 1.05;
+/// `fork-controls`' lead in `flood`.
+pub const FLOOD_RATIO: f64 = 2.0;
+/// Success share the fork may lose to `upstream-default` in the transient sweep and `faults`.
+pub const SUCCESS_SLACK: f64 = 0.005;
+/// Least lower bound of the fast path's interval.
+pub const FAST_PATH_LOW: f64 = 0.97;
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "not judged".into(), |r| format!("{r:.3} ×"))
+}
+
+/// Issue 27's checks over the scenarios that ran.
+pub fn checks(scenarios: &[ScenarioVerdict], dominance: &[Dominance]) -> Vec<Check> {
+    let mut out = Vec::new();
+    for fork in [RECOMMENDED, CONTROLS] {
+        // ≥ 0.98 × the best upstream in every scenario.
+        let parts: Vec<(String, Status)> = scenarios
+            .iter()
+            .map(|s| {
+                let r = s.ratio_to_best(fork);
+                (
+                    format!("{} {}", s.name, fmt_ratio(r)),
+                    Status::at_least(r, EVERYWHERE_RATIO),
+                )
+            })
+            .collect();
+        out.push(Check {
+            name: format!("{fork} ≥ {EVERYWHERE_RATIO} × the best upstream in every scenario"),
+            status: if parts.is_empty() {
+                Status::NotJudged
+            } else {
+                Status::all(parts.iter().map(|p| p.1))
+            },
+            detail: parts
+                .iter()
+                .map(|p| p.0.clone())
+                .collect::<Vec<_>>()
+                .join("; "),
+        });
+        // For every upstream configuration, a scenario with ≥ 1.05 ×.
+        if let Some(table) = dominance.iter().find(|d| d.fork_variant == fork) {
+            let parts: Vec<(String, Status)> = table
+                .rows
+                .iter()
+                .map(|row| {
+                    let best = row
+                        .ratios
+                        .iter()
+                        .zip(&table.scenarios)
+                        .filter_map(|(r, s)| r.map(|r| (r, s)))
+                        .max_by(|a, b| a.0.total_cmp(&b.0));
+                    match best {
+                        Some((r, s)) => (
+                            format!("{}: {r:.3} × in {s}", row.upstream),
+                            Status::at_least(Some(r), SOMEWHERE_RATIO),
+                        ),
+                        None => (format!("{}: not judged", row.upstream), Status::NotJudged),
+                    }
+                })
+                .collect();
+            out.push(Check {
+                name: format!(
+                    "{fork} ≥ {SOMEWHERE_RATIO} × every upstream configuration in some scenario"
+                ),
+                status: if parts.is_empty() {
+                    Status::NotJudged
+                } else {
+                    Status::all(parts.iter().map(|p| p.1))
+                },
+                detail: parts
+                    .iter()
+                    .map(|p| p.0.clone())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            });
+        }
+        // Success share in the transient sweep and faults.
+        let parts: Vec<(String, Status)> = scenarios
+            .iter()
+            .filter(|s| s.name.starts_with("transient-") || s.name == "faults")
+            .map(|s| {
+                let share = |v: &str| {
+                    let v = s.variant(v)?;
+                    v.judged.then_some(v.success_share?.median)
+                };
+                match (share(fork), share(RATIO_BASE)) {
+                    (Some(f), Some(u)) => (
+                        format!("{} {:.2} % vs {:.2} %", s.name, f * 100.0, u * 100.0),
+                        if f >= u - SUCCESS_SLACK {
+                            Status::Met
+                        } else {
+                            Status::Missed
+                        },
+                    ),
+                    _ => (format!("{} not judged", s.name), Status::NotJudged),
+                }
+            })
+            .collect();
+        out.push(Check {
+            name: format!(
+                "{fork}: success share ≥ {RATIO_BASE}'s − {} points in the transient sweep and faults",
+                SUCCESS_SLACK * 100.0
+            ),
+            status: if parts.is_empty() {
+                Status::NotJudged
+            } else {
+                Status::all(parts.iter().map(|p| p.1))
+            },
+            detail: parts
+                .iter()
+                .map(|p| p.0.clone())
+                .collect::<Vec<_>>()
+                .join("; "),
+        });
+        // The fast path's interval.
+        let low = scenarios
+            .iter()
+            .find(|s| s.name == "fast-path")
+            .and_then(|s| s.variant(fork))
+            .and_then(|v| v.throughput_ratio_pooled.clone());
+        out.push(Check {
+            name: format!("{fork}: fast-path interval's lower bound ≥ {FAST_PATH_LOW} ×"),
+            status: Status::at_least(low.as_ref().map(|p| p.low), FAST_PATH_LOW),
+            detail: low.map_or_else(
+                || "not judged".into(),
+                |p| format!("{:.3} × ({:.3}–{:.3})", p.ratio, p.low, p.high),
+            ),
+        });
+    }
+    let flood = scenarios
+        .iter()
+        .find(|s| s.name == "flood")
+        .and_then(|s| s.ratio_to_best(CONTROLS));
+    out.push(Check {
+        name: format!("{CONTROLS} ≥ {FLOOD_RATIO} × the best upstream in flood"),
+        status: Status::at_least(flood, FLOOD_RATIO),
+        detail: fmt_ratio(flood),
+    });
+    out
+}
+
+/// The verdict of a suite; `instructions` from `lab instructions`, if given.
+pub fn verdict(
+    runs: &[LabRun],
+    wall_secs: f64,
+    instructions: Option<InstructionCounts>,
+) -> Verdict {
     let scenarios: Vec<ScenarioVerdict> = runs.iter().map(scenario_verdict).collect();
+    let dominance: Vec<Dominance> = [RECOMMENDED, CONTROLS]
+        .into_iter()
+        .map(|f| dominance(&scenarios, f))
+        .collect();
+    let checks = checks(&scenarios, &dominance);
     Verdict {
         schema: VERDICT_SCHEMA,
         wall_secs,
         valid: scenarios.iter().all(|s| s.valid),
         scenarios,
+        dominance,
+        instructions,
+        checks,
     }
 }
 
@@ -438,6 +867,69 @@ fn cell(s: &Option<Spread>, digits: usize, scale: f64) -> String {
     }
 }
 
+/// The dominance tables and the checks, in markdown (also the head of a published results
+/// file).
+pub fn markdown_judgement(v: &Verdict) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "## Checks (issue 27)\n");
+    for c in &v.checks {
+        let _ = writeln!(s, "- {}: {}. {}", c.name, c.status.word(), c.detail);
+    }
+    let _ = writeln!(s);
+    for d in &v.dominance {
+        let _ = writeln!(
+            s,
+            "## Dominance: `{}` ÷ each upstream configuration\n\nPrimary figure of each \
+             scenario; `fast-path` against `{RATIO_BASE}`: the pooled ratio. – : not run or \
+             not judged.\n",
+            d.fork_variant
+        );
+        let _ = writeln!(s, "| upstream | {} |", d.scenarios.join(" | "));
+        let _ = writeln!(s, "|---|{}", "---|".repeat(d.scenarios.len()));
+        for row in &d.rows {
+            let cells: Vec<String> = row
+                .ratios
+                .iter()
+                .map(|r| match r {
+                    Some(r) if *r >= SOMEWHERE_RATIO => format!("**{r:.3}**"),
+                    Some(r) => format!("{r:.3}"),
+                    None => "–".into(),
+                })
+                .collect();
+            let _ = writeln!(s, "| {} | {} |", row.upstream, cells.join(" | "));
+        }
+        let _ = writeln!(s);
+    }
+    if let Some(ins) = &v.instructions {
+        let _ = writeln!(
+            s,
+            "## Instructions per operation (callgrind, {} operations{})\n",
+            ins.ops,
+            if ins.commit.is_empty() {
+                String::new()
+            } else {
+                format!(", {}", ins.commit)
+            }
+        );
+        let _ = writeln!(
+            s,
+            "| variant | instructions per operation | ÷ {RATIO_BASE} |"
+        );
+        let _ = writeln!(s, "|---|---|---|");
+        for c in &ins.variants {
+            let _ = writeln!(
+                s,
+                "| {} | {:.1} k | {} |",
+                c.name,
+                c.per_op / 1000.0,
+                c.ratio.map_or_else(|| "–".into(), |r| format!("{r:.3}"))
+            );
+        }
+        let _ = writeln!(s);
+    }
+    s
+}
+
 /// `verdict.md`.
 pub fn markdown(v: &Verdict) -> String {
     let mut s = String::new();
@@ -449,13 +941,14 @@ pub fn markdown(v: &Verdict) -> String {
         if v.valid {
             "Every run is valid."
         } else {
-            "**INVALID runs** are listed per scenario; their scenario's figures are not \
-             trustworthy."
+            "**INVALID runs** are listed per scenario and left out of every figure; a variant \
+             with fewer than two valid runs in a scenario is not judged there."
         }
     );
+    s.push_str(&markdown_judgement(v));
     let _ = writeln!(
         s,
-        "Figures: median [min–max] over the repetitions. Goodput and burst goodput ÷ \
+        "Figures: median [min–max] over the valid repetitions. Goodput and burst goodput ÷ \
          capacity; attempts and tries per request; wasted work and rejecting ÷ server core \
          time (%); recovery in seconds; success share (%) of requests offered; throughput ratio to \
          `{RATIO_BASE}` in the same repetition.\n"
@@ -465,7 +958,7 @@ pub fn markdown(v: &Verdict) -> String {
             s,
             "## {}{}\n\nPhases {}, capacity {:.0} ops/s ({}), {} repetition(s), {:.0} s.\n",
             sc.name,
-            if sc.valid { "" } else { " — INVALID" },
+            if sc.valid { "" } else { " — INVALID runs" },
             sc.phases.join(" → "),
             sc.capacity,
             sc.capacity_note,
@@ -474,23 +967,24 @@ pub fn markdown(v: &Verdict) -> String {
         );
         let _ = writeln!(
             s,
-            "| variant | goodput ÷ cap | burst ÷ cap | ops/s | attempts/req | tries/req | wasted % | rejecting % | recovery s | success % | ratio to {RATIO_BASE} | p99 ms |"
+            "| variant | valid runs | goodput ÷ cap | burst ÷ cap | ops/s | attempts/req | tries/req | wasted % | rejecting % | recovery s | success % | ratio to {RATIO_BASE} | p99 ms |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for x in &sc.variants {
             let mut rec = cell(&x.recovery_secs, 0, 1.0);
             if x.not_recovered > 0 {
                 rec = format!("{rec} ({} not recovered)", x.not_recovered);
             }
-            let name = if x.invalid_runs > 0 {
-                format!("{} ({} invalid)", x.name, x.invalid_runs)
+            let runs = if x.judged {
+                format!("{}/{}", x.valid_runs, x.runs)
             } else {
-                x.name.clone()
+                format!("{}/{}: **not judged**", x.valid_runs, x.runs)
             };
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                name,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                x.name,
+                runs,
                 cell(&x.goodput_share, 2, 1.0),
                 cell(&x.burst_goodput_share, 2, 1.0),
                 cell(&x.throughput, 0, 1.0),
@@ -499,9 +993,24 @@ pub fn markdown(v: &Verdict) -> String {
                 cell(&x.wasted_share, 1, 100.0),
                 cell(&x.rejection_share, 1, 100.0),
                 rec,
-                cell(&x.success_share, 1, 100.0),
+                cell(&x.success_share, 2, 100.0),
                 cell(&x.throughput_ratio, 3, 1.0),
                 cell(&x.p99_ms, 1, 1.0),
+            );
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(s, "Applications:");
+        for x in &sc.variants {
+            let _ = writeln!(
+                s,
+                "- {}: {}{}",
+                x.name,
+                x.application,
+                if x.application_overridden {
+                    " (set by the scenario or the run's options, not the variant's own)"
+                } else {
+                    ""
+                }
             );
         }
         let _ = writeln!(s);
@@ -509,21 +1018,19 @@ pub fn markdown(v: &Verdict) -> String {
             Some(b) => {
                 let _ = writeln!(
                     s,
-                    "Best upstream by {}: **{}** ({:.3}).",
+                    "Best upstream by {}: **{}** ({:.4}).",
                     sc.primary.key(),
                     b.variant,
                     b.value
                 );
             }
             None => {
-                let _ = writeln!(s, "No upstream variant ran.");
+                let _ = writeln!(s, "No judged upstream variant.");
             }
         }
         for f in &sc.fork_ratios {
-            let stats = sc
-                .variants
-                .iter()
-                .find(|x| x.name == f.variant)
+            let x = sc.variant(&f.variant);
+            let stats = x
                 .and_then(|x| x.fork_stats_per_request)
                 .map(|st| {
                     format!(
@@ -536,22 +1043,29 @@ pub fn markdown(v: &Verdict) -> String {
                     )
                 })
                 .unwrap_or_default();
-            let pooled = sc
-                .variants
-                .iter()
-                .find(|x| x.name == f.variant)
-                .and_then(|x| x.throughput_ratio_pooled)
+            let pooled = x
+                .and_then(|x| x.throughput_ratio_pooled.clone())
                 .map(|p| {
                     format!(
-                        " Pooled over every second: **{:.3} × {RATIO_BASE}** (95 % interval \
-                         {:.3}–{:.3}, {} paired seconds).",
-                        p.ratio, p.low, p.high, p.pairs
+                        " Pooled: **{:.3} × {RATIO_BASE}** (95 % interval {:.3}–{:.3} over \
+                         {} repetitions and blocks of {BLOCK_SECS} s, {} paired seconds; \
+                         per repetition {}).",
+                        p.ratio,
+                        p.low,
+                        p.high,
+                        p.repetitions,
+                        p.pairs,
+                        p.rep_ratios
+                            .iter()
+                            .map(|r| format!("{r:.3}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )
                 })
                 .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "- {}: {:.3}, {} the best upstream.{}{}",
+                "- {}: {:.4}, {} the best upstream.{}{}",
                 f.variant,
                 f.value,
                 f.ratio
@@ -588,45 +1102,215 @@ pub fn write(v: &Verdict, dir: &Path) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::PooledRatio;
+    use super::*;
+
+    fn one_rep(pairs: Vec<(u64, u64)>) -> Vec<Vec<(u64, u64)>> {
+        vec![pairs]
+    }
 
     #[test]
     fn a_pooled_ratio_is_the_ratio_of_the_sums_and_lies_in_its_interval() {
-        let pairs: Vec<(u64, u64)> = (0..200)
-            .map(|i| {
-                // The machine's speed changes from pair to pair; the variant is 10 % slower.
-                let base = 4000 + (i * 7919 % 1500);
-                (base * 9 / 10, base)
+        let reps: Vec<Vec<(u64, u64)>> = (0..3)
+            .map(|r| {
+                (0..60)
+                    .map(|i| {
+                        // The machine's speed changes from pair to pair; the variant is 10 %
+                        // slower.
+                        let base = 4000 + ((r * 60 + i) * 7919 % 1500);
+                        (base * 9 / 10, base)
+                    })
+                    .collect()
             })
             .collect();
-        let p = PooledRatio::of(&pairs).unwrap();
+        let p = PooledRatio::of(&reps).unwrap();
         assert!((p.ratio - 0.9).abs() < 1e-3, "{p:?}");
         assert!(p.low <= p.ratio && p.ratio <= p.high, "{p:?}");
         assert!(
             p.high - p.low < 0.01,
             "a constant ratio has a narrow interval: {p:?}"
         );
-        assert_eq!(p.pairs, 200);
+        assert_eq!((p.pairs, p.repetitions, p.rep_ratios.len()), (180, 3, 3));
     }
 
     #[test]
-    fn a_noisier_pairing_has_a_wider_interval() {
-        let pairs = |noise: u64| -> Vec<(u64, u64)> {
-            (0..100u64)
-                .map(|i| (4000 + (i * 7919 % noise), 4000 + (i * 104_729 % noise)))
-                .collect()
-        };
-        let quiet = PooledRatio::of(&pairs(100)).unwrap();
-        let noisy = PooledRatio::of(&pairs(2000)).unwrap();
-        assert!(
-            noisy.high - noisy.low > 2.0 * (quiet.high - quiet.low),
-            "{quiet:?} {noisy:?}"
-        );
+    fn repetitions_that_disagree_widen_the_interval() {
+        // Three repetitions, each steady within, but at 0.95, 1.00 and 1.05: resampling
+        // seconds as independent would give a narrow interval around 1.00.
+        let reps: Vec<Vec<(u64, u64)>> = [95u64, 100, 105]
+            .iter()
+            .map(|pct| (0..60).map(|_| (40 * pct, 4000)).collect())
+            .collect();
+        let p = PooledRatio::of(&reps).unwrap();
+        assert!((p.ratio - 1.0).abs() < 1e-9, "{p:?}");
+        assert!(p.low <= 0.97 && p.high >= 1.03, "{p:?}");
+        let same: Vec<Vec<(u64, u64)>> = (0..3)
+            .map(|_| (0..60).map(|_| (4000, 4000)).collect())
+            .collect();
+        let q = PooledRatio::of(&same).unwrap();
+        assert!(q.high - q.low < 1e-9, "{q:?}");
     }
 
     #[test]
     fn no_pairs_or_no_base_requests_give_no_ratio() {
         assert_eq!(PooledRatio::of(&[]), None);
-        assert_eq!(PooledRatio::of(&[(10, 0), (5, 0)]), None);
+        assert_eq!(PooledRatio::of(&one_rep(vec![(10, 0), (5, 0)])), None);
+    }
+
+    /// A run of `scenario` where each `(variant, goodput, valid)` is one repetition's run
+    /// (repetitions numbered per variant), at capacity 1 so that goodput is the share.
+    fn lab_run(scenario: &str, runs: &[(&str, f64, bool)]) -> LabRun {
+        use super::super::config::{LabConfig, Scenario, Variant};
+        use super::super::metrics::Second;
+        use super::super::runner::VariantRun;
+        let mut cfg = LabConfig {
+            scenario: Scenario::steady(scenario, "p", 2.0, 1.0),
+            variants: Vec::new(),
+            ..LabConfig::default()
+        };
+        let mut out = Vec::new();
+        for (name, goodput, valid) in runs {
+            let variant = Variant::parse(name).expect("built-in");
+            if !cfg.variants.contains(&variant) {
+                cfg.variants.push(variant.clone());
+            }
+            let rep = out
+                .iter()
+                .filter(|r: &&VariantRun| r.variant.name == *name)
+                .count();
+            let mut summary = super::super::summary::summarize(
+                &variant,
+                rep,
+                &[Second::default()],
+                &cfg.scenario,
+                1,
+                Default::default(),
+                None,
+                None,
+                std::time::Duration::from_millis(5),
+            );
+            summary.goodput = *goodput;
+            if !valid {
+                summary.invalid_why = vec!["schedule lag".into()];
+            }
+            out.push(VariantRun {
+                variant,
+                rep,
+                seconds: vec![Second::default()],
+                summary,
+            });
+        }
+        LabRun {
+            config: cfg,
+            capacity: 1.0,
+            capacity_note: "given".into(),
+            model_config: None,
+            uri: String::new(),
+            runs: out,
+            wall: std::time::Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn invalid_runs_count_for_nothing_and_one_valid_run_is_not_judged() {
+        let run = lab_run(
+            "sustained",
+            &[
+                ("upstream-best", 0.5, true),
+                ("upstream-best", 0.5, true),
+                // An invalid run that would have made upstream look better.
+                ("upstream-best", 0.9, false),
+                ("fork-budget-timeout", 0.6, true),
+                ("fork-budget-timeout", 0.6, true),
+                ("fork-budget-timeout", 0.1, false),
+                ("fork-controls", 0.9, true),
+                ("fork-controls", 0.9, false),
+                ("fork-controls", 0.9, false),
+            ],
+        );
+        let sv = scenario_verdict(&run);
+        assert!(!sv.valid);
+        assert_eq!(sv.invalid_runs.len(), 4);
+        let best = sv.best_upstream.clone().expect("a best upstream");
+        assert_eq!((best.variant.as_str(), best.value), ("upstream-best", 0.5));
+        let ratio = sv.ratio_to_best(RECOMMENDED).expect("judged");
+        assert!((ratio - 1.2).abs() < 1e-9, "{ratio}");
+        let controls = sv.variant(CONTROLS).expect("ran");
+        assert!(!controls.judged && controls.goodput_share.is_none());
+        assert_eq!((controls.valid_runs, controls.runs), (1, 3));
+        assert!(sv.fork_ratios.iter().all(|f| f.variant != CONTROLS));
+        let v = verdict(&[run], 1.0, None);
+        let check = |name: &str| {
+            v.checks
+                .iter()
+                .find(|c| c.name.starts_with(name) && c.name.contains("every scenario"))
+                .map(|c| c.status)
+        };
+        assert_eq!(check(RECOMMENDED), Some(Status::Met));
+        assert_eq!(check(CONTROLS), Some(Status::NotJudged));
+        // The dominance row of the only upstream configuration: 1.2, and 1.2 ≥ 1.05.
+        let table = &v.dominance[0];
+        assert_eq!(table.rows.len(), 1);
+        assert_eq!(table.rows[0].upstream, "upstream-best");
+        let somewhere = v
+            .checks
+            .iter()
+            .find(|c| c.name.starts_with(RECOMMENDED) && c.name.contains("some scenario"))
+            .expect("the check");
+        assert_eq!(somewhere.status, Status::Met);
+    }
+
+    #[test]
+    fn a_missed_target_is_reported_missed() {
+        let run = lab_run(
+            "flood",
+            &[
+                ("upstream-best", 0.4, true),
+                ("upstream-best", 0.4, true),
+                ("fork-controls", 0.6, true),
+                ("fork-controls", 0.6, true),
+            ],
+        );
+        let v = verdict(&[run], 1.0, None);
+        let flood = v
+            .checks
+            .iter()
+            .find(|c| c.name.contains("in flood"))
+            .expect("flood check");
+        assert_eq!(flood.status, Status::Missed, "{flood:?}");
+        assert!(markdown(&v).contains("**missed**"));
+    }
+
+    #[test]
+    fn statuses_combine_missed_over_not_judged_over_met() {
+        use Status::*;
+        assert_eq!(Status::all([Met, Met]), Met);
+        assert_eq!(Status::all([Met, NotJudged]), NotJudged);
+        assert_eq!(Status::all([NotJudged, Missed, Met]), Missed);
+        assert_eq!(Status::at_least(Some(0.98), 0.98), Met);
+        assert_eq!(Status::at_least(Some(0.97), 0.98), Missed);
+        assert_eq!(Status::at_least(None, 0.98), NotJudged);
+    }
+
+    #[test]
+    fn instruction_ratios_are_to_upstream_default() {
+        let mut c = InstructionCounts {
+            ops: 10_000,
+            commit: String::new(),
+            variants: vec![
+                InstructionCount {
+                    name: "fork-default".into(),
+                    per_op: 130_000.0,
+                    ratio: None,
+                },
+                InstructionCount {
+                    name: RATIO_BASE.into(),
+                    per_op: 130_000.0 / 0.9,
+                    ratio: None,
+                },
+            ],
+        };
+        c.fill_ratios();
+        assert!((c.variants[0].ratio.unwrap() - 0.9).abs() < 1e-9);
+        assert_eq!(c.variants[1].ratio, Some(1.0));
     }
 }
