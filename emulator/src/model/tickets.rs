@@ -175,6 +175,25 @@ impl Drop for Ticket<'_> {
     }
 }
 
+/// A request in a pool's waiter queue; dropping it while armed takes the request out of the
+/// queue and, if it had been woken for a ticket it will not take, passes the wake-up on.
+struct Waiting<'a> {
+    pool: &'a TicketPool,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut st = self.pool.lock();
+            if st.forget(self.id) {
+                st.wake();
+            }
+        }
+    }
+}
+
 /// Counts of one pool at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PoolCounts {
@@ -239,6 +258,12 @@ impl TicketPool {
             st.sleeping.push(Sleeper { id, key, losses: 0 });
             (id, n)
         };
+        // Leaves the queue however the wait ends, also when the caller drops it.
+        let mut waiting = Waiting {
+            pool: self,
+            id,
+            armed: true,
+        };
         // Each turn ends with a ticket, an interruption, or a lost race; lost races only happen
         // after another request took a ticket, and the deadline bounds the whole wait.
         loop {
@@ -254,19 +279,13 @@ impl TicketPool {
                         st.take();
                         // More free tickets than woken waiters (e.g. the pool grew)?
                         st.wake();
+                        waiting.armed = false;
                         return Ok(Ticket { pool: self });
                     }
                     // Someone else got there first: sleep again.
                     st.sleep_again(id);
                 }
-                Err(i) => {
-                    let mut st = self.lock();
-                    if st.forget(id) {
-                        // We were woken for a ticket we will not take: pass the wake-up on.
-                        st.wake();
-                    }
-                    return Err(AcquireError::Interrupted(i));
-                }
+                Err(i) => return Err(AcquireError::Interrupted(i)),
             }
         }
     }
@@ -439,6 +458,35 @@ mod tests {
         }
         // Binomial(400, 0.5): mean 200, sd 10; five deviations either side.
         assert!((150..=250).contains(&first_wins), "{first_wins}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_wait_leaves_the_queue_and_passes_its_wake_up_on() {
+        let pool = TicketPool::new(1, 0, 0, false);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let never = pin!(std::future::pending::<()>());
+        let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
+        let held = pool.acquire(true, deadline, None, &mut w).await.unwrap();
+        let pool = &pool;
+        let waiter = || async move {
+            let never = pin!(std::future::pending::<()>());
+            let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
+            pool.acquire(true, deadline, None, &mut w).await.map(drop)
+        };
+        // One waiter gives up after 10 ms (its future is dropped); the other gets the ticket
+        // released at 20 ms.
+        let (dropped, kept, ()) = tokio::join!(
+            tokio::time::timeout(Duration::from_millis(10), waiter()),
+            waiter(),
+            async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                drop(held);
+            },
+        );
+        assert!(dropped.is_err());
+        assert_eq!(kept, Ok(()));
+        assert_eq!(pool.counts(), PoolCounts::default_with_total(1));
+        assert!(pool.lock().keys.is_empty() && pool.lock().notify.is_empty());
     }
 
     impl PoolCounts {
