@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod backoff;
 pub mod budget;
+pub mod control;
 pub mod deadline;
 pub mod identity;
 pub mod labels;

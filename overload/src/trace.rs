@@ -73,6 +73,12 @@ pub fn retry_stopped_by_deadline(
         }
         Admission::Decline(crate::deadline::Declined::Exhausted) | Admission::Retry(_) => return,
     };
+    retry_refused(operation, reason, remaining);
+}
+
+/// Logs, at DEBUG, a retry that was not made, with the `reason` and the time left of the
+/// operation's deadline (`remaining`, when it has one).
+pub fn retry_refused(operation: &str, reason: &str, remaining: Option<std::time::Duration>) {
     tracing::debug!(
         target: TARGET,
         operation,
