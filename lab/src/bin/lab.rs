@@ -29,6 +29,26 @@ enum Command {
     Run(Box<RunArgs>),
     /// Lists the built-in variants.
     Variants,
+    /// Counts instructions per operation of upstream and the fork with callgrind (pathbench
+    /// at two counts) and writes instructions.json for `lab run --suite --instructions`.
+    Instructions(InstructionsArgs),
+}
+
+#[derive(Args)]
+struct InstructionsArgs {
+    /// Output folder (default lab-runs/<timestamp>-instructions).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Operations of the shorter run.
+    #[arg(long, default_value_t = 1_000)]
+    low: u64,
+    /// Operations of the longer run.
+    #[arg(long, default_value_t = 11_000)]
+    high: u64,
+    /// Variants to count (default: upstream-default, fork-default, fork-budget-timeout,
+    /// fork-controls).
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
 }
 
 #[derive(Args)]
@@ -503,9 +523,76 @@ async fn suite(a: RunArgs) -> Result<bool, String> {
     Ok(v.valid)
 }
 
+/// `lab instructions`: callgrind counts of `pathbench`, written as `instructions.json`.
+fn instructions(a: &InstructionsArgs) -> Result<(), String> {
+    use lab::loadgen::instructions::{count_all, COUNTED};
+    if a.high <= a.low {
+        return Err("--high must be above --low".into());
+    }
+    let variants: Vec<_> = if a.variants.is_empty() {
+        COUNTED.to_vec()
+    } else {
+        a.variants
+            .iter()
+            .map(|n| {
+                COUNTED
+                    .iter()
+                    .find(|c| c.name == n.trim())
+                    .cloned()
+                    .ok_or_else(|| format!("--variants {n:?}: not one of the counted variants"))
+            })
+            .collect::<Result<_, _>>()?
+    };
+    let bench = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .with_file_name("pathbench");
+    if !bench.exists() {
+        return Err(format!(
+            "{} not found: build it with `cargo build --profile lab -p lab --bin pathbench`",
+            bench.display()
+        ));
+    }
+    let out = a.out.clone().unwrap_or_else(|| {
+        let d = default_out();
+        d.with_file_name(format!(
+            "{}-instructions",
+            d.file_name().and_then(|n| n.to_str()).unwrap_or("run")
+        ))
+    });
+    let commit = lab::loadgen::publish::commit().unwrap_or_default();
+    let counts = count_all(&bench, &out, &variants, a.low, a.high, commit, &|m| {
+        println!("instructions: {m} under callgrind ...")
+    })?;
+    let json = serde_json::to_string_pretty(&counts).map_err(|e| e.to_string())?;
+    let path = out.join("instructions.json");
+    std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    for c in &counts.variants {
+        println!(
+            "{:<22} {:>8.1} k instructions per operation{}",
+            c.name,
+            c.per_op / 1000.0,
+            c.ratio
+                .map(|r| format!(", {r:.3} × upstream-default"))
+                .unwrap_or_default()
+        );
+    }
+    println!(
+        "written: {} (give it to `lab run --suite --instructions`)",
+        path.display()
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Instructions(a) => match instructions(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("lab: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Variants => {
             for v in Variant::builtin() {
                 let opts = if v.uri_options.is_empty() {

@@ -16,6 +16,7 @@ pub mod control;
 pub mod drive;
 mod emulator_thread;
 mod failpoint_limiter;
+pub mod instructions;
 pub mod metrics;
 pub mod publish;
 pub mod report;
