@@ -90,23 +90,12 @@ pub use concurrency::{
 };
 pub use throttle::{AdaptiveThrottle, ThrottleConfig, ThrottleCounts, ThrottleDecision};
 
-/// Commands that continue or end work the server already admitted: a cursor's later batches
-/// and cleanup, a transaction's outcome, and the end of sessions. Rejecting one locally would
-/// not spare the server the work already done, and could strand it (an open cursor, a
-/// transaction holding its locks until it times out).
-const CONTINUATIONS: [&str; 5] = [
-    "getMore",
-    "killCursors",
-    "commitTransaction",
-    "abortTransaction",
-    "endSessions",
-];
-
 /// Whether the adaptive throttle decides first attempts of the command `name`: every command
-/// that starts new work; not the [continuations](CONTINUATIONS) of admitted work. (The driver
-/// also exempts operations inside a transaction, for the same reason.)
+/// that starts new work; not the continuations of admitted work
+/// ([`crate::control::EXEMPT_COMMANDS`], the same list `timeoutMS` leaves out). (The driver also
+/// exempts operations inside a transaction, for the same reason.)
 pub fn throttles_command(name: &str) -> bool {
-    !CONTINUATIONS.contains(&name)
+    !crate::control::is_exempt(name)
 }
 
 /// An admission-control option out of its range. Its message names the connection-string
