@@ -37,15 +37,20 @@
 //!
 //! # Files
 //!
-//! `error.rs` (the error type and mongod's codes), `value.rs` (mongod's type names),
-//! `limits.rs` (16 MiB and nesting limits),
-//! `compare.rs` (ordering and equality), `path.rs` (dotted paths), `query.rs` (filters),
-//! `sort.rs`, `projection.rs` (find projections, `$project`, `$addFields`, `$unset`),
-//! `update.rs` (operators, replacement, pipeline updates, upsert seeds), `expression.rs`,
-//! `aggregate.rs` (stages, `$out`, `$merge`), `catalog.rs` (the [`Store`], collections and
-//! indexes), `crud.rs` (the write and read commands and their parsers), `collation.rs`
-//! (locale-aware string order), `view.rs` (views), `collmod.rs` (`collMod`), `validation.rs`
-//! (document validation) and `fuzz_tests.rs`.
+//! `error.rs` (the error type and mongod's codes), `value.rs` (mongod's type names and the
+//! numeric reading of a value), `limits.rs` (16 MiB and nesting limits), `compare.rs`
+//! (ordering and equality), `path.rs` (dotted paths), `query.rs` (filters), `sort.rs`,
+//! `projection.rs` (find projections, `$project`, `$addFields`, `$unset`), `update.rs`
+//! (operators, replacement, pipeline updates, upsert seeds), `expression/` (aggregation
+//! expressions: the language in `mod.rs`, one module per operator family), `aggregate.rs`
+//! (stages, `$out`, `$merge`), `catalog.rs` (the [`Store`], collections and indexes, `create`'s
+//! options), `crud.rs` (the write and read commands and their parsers), `collation.rs`
+//! (locale-aware string order), `view.rs` (view resolution), `collmod.rs` (`collMod`),
+//! `validation.rs` (document validation) and `fuzz_tests.rs`.
+//!
+//! Imports point one way, with no circle: `value` and `error` at the bottom, then `collation`,
+//! `compare`, `expression`, the matcher and updates, and `catalog` below `view`, `crud` and
+//! `aggregate`.
 //!
 //! # Not implemented
 //!
