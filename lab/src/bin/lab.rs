@@ -153,6 +153,12 @@ struct RunArgs {
     /// table of flood and no-limiter.
     #[arg(long)]
     expiry_ms: Option<f64>,
+    /// Runs the sensitivity grid of the model's unmeasured costs instead of a scenario: flood
+    /// over rejectionMs × expiryMs at ×0.3, ×1, ×3, and no-limiter over expiryMs, each cell
+    /// with the scenario's variants (or --variants), at the suite's lengths; writes
+    /// sensitivity.md.
+    #[arg(long, conflicts_with_all = ["suite", "phases", "soak", "audit"])]
+    sensitivity: bool,
     /// With --suite: include instructions per operation from this `instructions.json`
     /// (written by `lab instructions`) in the verdict.
     #[arg(long, requires = "suite")]
@@ -217,6 +223,17 @@ fn params(a: &RunArgs) -> Result<ScenarioParams, String> {
 /// The configuration of scenario `name`: the run's options, then the scenario's settings,
 /// then the options that replace a scenario's own (phases, limiter share, variants).
 fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
+    config_with(a, name, &params(a)?, length(a))
+}
+
+/// [`config`] with the scenario parameters `p` and lengths `len` instead of the command
+/// line's.
+fn config_with(
+    a: &RunArgs,
+    name: ScenarioName,
+    p: &ScenarioParams,
+    len: Length,
+) -> Result<LabConfig, String> {
     let model_overrides = match &a.model_json {
         Some(j) => Some(serde_json::from_str(j).map_err(|e| format!("--model-json: {e}"))?),
         None => None,
@@ -233,7 +250,11 @@ fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
     let mut cfg = LabConfig {
         repeats: a
             .repeats
-            .unwrap_or(if a.full || a.suite { 3 } else { 1 })
+            .unwrap_or(if a.full || a.suite || a.sensitivity {
+                3
+            } else {
+                1
+            })
             .max(1),
         capacity: match a.capacity {
             Some(c) if c.is_finite() && c > 0.0 => c,
@@ -259,7 +280,7 @@ fn config(a: &RunArgs, name: ScenarioName) -> Result<LabConfig, String> {
         max_lag_p99: Duration::from_secs_f64(a.max_lag_ms / 1000.0),
         ..LabConfig::default()
     };
-    name.apply(&mut cfg, length(a), &params(a)?);
+    name.apply(&mut cfg, len, p);
     if let Some(on_deadline) = a.on_deadline {
         cfg.on_deadline_override = Some(on_deadline);
     }
@@ -314,6 +335,9 @@ async fn run(a: RunArgs) -> Result<bool, String> {
     }
     if a.suite {
         return suite(a).await;
+    }
+    if a.sensitivity {
+        return sensitivity(&a).await;
     }
     let cfg = config(&a, a.scenario)?;
     let out = a.out.clone().unwrap_or_else(default_out);
@@ -446,6 +470,55 @@ async fn audit(a: &RunArgs, writes: u64) -> Result<bool, String> {
     println!("\n{}", audit::markdown(&plan, &runs));
     println!("report: {}", out.join("audit.md").display());
     Ok(runs.iter().all(|r| r.failures(&plan).is_empty()))
+}
+
+/// `--sensitivity`: the grid of the model's costs, one run of each cell's scenario.
+async fn sensitivity(a: &RunArgs) -> Result<bool, String> {
+    use lab::loadgen::sensitivity::{grid, markdown, Row};
+    let out = a.out.clone().unwrap_or_else(default_out);
+    let base = params(a)?;
+    let cells = grid();
+    let mut rows = Vec::new();
+    for (i, cell) in cells.iter().enumerate() {
+        let p = ScenarioParams {
+            rejection_ms: cell.rejection_ms,
+            expiry_ms: Some(cell.expiry_ms),
+            ..base.clone()
+        };
+        // The suite's lengths unless --quick or --long: twelve cells must fit a sitting.
+        let len = if a.quick || a.long {
+            length(a)
+        } else {
+            Length::Suite
+        };
+        let cfg = config_with(a, cell.scenario, &p, len)?;
+        println!(
+            "sensitivity {}/{}: {} rejectionMs {:?} expiryMs {}",
+            i + 1,
+            cells.len(),
+            cell.scenario.name(),
+            cell.rejection_ms,
+            cell.expiry_ms
+        );
+        let bar = ProgressBar::hidden();
+        let run = runner::run(&cfg, &bar).await?;
+        let dir = out.join(format!(
+            "{}-r{}-e{}",
+            cell.scenario.name(),
+            cell.rejection_ms
+                .map_or_else(|| "model".into(), |v| format!("{v:.2}")),
+            cell.expiry_ms
+        ));
+        report::write_all(&run, &dir)?;
+        rows.push(Row::of(*cell, &verdict::scenario_verdict(&run)));
+        // Written after each cell, so a long run leaves its table so far.
+        std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+        let path = out.join("sensitivity.md");
+        std::fs::write(&path, markdown(&rows)).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    println!("\n{}", markdown(&rows));
+    println!("table: {}", out.join("sensitivity.md").display());
+    Ok(rows.iter().all(|r| r.valid))
 }
 
 /// `--suite`: every scenario (or those named) with its variants, then the verdict.

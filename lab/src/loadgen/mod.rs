@@ -24,6 +24,7 @@ pub mod runner;
 mod sampler;
 pub mod scenarios;
 pub mod schedule;
+pub mod sensitivity;
 pub mod soak;
 pub mod summary;
 pub mod sys;
