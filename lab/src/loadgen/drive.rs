@@ -55,6 +55,14 @@ pub struct DriveStats {
     pub unfinished: u64,
 }
 
+/// The id (`comment.labReq`) of the `index`-th request (0-based) of instance `instance`'s
+/// schedule: the same for the same scheduled request in every variant of a repetition, whatever
+/// order the instances' tasks ran in, because the server model keys its random draws
+/// (rejections, ticket wake-ups) by it (common random numbers, issue 27). Never 0.
+pub fn request_id(instance: usize, index: u64) -> u64 {
+    ((instance as u64 & 0xffff) << 40) | ((index & ((1 << 40) - 1)) + 1)
+}
+
 /// Drives every instance's schedule open-loop from `recorder.start()`: each request is a task
 /// that spawns the driver call and waits for it at most `deadline` (the way applications
 /// enforce deadlines); a request that misses it is booked as a client-deadline error, and its
@@ -102,11 +110,9 @@ async fn drive_on(
     opts: RequestOpts,
     handle: tokio::runtime::Handle,
 ) -> DriveStats {
-    let next_req = Arc::new(AtomicU64::new(1));
     let mut drivers = JoinSet::new();
-    for (client, arrivals) in clients.into_iter().zip(schedules) {
+    for (instance, (client, arrivals)) in clients.into_iter().zip(schedules).enumerate() {
         let recorder = recorder.clone();
-        let next_req = next_req.clone();
         let handle = handle.clone();
         drivers.spawn(async move {
             let mut requests = JoinSet::new();
@@ -125,7 +131,7 @@ async fn drive_on(
                 rec(&mut local[sec].1, lag);
                 sent += 1;
                 let op = OpSpec {
-                    req: next_req.fetch_add(1, Ordering::Relaxed),
+                    req: request_id(instance, sent - 1),
                     kind: a.kind,
                     key: a.key,
                     range_len: opts.range_len,
@@ -363,4 +369,25 @@ pub async fn drive_closed_from(
         workers.abort_all();
     }
     stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::request_id;
+
+    #[test]
+    fn request_ids_name_a_scheduled_request_and_never_collide() {
+        assert_eq!(request_id(0, 0), 1);
+        assert_eq!(request_id(2, 5), request_id(2, 5));
+        let mut seen = std::collections::HashSet::new();
+        for instance in 0..8 {
+            for index in 0..2_000 {
+                assert!(
+                    seen.insert(request_id(instance, index)),
+                    "{instance} {index}"
+                );
+            }
+        }
+        assert!(!seen.contains(&0));
+    }
 }

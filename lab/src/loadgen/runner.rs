@@ -165,6 +165,13 @@ async fn run_against(
         // collection.
         let first = rep % cfg.variants.len().max(1);
         let order = cfg.variants[first..].iter().chain(&cfg.variants[..first]);
+        // The model's seed follows the schedule's: every variant of a repetition meets the same
+        // random draws (they are keyed by request id and seed), and each repetition new ones.
+        let model = model.as_ref().map(|(d, members)| {
+            let mut d = d.clone();
+            d.insert("seed", cfg.seed.wrapping_add(rep as u64 * 1000) as i64);
+            (d, members.clone())
+        });
         for variant in order {
             if let Some(m) = &model {
                 progress.set_message(format!(
