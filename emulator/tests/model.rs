@@ -637,3 +637,74 @@ async fn rejections_and_connections_cost_core_time() {
     assert!((c.wasted_work_ms - 2.0).abs() < 0.01, "{c:?}");
     assert!((c.busy_core_ms - 5.0).abs() < 0.01, "{c:?}");
 }
+
+/// Offers 130 % of a one-core server's capacity (2 ms point reads, 8 tickets, no limiter) for
+/// `secs` seconds, evenly spaced, each read with `maxTimeMS` 100 and its application giving up
+/// at 100 ms; returns the reads answered in time and the model's counters.
+async fn burst_without_limiter(
+    expiry_ms: f64,
+    secs: f64,
+) -> (u64, emulator::model::CounterSnapshot) {
+    let m = Model::new(ModelConfig {
+        cores: 1,
+        costs: emulator::model::CostConfig {
+            point_read_ms: 2.0,
+            expiry_ms,
+            ..emulator::model::CostConfig::default()
+        },
+        ..base()
+    })
+    .unwrap();
+    let rate = 1.3 * 500.0;
+    let n = (rate * secs) as u64;
+    let gap = Duration::from_secs_f64(1.0 / rate);
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        tokio::time::sleep_until(t0 + gap * i as u32).await;
+        let m = m.clone();
+        tasks.spawn(async move {
+            let now = Instant::now();
+            let info = CommandInfo::new("find", CommandKind::PointRead, now)
+                .with_max_time_ms(100)
+                .with_client_deadline(now + Duration::from_millis(100));
+            match m.admit(&info).await {
+                Ok(a) => matches!(a.execute(std::future::pending()).await, Ok(o) if !o.abandoned),
+                Err(_) => false,
+            }
+        });
+    }
+    let mut ok = 0;
+    while let Some(r) = tasks.join_next().await {
+        if r.unwrap() {
+            ok += 1;
+        }
+    }
+    (ok, m.snapshot().counters)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_cost_of_expiry_feeds_back_into_an_overload_without_a_limiter() {
+    // At 130 % a fifth of the reads must expire; each expiry's cost takes core time from the
+    // reads that could still make it, which makes more of them expire.
+    let mut goodput = Vec::new();
+    for expiry_ms in [0.0, 0.5, 1.5] {
+        let (ok, c) = burst_without_limiter(expiry_ms, 4.0).await;
+        eprintln!(
+            "expiryMs {expiry_ms}: {ok} of 2600 in time, {} expired, expiryWorkMs {:.0}, wasted {:.0} of {:.0} ms",
+            c.expired, c.expiry_work_ms, c.wasted_work_ms, c.busy_core_ms
+        );
+        assert!(
+            (c.expiry_work_ms - expiry_ms * c.expired as f64).abs() < 1.0,
+            "{c:?}"
+        );
+        goodput.push(ok);
+    }
+    // Free expiry: about the server's capacity (500/s for 4 s) gets through.
+    assert!(goodput[0] >= 1800, "{goodput:?}");
+    assert!(
+        goodput[0] > goodput[1] && goodput[1] > goodput[2],
+        "{goodput:?}"
+    );
+    assert!((goodput[2] as f64) < 0.9 * goodput[0] as f64, "{goodput:?}");
+}
