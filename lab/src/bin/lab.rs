@@ -364,6 +364,25 @@ async fn run(a: RunArgs) -> Result<bool, String> {
         cfg.deadline.as_millis()
     );
     println!("\n{}", report::text_table(&run));
+    let overridden: Vec<String> = cfg
+        .variants
+        .iter()
+        .filter(|v| cfg.app_overridden(v))
+        .map(|v| {
+            format!(
+                "{} ({})",
+                v.name,
+                cfg.application(v).describe(&v.uri_options)
+            )
+        })
+        .collect();
+    if !overridden.is_empty() {
+        println!(
+            "application set by the scenario or --on-deadline/--max-time-ms, not the variant's \
+             own: {}",
+            overridden.join("; ")
+        );
+    }
     let invalid: Vec<String> = run
         .runs
         .iter()

@@ -897,6 +897,65 @@ mod tests {
     }
 
     #[test]
+    fn a_variant_carries_its_application_and_overrides_say_so() {
+        let best = Variant::parse("upstream-best").unwrap();
+        assert_eq!(best.app, Application::BEST);
+        assert_eq!(
+            Variant::parse("upstream-maxtime").unwrap().app,
+            Application {
+                max_time: true,
+                on_deadline: OnDeadline::Continue
+            }
+        );
+        assert_eq!(
+            Variant::parse("upstream-default").unwrap().app,
+            Application::DEFAULT
+        );
+        // A fourth field states the application; options may hold ':' themselves.
+        let v = Variant::parse("u1:upstream:maxAdaptiveRetries=1:maxtime+drop").unwrap();
+        assert_eq!(
+            (v.uri_options.as_str(), v.app),
+            ("maxAdaptiveRetries=1", Application::BEST)
+        );
+        let tags = Variant::parse("u2:upstream:readPreferenceTags=dc:ny").unwrap();
+        assert_eq!(
+            (tags.uri_options.as_str(), tags.app),
+            ("readPreferenceTags=dc:ny", Application::DEFAULT)
+        );
+        assert_eq!(
+            Variant::parse("u3:upstream::drop").unwrap().app.on_deadline,
+            OnDeadline::Drop
+        );
+        assert_eq!(Application::parse("maxtime+nope"), None);
+        for app in [Application::DEFAULT, Application::BEST] {
+            assert_eq!(Application::parse(&app.spec()), Some(app));
+        }
+
+        let cfg = LabConfig::default();
+        assert_eq!(cfg.application(&best), Application::BEST);
+        assert!(!cfg.app_overridden(&best));
+        // The run's override applies to every variant, and says so where it changes one.
+        let dropping = LabConfig {
+            on_deadline_override: Some(OnDeadline::Drop),
+            ..LabConfig::default()
+        };
+        let default = Variant::parse("upstream-default").unwrap();
+        assert_eq!(dropping.application(&default).on_deadline, OnDeadline::Drop);
+        assert!(dropping.app_overridden(&default));
+        assert!(!dropping.app_overridden(&best));
+        // With timeoutMS the driver sends maxTimeMS itself; the application does not.
+        let with_max_time = LabConfig {
+            max_time_override: Some(true),
+            ..LabConfig::default()
+        };
+        let fbt = Variant::parse("fork-budget-timeout").unwrap();
+        assert!(!with_max_time.application(&fbt).max_time);
+        assert!(!with_max_time.app_overridden(&fbt));
+        assert!(with_max_time.application(&default).max_time);
+        assert!(fbt.app.describe(&fbt.uri_options).contains("timeoutMS"));
+    }
+
+    #[test]
     fn timeout_variants_get_the_applications_deadline() {
         let cfg = LabConfig {
             deadline: Duration::from_millis(250),
