@@ -23,7 +23,11 @@ fn base() -> ModelConfig {
     }
 }
 
+/// A limiter whose rejections are free, so that these tests see the limiter's decisions alone
+/// (what a rejection costs is tested in scenario_models.rs).
 fn limited(rate: f64, burst_secs: f64, queue: u64) -> ModelConfig {
+    let mut base = base();
+    base.costs.rejection_ms = 0.0;
     ModelConfig {
         limiter: LimiterConfig {
             enabled: true,
@@ -32,7 +36,7 @@ fn limited(rate: f64, burst_secs: f64, queue: u64) -> ModelConfig {
             max_queue_depth: queue,
             ..LimiterConfig::default()
         },
-        ..base()
+        ..base
     }
 }
 

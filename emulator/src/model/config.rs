@@ -247,7 +247,8 @@ pub struct CostConfig {
     /// Any other command (hello, commitTransaction, ...); 0 = takes no core and no ticket.
     pub command_ms: f64,
     /// Core time to reject a request with 462 or 433 (the reply waits for it); counted as
-    /// wasted work.
+    /// wasted work. The default, 0.3 ms (0.15 × `pointReadMs`), is derived in docs/emulator.md
+    /// ("What a rejection costs"); mongod pays for every rejection, so the model does too.
     pub rejection_ms: f64,
     /// Core time to stop a request at an interrupt point, once its `maxTimeMS` has passed or
     /// its client has gone: unwind, abort the storage transaction, build the error reply, log
@@ -275,7 +276,7 @@ impl Default for CostConfig {
             scan_ms: 30.0,
             write_ms: 3.0,
             command_ms: 0.0,
-            rejection_ms: 0.0,
+            rejection_ms: 0.3,
             expiry_ms: 0.5,
             connection_ms: 0.0,
             auth_ms: 2.6,
