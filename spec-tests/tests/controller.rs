@@ -219,3 +219,180 @@ async fn retries_read_the_deadline_on_the_clock_they_sleep_on() {
     );
     assert!(!is_timeout(&error) && !is_local_rejection(&error));
 }
+
+/// The retry budget refuses a retry on the paused clock: once the warm-up's deposit has left the
+/// budget's 10 s window (advanced past in virtual time), each first attempt funds exactly one retry
+/// at `retryBudgetPercent=100` with no reserve, so an always-overloaded find makes two attempts
+/// and the second retry is refused.
+#[tokio::test(flavor = "current_thread")]
+async fn the_budget_refuses_a_retry_on_the_paused_clock() {
+    let server = Server::standalone();
+    let uri = server.uri_with(
+        "retryReads=true&connectTimeoutMS=0&retryBudget=true&retryBudgetPercent=100\
+         &retryBudgetMinPerSec=0&retryBudgetWindowMS=10000",
+    );
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    coll.find_one(doc! {}).await.expect("warm up");
+    overload_finds(&server.uri).await;
+    let before = attempts.count();
+
+    let clock = Metronome::start();
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let start = tokio::time::Instant::now();
+    let result = with_pinned_jitter(1.0, coll.find_one(doc! {})).await;
+    let elapsed = start.elapsed();
+    drop(clock);
+    fail_command_off(&server.uri).await;
+
+    let error = result.expect_err("always overloaded");
+    assert_eq!(server_code(&error), Some(462), "{error:?}");
+    assert_eq!(attempts.count() - before, 2, "one funded retry: {error:?}");
+    let stats = client.overload_stats();
+    assert_eq!(
+        (stats.retries_made, stats.retries_refused),
+        (1, 1),
+        "{stats:?}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(200),
+        "the funded retry slept its 200 ms backoff in virtual time: {elapsed:?}"
+    );
+}
+
+/// The throttle rejects a first attempt locally on the paused clock, and its 10 s window, advanced
+/// past in virtual time, lets first attempts through again.
+#[tokio::test(flavor = "current_thread")]
+async fn the_throttle_rejects_and_forgets_on_the_paused_clock() {
+    let server = Server::standalone();
+    let uri = server.uri_with(
+        "retryReads=true&connectTimeoutMS=0&maxAdaptiveRetries=0&adaptiveThrottle=true\
+         &adaptiveThrottleMinRequests=5&adaptiveThrottleWindowMS=10000",
+    );
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    coll.find_one(doc! {}).await.expect("warm up");
+    overload_finds(&server.uri).await;
+    let before = attempts.count();
+    let clock = Metronome::start();
+    // The warm-up leaves the window before the overloaded finds.
+    tokio::time::advance(Duration::from_secs(11)).await;
+    for _ in 0..5 {
+        let error = with_pinned_jitter(0.0, coll.find_one(doc! {}))
+            .await
+            .expect_err("overloaded");
+        assert_eq!(server_code(&error), Some(462), "{error:?}");
+    }
+    assert_eq!(attempts.count() - before, 5);
+    // Every request in the window was rejected: the pinned draw of 0 rejects locally.
+    let error = with_pinned_jitter(0.0, coll.find_one(doc! {}))
+        .await
+        .expect_err("rejected locally");
+    assert!(is_local_rejection(&error), "{error:?}");
+    assert_eq!(attempts.count() - before, 5, "never sent");
+    assert_eq!(client.overload_stats().local_rejections, 1);
+    drop(clock);
+    fail_command_off(&server.uri).await;
+    let clock = Metronome::start();
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let result = with_pinned_jitter(0.0, coll.find_one(doc! {})).await;
+    drop(clock);
+    result.expect("the window forgot the rejections");
+    assert_eq!(attempts.count() - before, 6);
+}
+
+/// Starts a find that holds the only slot of a client with one (`maxPoolSize=1`) for
+/// `block_ms` of real time, and waits until it does.
+async fn hold_the_only_slot(
+    server: &Server,
+    client: &Client,
+    block_ms: i32,
+) -> tokio::task::JoinHandle<Result<(), Error>> {
+    let coll: Collection<Document> = client.database("t").collection("c");
+    coll.find_one(doc! {}).await.expect("warm up");
+    fail_find(
+        &server.uri,
+        doc! { "times": 1 }.into(),
+        doc! { "blockConnection": true, "blockTimeMS": block_ms },
+    )
+    .await;
+    let holder = tokio::spawn(async move { coll.find_one(doc! {}).await.map(|_| ()) });
+    until_in_flight(client, 1).await;
+    holder
+}
+
+/// A slot wait under `timeoutMS` ends in a timeout at the deadline, in virtual time: the holder
+/// keeps its slot for two real seconds while the waiter's 500 ms pass at once.
+#[tokio::test(flavor = "current_thread")]
+async fn a_slot_wait_times_out_at_the_deadline_on_the_paused_clock() {
+    let server = Server::standalone();
+    let uri = server.uri_with("adaptiveConcurrency=true&maxPoolSize=1&connectTimeoutMS=0");
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let holder = hold_the_only_slot(&server, &client, 2_000).await;
+    let sent = attempts.count();
+    let coll: Collection<Document> = client.database("t").collection("c");
+
+    let clock = Metronome::start();
+    let (start, real) = (tokio::time::Instant::now(), std::time::Instant::now());
+    let result = coll
+        .find_one(doc! {})
+        .timeout(Duration::from_millis(500))
+        .await;
+    let (elapsed, real) = (start.elapsed(), real.elapsed());
+    drop(clock);
+
+    let error = result.expect_err("no slot within 500 ms");
+    assert!(is_timeout(&error), "{error:?}");
+    assert!(error.to_string().contains("concurrency slot"), "{error}");
+    assert!(
+        elapsed >= Duration::from_millis(500) && elapsed < Duration::from_millis(600),
+        "the wait ended at the deadline: {elapsed:?}"
+    );
+    assert!(
+        real < Duration::from_millis(1_500),
+        "virtual, not real: {real:?}"
+    );
+    assert_eq!(attempts.count(), sent, "the waiter was never sent");
+    holder.await.expect("task").expect("slow find");
+    let stats = client.overload_stats();
+    assert_eq!(stats.concurrency_wait_timeouts, 1, "{stats:?}");
+}
+
+/// Without `timeoutMS`, a slot wait ends in a local rejection at `serverSelectionTimeoutMS`, in
+/// virtual time.
+#[tokio::test(flavor = "current_thread")]
+async fn a_slot_wait_is_rejected_locally_at_the_selection_timeout_on_the_paused_clock() {
+    let server = Server::standalone();
+    let uri = server.uri_with(
+        "adaptiveConcurrency=true&maxPoolSize=1&connectTimeoutMS=0&serverSelectionTimeoutMS=300",
+    );
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let holder = hold_the_only_slot(&server, &client, 2_000).await;
+    let sent = attempts.count();
+    let coll: Collection<Document> = client.database("t").collection("c");
+
+    let clock = Metronome::start();
+    let (start, real) = (tokio::time::Instant::now(), std::time::Instant::now());
+    let result = coll.find_one(doc! {}).await;
+    let (elapsed, real) = (start.elapsed(), real.elapsed());
+    drop(clock);
+
+    let error = result.expect_err("no slot within 300 ms");
+    assert!(is_local_rejection(&error), "{error:?}");
+    assert!(error.contains_label("SystemOverloadedError"), "{error:?}");
+    assert!(!error.contains_label("RetryableError"), "{error:?}");
+    assert!(
+        error.to_string().contains("serverSelectionTimeoutMS"),
+        "{error}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(300) && elapsed < Duration::from_millis(400),
+        "the wait ended at the slot wait: {elapsed:?}"
+    );
+    assert!(
+        real < Duration::from_millis(1_500),
+        "virtual, not real: {real:?}"
+    );
+    assert_eq!(attempts.count(), sent, "the rejected find was never sent");
+    holder.await.expect("task").expect("slow find");
+}

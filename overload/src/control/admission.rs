@@ -53,7 +53,7 @@ pub(super) struct ServerState<S> {
     throttle: Option<AdaptiveThrottle>,
     limit: Option<ConcurrencyLimit>,
     /// Signalled whenever a slot of this server is released.
-    released: S,
+    released: Arc<S>,
     /// The limit last published, so that only changes are.
     published_limit: AtomicU32,
 }
@@ -143,7 +143,7 @@ where
                     .and_then(|config| AdaptiveThrottle::starting_at(config, now).ok()),
                 published_limit: AtomicU32::new(limit.as_ref().map_or(0, ConcurrencyLimit::limit)),
                 limit,
-                released: S::default(),
+                released: Arc::default(),
             })
         }))
     }
@@ -233,9 +233,11 @@ where
     }
 
     /// The signal this request's waits end on (`None` without admission controls, which never
-    /// answer "wait").
-    pub fn signal(&self) -> Option<&S> {
-        self.server.as_ref().map(|server| &server.released)
+    /// answer "wait"), shared with the server's attempts.
+    pub fn signal(&self) -> Option<Arc<S>> {
+        self.server
+            .as_ref()
+            .map(|server| Arc::clone(&server.released))
     }
 
     /// Looks at `now`: take a slot, then ask the throttle; or wait, reject or time out.
@@ -375,6 +377,12 @@ where
     /// When the attempt was admitted.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// Whether [`Self::finish`] has anything to record (a slot, a throttle, a service time to
+    /// sample): when not, the caller may drop the attempt without reading the clock.
+    pub fn reports(&self) -> bool {
+        self.server.is_some() || self.key.is_some()
     }
 
     /// The attempt ended at `now` as `end`, having been sent at `sent` (`None`: never sent, the

@@ -22,7 +22,7 @@
 //! 1. **What deadline does the operation carry?** ([`Controller::deadline`]) `timeoutMS` from the
 //!    operation, else its collection or database, else the client; none for the commands that
 //!    continue or end admitted work ([`EXEMPT_COMMANDS`], the same list the throttle exempts).
-//!    Actions that run several commands under one deadline ask [`Controller::next_batch`] for
+//!    Actions that run several commands under one deadline ask [`next_batch`] for
 //!    each batch's share.
 //! 2. **May this attempt start?** ([`Controller::start_attempt`], then [`SlotRequest::poll`])
 //!    Answers: send (with an [`Attempt`] that holds the server's concurrency slot), wait until
@@ -222,6 +222,17 @@ pub enum RetryAnswer {
     TimedOut,
 }
 
+/// The time the next batch of an action under `deadline` may take at `now`: every batch is its
+/// own command with its own deadline, which must be what remains of the action's one deadline
+/// rather than a fresh `timeoutMS`.
+pub fn next_batch(deadline: Option<Deadline>, now: Instant) -> BatchTime {
+    match deadline.and_then(|deadline| deadline.remaining(now)) {
+        None => BatchTime::AsGiven,
+        Some(remaining) if remaining.is_zero() => BatchTime::Expired,
+        Some(remaining) => BatchTime::Remaining(remaining),
+    }
+}
+
 /// What the retry gate needs to know about the operation whose attempt failed.
 #[derive(Debug)]
 pub struct RetryQuestion<'a, K> {
@@ -374,17 +385,6 @@ where
         Some(Deadline::start(now, budget))
     }
 
-    /// The time the next batch of an action under `deadline` may take: every batch is its own
-    /// command with its own deadline, which must be what remains of the action's one deadline
-    /// rather than a fresh `timeoutMS`.
-    pub fn next_batch(&self, deadline: Option<Deadline>, now: Instant) -> BatchTime {
-        match deadline.and_then(|deadline| deadline.remaining(now)) {
-            None => BatchTime::AsGiven,
-            Some(remaining) if remaining.is_zero() => BatchTime::Expired,
-            Some(remaining) => BatchTime::Remaining(remaining),
-        }
-    }
-
     /// Whether a command under `deadline` needs its server's minimum round-trip time for
     /// [`Self::max_time`]: an unlimited deadline sends no `maxTimeMS`, so the driver need not
     /// look it up.
@@ -482,21 +482,24 @@ where
         now: Instant,
         jitter: &mut impl Jitter,
     ) -> RetryAnswer {
+        // Without a deadline, `admit` only draws the delay and keeps it, so that the delay the
+        // caller sleeps (`RetryState::backoff`) is the one answered here.
+        let mut typical = Duration::ZERO;
         if let Some(deadline) = question.deadline {
             state.set_deadline(deadline);
-            let typical = question.server.map_or(Duration::ZERO, |server| {
-                self.service_times.typical(server, now)
-            });
-            match state.admit(now, jitter, typical) {
-                Admission::Expired => return RetryAnswer::TimedOut,
-                Admission::Decline(Declined::BackoffPastDeadline) => {
-                    return RetryAnswer::ReturnLastError(Refusal::BackoffPastDeadline)
-                }
-                Admission::Decline(Declined::CannotFinish) => {
-                    return RetryAnswer::ReturnLastError(Refusal::CannotFinish)
-                }
-                Admission::Decline(Declined::Exhausted) | Admission::Retry(_) => {}
+            if let Some(server) = question.server {
+                typical = self.service_times.typical(server, now);
             }
+        }
+        match state.admit(now, jitter, typical) {
+            Admission::Expired => return RetryAnswer::TimedOut,
+            Admission::Decline(Declined::BackoffPastDeadline) => {
+                return RetryAnswer::ReturnLastError(Refusal::BackoffPastDeadline)
+            }
+            Admission::Decline(Declined::CannotFinish) => {
+                return RetryAnswer::ReturnLastError(Refusal::CannotFinish)
+            }
+            Admission::Decline(Declined::Exhausted) | Admission::Retry(_) => {}
         }
         if state.exhausted() {
             return RetryAnswer::ReturnLastError(Refusal::Exhausted);

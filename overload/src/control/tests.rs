@@ -134,25 +134,18 @@ fn the_most_specific_timeout_wins_and_continuations_have_none() {
 
 #[test]
 fn each_batch_gets_what_remains_of_the_one_deadline() {
-    let ctl = controller(settings());
     let deadline = Deadline::at(at(1_000));
-    assert_eq!(ctl.next_batch(None, at(0)), BatchTime::AsGiven);
+    assert_eq!(next_batch(None, at(0)), BatchTime::AsGiven);
     assert_eq!(
-        ctl.next_batch(Some(Deadline::unlimited()), at(0)),
+        next_batch(Some(Deadline::unlimited()), at(0)),
         BatchTime::AsGiven
     );
     assert_eq!(
-        ctl.next_batch(Some(deadline), at(400)),
+        next_batch(Some(deadline), at(400)),
         BatchTime::Remaining(ms(600))
     );
-    assert_eq!(
-        ctl.next_batch(Some(deadline), at(1_000)),
-        BatchTime::Expired
-    );
-    assert_eq!(
-        ctl.next_batch(Some(deadline), at(5_000)),
-        BatchTime::Expired
-    );
+    assert_eq!(next_batch(Some(deadline), at(1_000)), BatchTime::Expired);
+    assert_eq!(next_batch(Some(deadline), at(5_000)), BatchTime::Expired);
 }
 
 #[test]
@@ -819,4 +812,16 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn without_a_deadline_the_delay_answered_is_the_delay_slept() {
+    let ctl = controller(settings());
+    let server = server();
+    let mut state = ctl.retry_state();
+    state.record_failure(overloaded());
+    let answer = ctl.may_retry(&mut state, question(&server, None), at(0), &mut || 0.25);
+    assert_eq!(answer, RetryAnswer::RetryAfter(ms(50)));
+    // The loop asks the state for the delay to sleep with its own jitter source: the kept one.
+    assert_eq!(state.backoff(&mut || 0.75), ms(50));
 }
