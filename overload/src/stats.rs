@@ -60,6 +60,9 @@ pub const METRIC_CONCURRENCY_WAITS: &str = "mongodb_overload_concurrency_waits_t
 pub const METRIC_CONCURRENCY_LIMIT: &str = "mongodb_overload_concurrency_limit";
 /// Gauge: a server's concurrency slots in use, labelled by `server`.
 pub const METRIC_CONCURRENCY_IN_FLIGHT: &str = "mongodb_overload_concurrency_in_flight";
+/// Counter of the overload controller's decisions, by `decision` (and `reason` for refused
+/// retries): every [`crate::control::Decision`] once.
+pub const METRIC_DECISIONS: &str = "mongodb_overload_decisions_total";
 
 /// Distinct server codes counted separately. Servers send a handful of overload codes (462 for
 /// ingress rate limiting, a few for ticket exhaustion); later codes go to
@@ -330,6 +333,11 @@ pub fn describe_metrics() {
     );
     metrics::describe_counter!(METRIC_RETRIES, Unit::Count, "retries made, by origin");
     metrics::describe_counter!(
+        METRIC_DECISIONS,
+        Unit::Count,
+        "decisions of the overload controller, by decision and reason"
+    );
+    metrics::describe_counter!(
         METRIC_RETRIES_REFUSED,
         Unit::Count,
         "retries the retry budget refused, by origin"
@@ -584,6 +592,12 @@ mod tests {
                 stats.record_concurrency_wait(false);
                 stats.record_concurrency_wait(true);
                 stats.record_concurrency_wait(true);
+                let refused = crate::control::Decision::RetryRefused {
+                    operation: "find",
+                    reason: crate::control::Refusal::Budget,
+                    remaining: None,
+                };
+                crate::control::event::publish(&refused, &stats);
                 stats.record_concurrency_limit(
                     "db1:27017",
                     &ConcurrencySnapshot {
@@ -619,6 +633,11 @@ mod tests {
                     "mongodb_overload_concurrency_waits_total result=timed_out",
                     2.0,
                 ),
+                (
+                    "mongodb_overload_decisions_total decision=retry_refused \
+                     reason=retry budget exhausted",
+                    1.0,
+                ),
                 ("mongodb_overload_concurrency_limit server=db1:27017", 15.0),
                 (
                     "mongodb_overload_concurrency_in_flight server=db1:27017",
@@ -628,7 +647,7 @@ mod tests {
             for (key, value) in expected {
                 assert_eq!(recorder.value(key), Some(value), "{key}");
             }
-            assert_eq!(recorder.described.lock().unwrap().len(), 9);
+            assert_eq!(recorder.described.lock().unwrap().len(), 10);
         }
 
         #[test]

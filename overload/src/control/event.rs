@@ -80,8 +80,35 @@ pub enum Decision<'a> {
     LimitChanged { server: &'a str, from: u32, to: u32 },
 }
 
-/// Publishes `decision` to the log and to `stats`.
+impl Decision<'_> {
+    /// The decision's kind, as the `metrics` feature labels it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Retry(_) => "retry",
+            Self::RetryRefused { .. } => "retry_refused",
+            Self::LocalRejection { .. } => "local_rejection",
+            Self::SlotWaitEnded { .. } => "slot_wait_ended",
+            Self::LimitChanged { .. } => "limit_changed",
+        }
+    }
+}
+
+/// Publishes `decision` to the log, to `stats`, and (with the `metrics` feature) to the
+/// decision counter.
 pub(crate) fn publish(decision: &Decision<'_>, stats: &OverloadStatsRecorder) {
+    #[cfg(feature = "metrics")]
+    {
+        let reason = match *decision {
+            Decision::RetryRefused { reason, .. } => reason.as_str(),
+            _ => "",
+        };
+        metrics::counter!(
+            crate::stats::METRIC_DECISIONS,
+            "decision" => decision.kind(),
+            "reason" => reason
+        )
+        .increment(1);
+    }
     match *decision {
         Decision::Retry(ref attempt) => crate::trace::retry_attempt(attempt),
         Decision::RetryRefused {
