@@ -693,11 +693,10 @@ fn main() -> ExitCode {
                     v.uri_options.clone()
                 };
                 println!(
-                    "{:<26} {:<9} {}\n{:<36} application: {}",
+                    "{:<26} {:<9} {}\n    application: {}",
                     v.name,
                     v.driver,
                     opts,
-                    "",
                     v.app.describe(&v.uri_options)
                 );
             }

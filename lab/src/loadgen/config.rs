@@ -803,11 +803,10 @@ impl LabConfig {
     /// Whether this run's overrides change what `variant`'s application does (the report
     /// says so beside the variant).
     pub fn app_overridden(&self, variant: &Variant) -> bool {
-        let mut own = variant.app;
-        if has_timeout(&variant.uri_options) || has_timeout(&self.client_options) {
-            own.max_time = false;
-        }
-        self.application(variant) != own
+        // Compared as described: under `timeoutMS` the driver returns at the deadline itself,
+        // so whether the application would drop the call changes nothing.
+        let effective = self.application(variant).describe(&variant.uri_options);
+        effective != variant.app.describe(&variant.uri_options)
     }
 
     /// The connection string options every client of `variant` gets (pool settings, the
@@ -951,6 +950,7 @@ mod tests {
         let fbt = Variant::parse("fork-budget-timeout").unwrap();
         assert!(!with_max_time.application(&fbt).max_time);
         assert!(!with_max_time.app_overridden(&fbt));
+        assert!(!dropping.app_overridden(&fbt));
         assert!(with_max_time.application(&default).max_time);
         assert!(fbt.app.describe(&fbt.uri_options).contains("timeoutMS"));
     }

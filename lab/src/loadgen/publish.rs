@@ -130,13 +130,9 @@ pub fn results_file(v: &Verdict, host: &Host, commit: &str, stamp: &str, run_dir
             "some runs INVALID (left out of every figure)"
         }
     );
-    // The verdict's own markdown, one heading level down.
+    // The verdict's own markdown without its title: its sections are this file's.
     for line in markdown(v).lines().skip(1) {
-        if line.starts_with('#') {
-            let _ = writeln!(s, "#{line}");
-        } else {
-            let _ = writeln!(s, "{line}");
-        }
+        let _ = writeln!(s, "{line}");
     }
     s
 }
@@ -159,13 +155,7 @@ pub fn current_file(v: &Verdict, host: &Host, commit: &str, dated: &str) -> Stri
             "some runs INVALID"
         }
     );
-    for line in markdown_judgement(v).lines() {
-        if line.starts_with('#') {
-            let _ = writeln!(s, "#{line}");
-        } else {
-            let _ = writeln!(s, "{line}");
-        }
-    }
+    s.push_str(&markdown_judgement(v));
     s
 }
 
