@@ -797,11 +797,15 @@ pub fn checks(scenarios: &[ScenarioVerdict], dominance: &[Dominance]) -> Vec<Che
             } else {
                 Status::all(parts.iter().map(|p| p.1))
             },
-            detail: parts
-                .iter()
-                .map(|p| p.0.clone())
-                .collect::<Vec<_>>()
-                .join("; "),
+            detail: if parts.is_empty() {
+                "no transient-N or faults scenario ran".into()
+            } else {
+                parts
+                    .iter()
+                    .map(|p| p.0.clone())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            },
         });
         // The fast path's interval.
         let low = scenarios
@@ -1192,10 +1196,17 @@ mod tests {
             if !valid {
                 summary.invalid_why = vec!["schedule lag".into()];
             }
+            // Paired seconds for `fast-path`'s pooled ratio: goodput requests in each.
+            let seconds = (0..4)
+                .map(|_| Second {
+                    good: *goodput as u64,
+                    ..Second::default()
+                })
+                .collect();
             out.push(VariantRun {
                 variant,
                 rep,
-                seconds: vec![Second::default()],
+                seconds,
                 summary,
             });
         }
@@ -1257,6 +1268,39 @@ mod tests {
             .find(|c| c.name.starts_with(RECOMMENDED) && c.name.contains("some scenario"))
             .expect("the check");
         assert_eq!(somewhere.status, Status::Met);
+    }
+
+    #[test]
+    fn the_fast_path_is_judged_on_its_pooled_interval_over_valid_pairs() {
+        let run = lab_run(
+            "fast-path",
+            &[
+                ("upstream-default", 1000.0, true),
+                ("fork-budget-timeout", 990.0, true),
+                ("upstream-default", 1000.0, true),
+                ("fork-budget-timeout", 1010.0, true),
+                // An invalid repetition of the base takes its pair out of the ratio.
+                ("upstream-default", 100.0, false),
+                ("fork-budget-timeout", 1000.0, true),
+            ],
+        );
+        let sv = scenario_verdict(&run);
+        assert_eq!(sv.primary, Primary::Throughput);
+        let p = sv
+            .variant(RECOMMENDED)
+            .and_then(|v| v.throughput_ratio_pooled.clone())
+            .expect("a pooled ratio");
+        assert_eq!((p.repetitions, p.pairs), (2, 8));
+        assert!((p.ratio - 1.0).abs() < 1e-9, "{p:?}");
+        assert!(p.low <= 0.99 && p.high >= 1.01 && p.low >= 0.98, "{p:?}");
+        assert_eq!(sv.ratio(RECOMMENDED, RATIO_BASE), Some(p.ratio));
+        let v = verdict(&[run], 1.0, None);
+        let check = v
+            .checks
+            .iter()
+            .find(|c| c.name.starts_with(RECOMMENDED) && c.name.contains("fast-path"))
+            .expect("the fast-path check");
+        assert_eq!(check.status, Status::Met, "{check:?}");
     }
 
     #[test]
