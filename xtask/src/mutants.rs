@@ -170,12 +170,109 @@ pub const MUTANTS: &[Mutant] = &[
             replace: "(true, false) => Self::Retryable,",
         }],
     },
+    Mutant {
+        name: "budget-refusal-ignored",
+        defect: "the controller asks the retry budget but sends the retry it refused",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/mod.rs",
+            find: "if !budget.withdraw_at(RetryOrigin::Driver, Some(question.operation), now) {",
+            replace: "if !budget.withdraw_at(RetryOrigin::Driver, Some(question.operation), now) \
+                      && false {",
+        }],
+    },
+    Mutant {
+        name: "budget-no-deposit",
+        defect: "first attempts no longer fund the retry budget: only its reserve admits retries",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "driver/src/fork/control.rs",
+            find: "        control.deposit(now());\n",
+            replace: "",
+        }],
+    },
+    Mutant {
+        name: "throttle-deaf",
+        defect: "the adaptive throttle never hears of the overload errors its first attempts met, \
+                 so it never rejects",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "                throttle.record_overload(now);\n",
+            replace: "",
+        }],
+    },
+    Mutant {
+        name: "throttle-decides-retries",
+        defect: "the adaptive throttle decides retries and transaction statements too, not only \
+                 first attempts",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "let throttled = first_attempt\n",
+            replace: "let throttled = first_attempt || true\n",
+        }],
+    },
+    Mutant {
+        name: "slot-wait-endless",
+        defect: "a wait for a concurrency slot never ends at its deadline or at \
+                 serverSelectionTimeoutMS",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "Some(end) if now >= end => {",
+            replace: "Some(end) if now >= end && false => {",
+        }],
+    },
+    Mutant {
+        name: "failed-checkout-sampled",
+        defect: "a connection checkout that failed releases its concurrency slot as an answer \
+                 after 0 ms, a false fast latency sample",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "(AttemptEnd::Failed { replied: false, .. }, _) | (_, None) => Outcome::Abandoned,\n\
+                   \x20           (_, Some(latency)) => Outcome::Answered(latency),",
+            replace: "(AttemptEnd::Failed { replied: false, .. }, Some(_)) => Outcome::Abandoned,\n\
+                      \x20           (_, latency) => Outcome::Answered(latency.unwrap_or_default()),",
+        }],
+    },
+    Mutant {
+        name: "retry-ignores-deadline",
+        defect: "the retry gates do not see the operation's timeoutMS deadline, so a backoff that \
+                 passes it is slept",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "driver/src/fork/control.rs",
+            find: "        server: Some(server),\n        deadline,\n",
+            replace: "        server: Some(server),\n        deadline: deadline.filter(|_| false),\n",
+        }],
+    },
+    Mutant {
+        name: "timeout-precedence-reversed",
+        defect: "a collection's or database's timeoutMS wins over the operation's own",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/mod.rs",
+            find: ".operation\n            .or(timeouts.target)",
+            replace: ".target\n            .or(timeouts.operation)",
+        }],
+    },
 ];
 
 /// The test targets of `spec-tests` a mutant runs against, in order.
-pub const SUITES: &[&str] = &["spec", "prose", "defects"];
+pub const SUITES: &[&str] = &[
+    "spec",
+    "prose",
+    "defects",
+    "controller",
+    "admission",
+    "budget",
+    "timeouts",
+];
 
-/// The longest one suite may run against one build; the control takes about 80 s for all three.
+/// The longest one suite may run against one build; the control took about 80 s for the first
+/// three, and the wiring suites (controller, admission, budget, timeouts) add about 25 s.
 const SUITE_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// How many of a mutant's failing tests are rerun alone to confirm that it is caught.
