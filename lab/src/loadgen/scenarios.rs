@@ -419,6 +419,14 @@ impl ScenarioName {
         cfg.model_overrides = (!empty).then_some(model);
     }
 
+    /// Seconds of schedule one repetition of this scenario takes in the suite with its default
+    /// variants (length × variants; `fast-path`'s variants take turns, so the same product).
+    pub fn suite_schedule_secs(self) -> f64 {
+        let mut cfg = LabConfig::default();
+        self.apply(&mut cfg, Length::Suite, &ScenarioParams::default());
+        cfg.scenario.duration().as_secs_f64() * self.default_variants().len() as f64
+    }
+
     /// The random rejection share of a `transient-N` scenario.
     pub fn sweep_share(self) -> Option<f64> {
         match self {
@@ -641,6 +649,19 @@ mod tests {
             assert_eq!(m["costs"]["rejectionMs"], 0.9, "{s:?}");
             assert_eq!(m["costs"]["expiryMs"], 1.5, "{s:?}");
         }
+    }
+
+    /// The suite's 15 minutes: three repetitions of every scenario's schedule, plus about
+    /// 100–130 s of calibration and set-up (docs/lab.md, "Which variants each scenario runs").
+    /// A scenario or variant added to the suite must fit, or something else must go.
+    #[test]
+    fn one_repetition_of_the_suite_fits_its_budget() {
+        let per_rep: f64 = ScenarioName::SUITE
+            .iter()
+            .map(|s| s.suite_schedule_secs())
+            .sum();
+        assert_eq!(per_rep, 264.0, "update docs/lab.md's estimate");
+        assert!(3.0 * per_rep + 100.0 <= 900.0, "{per_rep} s a repetition");
     }
 
     #[test]
