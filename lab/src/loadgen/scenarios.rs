@@ -376,14 +376,16 @@ impl ScenarioName {
                 }
             }
             ScenarioName::FastPath => {
-                // Three times the steady length. Its variants take turns in quarter-second
-                // slices (`runner::run_interleaved`), four rounds per second of the scenario, and
-                // its figure, a ratio of two CPU-bound throughputs held to 2 %, needs many
-                // slices: two slices taken in turn differ by 15–18 % on a shared 2-core machine,
-                // so the 95 % interval of the suite's pooled ratio (3 repetitions of 15 s, 180
-                // slices a variant) is about ±2.5 %; twice the slices narrow it by a third, for
-                // 3 more minutes of a suite that must finish in 15 (`pathbench` and instruction
-                // counts resolve less; docs/lab.md, "How precise the fast path is").
+                // Three times the steady length, 10 s in the suite. Its variants take turns in
+                // quarter-second slices (`runner::run_interleaved`), four rounds per second of
+                // the scenario, and its figure is a ratio of two CPU-bound throughputs: two
+                // slices taken in turn differ by 15–18 % on a shared 2-core machine, and
+                // repetitions differ more than seconds within one, so the verdict's interval
+                // resamples repetitions and then blocks of seconds. The suite's 15 minutes allow
+                // 10 s a repetition (120 slices a variant over three); `--repeats` narrows the
+                // interval when a figure sits near its target, and instruction counts
+                // (`lab instructions`) are the layout-insensitive figure beside it (docs/lab.md,
+                // "How precise the fast path is").
                 let secs = if len == Length::Suite {
                     FAST_PATH_SUITE_SECS
                 } else {
