@@ -512,11 +512,12 @@ async fn sensitivity(a: &RunArgs) -> Result<bool, String> {
         };
         let cfg = config_with(a, cell.scenario, &p, len)?;
         println!(
-            "sensitivity {}/{}: {} rejectionMs {:?} expiryMs {}",
+            "sensitivity {}/{}: {} rejectionMs {} expiryMs {}",
             i + 1,
             cells.len(),
             cell.scenario.name(),
-            cell.rejection_ms,
+            cell.rejection_ms
+                .map_or_else(|| "(the model's)".to_string(), |v| format!("{v:.2}")),
             cell.expiry_ms
         );
         let bar = ProgressBar::hidden();
