@@ -204,13 +204,12 @@ pub const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "throttle-decides-retries",
-        defect: "the adaptive throttle decides retries and transaction statements too, not only \
-                 first attempts",
+        defect: "the adaptive throttle decides retries too, not only first attempts",
         drop_patches: &[],
         edits: &[Edit {
             path: "overload/src/control/admission.rs",
-            find: "let throttled = first_attempt\n",
-            replace: "let throttled = first_attempt || true\n",
+            find: "let throttled = kind == super::AttemptKind::First\n",
+            replace: "let throttled = kind != super::AttemptKind::InTransaction\n",
         }],
     },
     Mutant {

@@ -207,7 +207,7 @@ where
         controller: &'c Controller<K, S>,
         operation: &'o str,
         key: &K,
-        first_attempt: bool,
+        kind: super::AttemptKind,
         deadline: Option<Deadline>,
         now: Instant,
     ) -> Self {
@@ -217,7 +217,7 @@ where
             .map(|admission| admission.server(key, now));
         // Only operations under a deadline read the service time, so only they sample it.
         let key = deadline.map(|_| key.clone());
-        let throttled = first_attempt
+        let throttled = kind == super::AttemptKind::First
             && crate::admission::throttles_command(operation)
             && server.as_ref().is_some_and(|s| s.throttle.is_some());
         Self {

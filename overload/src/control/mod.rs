@@ -46,7 +46,8 @@
 //! only requests that could be sent: one that timed out waiting for a slot never reached the
 //! server, and counted as a request the server accepted it would lower the rejection
 //! probability while the server rejects everything it receives. The throttle decides only first
-//! attempts, outside transactions, of commands that start new work ([`crate::admission`]).
+//! attempts, outside transactions ([`AttemptKind`]), of commands that start new work
+//! ([`crate::admission`]).
 //!
 //! A slot wait ends at the operation's deadline when it has one (a timeout error), else after
 //! the slot wait the client was given (`serverSelectionTimeoutMS`; a local rejection, since no
@@ -230,6 +231,29 @@ pub fn next_batch(deadline: Option<Deadline>, now: Instant) -> BatchTime {
         None => BatchTime::AsGiven,
         Some(remaining) if remaining.is_zero() => BatchTime::Expired,
         Some(remaining) => BatchTime::Remaining(remaining),
+    }
+}
+
+/// Which attempt of an operation wants to start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttemptKind {
+    /// The operation's first attempt, outside a transaction: the only kind the throttle decides.
+    First,
+    /// A retry: the throttle already admitted the operation.
+    Retry,
+    /// A statement inside a transaction (first attempt or not): rejecting it would leave the
+    /// transaction holding its locks until it times out, as for the continuations.
+    InTransaction,
+}
+
+impl AttemptKind {
+    /// The kind of an attempt after `failures` failures of its operation, `in_transaction` or not.
+    pub fn of(failures: bool, in_transaction: bool) -> Self {
+        match (failures, in_transaction) {
+            (_, true) => Self::InTransaction,
+            (true, false) => Self::Retry,
+            (false, false) => Self::First,
+        }
     }
 }
 
@@ -426,18 +450,17 @@ where
         }
     }
 
-    /// Question 2: the attempt of `operation` on `server` wants to start at `now`.
-    /// `first_attempt` is false for retries and for statements inside a transaction, which the
-    /// throttle never decides. Poll the returned request until it answers.
+    /// Question 2: the attempt (`kind`) of `operation` on `server` wants to start at `now`.
+    /// Poll the returned request until it answers.
     pub fn start_attempt<'o>(
         &self,
         operation: &'o str,
         server: &K,
-        first_attempt: bool,
+        kind: AttemptKind,
         deadline: Option<Deadline>,
         now: Instant,
     ) -> SlotRequest<'_, 'o, K, S> {
-        SlotRequest::new(self, operation, server, first_attempt, deadline, now)
+        SlotRequest::new(self, operation, server, kind, deadline, now)
     }
 
     /// A failed attempt, as the statistics count it: overload errors by server code.

@@ -316,8 +316,13 @@ fn a_retry_that_cannot_finish_before_the_deadline_is_declined() {
     let server = server();
     // Successes under a deadline teach the controller that this server takes 500 ms.
     for i in 0..5 {
-        let mut request =
-            ctl.start_attempt("find", &server, true, Some(Deadline::unlimited()), at(i));
+        let mut request = ctl.start_attempt(
+            "find",
+            &server,
+            AttemptKind::First,
+            Some(Deadline::unlimited()),
+            at(i),
+        );
         let StartAnswer::Send(attempt) = request.poll(at(i), &mut full()) else {
             panic!("no admission controls: always sent");
         };
@@ -351,7 +356,7 @@ fn a_retry_that_cannot_finish_before_the_deadline_is_declined() {
 fn service_time_is_sampled_only_for_operations_under_a_deadline() {
     let ctl = controller(settings());
     let server = server();
-    let mut request = ctl.start_attempt("find", &server, true, None, at(0));
+    let mut request = ctl.start_attempt("find", &server, AttemptKind::First, None, at(0));
     let StartAnswer::Send(attempt) = request.poll(at(0), &mut full()) else {
         panic!("sent");
     };
@@ -446,7 +451,7 @@ fn sent<K, S: ReleaseSignal>(answer: StartAnswer<'_, K, S>) -> Attempt<'_, K, S>
 fn without_admission_controls_every_attempt_is_sent() {
     let ctl = controller(settings());
     let server = server();
-    let mut request = ctl.start_attempt("find", &server, true, None, at(0));
+    let mut request = ctl.start_attempt("find", &server, AttemptKind::First, None, at(0));
     assert!(request.signal().is_none());
     let _attempt = sent(request.poll(at(0), &mut full()));
     assert!(ctl.avoided_servers(true, None, at(0)).is_none());
@@ -457,11 +462,11 @@ fn a_slot_wait_under_a_deadline_ends_in_a_timeout() {
     let ctl = controller(one_slot());
     let server = server();
     let holder = sent(
-        ctl.start_attempt("find", &server, true, None, at(0))
+        ctl.start_attempt("find", &server, AttemptKind::First, None, at(0))
             .poll(at(0), &mut full()),
     );
     let deadline = Some(Deadline::at(at(50)));
-    let mut waiter = ctl.start_attempt("find", &server, true, deadline, at(10));
+    let mut waiter = ctl.start_attempt("find", &server, AttemptKind::First, deadline, at(10));
     // Rechecks every 20 ms, the last one at the deadline.
     assert!(matches!(waiter.poll(at(10), &mut full()), StartAnswer::WaitUntil(t) if t == at(30)));
     assert!(matches!(waiter.poll(at(30), &mut full()), StartAnswer::WaitUntil(t) if t == at(50)));
@@ -485,10 +490,10 @@ fn a_slot_wait_without_a_deadline_ends_in_a_local_rejection_at_the_slot_wait() {
     });
     let server = server();
     let _holder = sent(
-        ctl.start_attempt("find", &server, true, None, at(0))
+        ctl.start_attempt("find", &server, AttemptKind::First, None, at(0))
             .poll(at(0), &mut full()),
     );
-    let mut waiter = ctl.start_attempt("find", &server, true, None, at(0));
+    let mut waiter = ctl.start_attempt("find", &server, AttemptKind::First, None, at(0));
     assert!(matches!(waiter.poll(at(0), &mut full()), StartAnswer::WaitUntil(t) if t == at(20)));
     assert!(matches!(waiter.poll(at(190), &mut full()), StartAnswer::WaitUntil(t) if t == at(200)));
     match waiter.poll(at(200), &mut full()) {
@@ -504,10 +509,10 @@ fn a_released_slot_goes_to_a_waiter_and_wakes_it() {
     let ctl = controller(one_slot());
     let server = server();
     let holder = sent(
-        ctl.start_attempt("find", &server, true, None, at(0))
+        ctl.start_attempt("find", &server, AttemptKind::First, None, at(0))
             .poll(at(0), &mut full()),
     );
-    let mut waiter = ctl.start_attempt("find", &server, true, None, at(0));
+    let mut waiter = ctl.start_attempt("find", &server, AttemptKind::First, None, at(0));
     assert!(matches!(
         waiter.poll(at(0), &mut full()),
         StartAnswer::WaitUntil(_)
@@ -527,10 +532,10 @@ fn a_huge_slot_wait_never_ends_and_never_panics() {
     });
     let server = server();
     let _holder = sent(
-        ctl.start_attempt("find", &server, true, None, at(0))
+        ctl.start_attempt("find", &server, AttemptKind::First, None, at(0))
             .poll(at(0), &mut full()),
     );
-    let mut waiter = ctl.start_attempt("find", &server, true, None, at(0));
+    let mut waiter = ctl.start_attempt("find", &server, AttemptKind::First, None, at(0));
     for t in [0, 1_000, 1_000_000_000] {
         assert!(
             matches!(waiter.poll(at(t), &mut full()), StartAnswer::WaitUntil(u) if u == at(t + 20))
@@ -552,7 +557,7 @@ fn throttled(min_requests: u32) -> Settings {
 fn overload_first_attempts(ctl: &Ctl, server: &String, n: u64) {
     for i in 0..n {
         let attempt = sent(
-            ctl.start_attempt("find", server, true, None, at(i))
+            ctl.start_attempt("find", server, AttemptKind::First, None, at(i))
                 .poll(at(i), &mut full()),
         );
         let end = AttemptEnd::Failed {
@@ -570,7 +575,7 @@ fn the_throttle_rejects_first_attempts_only() {
     overload_first_attempts(&ctl, &server, 5);
     let mut never = || 0.0;
     match ctl
-        .start_attempt("find", &server, true, None, at(10))
+        .start_attempt("find", &server, AttemptKind::First, None, at(10))
         .poll(at(10), &mut never)
     {
         StartAnswer::RejectLocally(why) => assert!(why.contains("adaptiveThrottle"), "{why}"),
@@ -579,12 +584,21 @@ fn the_throttle_rejects_first_attempts_only() {
     assert_eq!(ctl.snapshot().local_rejections, 1);
     // A retry, a statement inside a transaction, a continuation: never decided.
     let _retry = sent(
-        ctl.start_attempt("find", &server, false, None, at(10))
+        ctl.start_attempt("find", &server, AttemptKind::Retry, None, at(10))
             .poll(at(10), &mut never),
     );
     let _more = sent(
-        ctl.start_attempt("getMore", &server, true, None, at(10))
+        ctl.start_attempt("getMore", &server, AttemptKind::First, None, at(10))
             .poll(at(10), &mut never),
+    );
+    let _statement = sent(
+        ctl.start_attempt("find", &server, AttemptKind::InTransaction, None, at(10))
+            .poll(at(10), &mut never),
+    );
+    assert_eq!(
+        ctl.snapshot().local_rejections,
+        1,
+        "none of them was rejected"
     );
     // Selection avoids the server for a first attempt only.
     let avoided = ctl.avoided_servers(true, None, at(10)).expect("avoided");
@@ -606,16 +620,22 @@ fn the_slot_comes_before_the_throttle() {
     let mut never = || 0.0;
     // A rejected attempt gives its slot back at once.
     let _ = ctl
-        .start_attempt("find", &server, true, None, at(10))
+        .start_attempt("find", &server, AttemptKind::First, None, at(10))
         .poll(at(10), &mut never);
     let limits = ctl.snapshot().concurrency_limits;
     assert_eq!(limits[&server].in_flight, 0, "{limits:?}");
     // An attempt that never got a slot never reached the throttle.
     let _holder = sent(
-        ctl.start_attempt("find", &server, false, None, at(10))
+        ctl.start_attempt("find", &server, AttemptKind::Retry, None, at(10))
             .poll(at(10), &mut never),
     );
-    let mut waiter = ctl.start_attempt("find", &server, true, Some(Deadline::at(at(11))), at(10));
+    let mut waiter = ctl.start_attempt(
+        "find",
+        &server,
+        AttemptKind::First,
+        Some(Deadline::at(at(11))),
+        at(10),
+    );
     assert!(matches!(
         waiter.poll(at(10), &mut never),
         StartAnswer::WaitUntil(_)
@@ -637,7 +657,7 @@ fn a_failed_checkout_and_a_lost_reply_are_no_latency_samples() {
     let server = server();
     for i in 0..20 {
         let attempt = sent(
-            ctl.start_attempt("find", &server, true, None, at(i))
+            ctl.start_attempt("find", &server, AttemptKind::First, None, at(i))
                 .poll(at(i), &mut full()),
         );
         let end = AttemptEnd::Failed {
@@ -651,7 +671,7 @@ fn a_failed_checkout_and_a_lost_reply_are_no_latency_samples() {
     assert_eq!(limits[&server].baseline, None, "{limits:?}");
     for i in 0..16 {
         let attempt = sent(
-            ctl.start_attempt("find", &server, true, None, at(i))
+            ctl.start_attempt("find", &server, AttemptKind::First, None, at(i))
                 .poll(at(i), &mut full()),
         );
         let end = AttemptEnd::Failed {
@@ -669,13 +689,13 @@ fn idle_servers_are_dropped_beyond_the_bound() {
     let ctl = controller(one_slot());
     let busy = server();
     let _held = sent(
-        ctl.start_attempt("find", &busy, true, None, at(0))
+        ctl.start_attempt("find", &busy, AttemptKind::First, None, at(0))
             .poll(at(0), &mut full()),
     );
     for i in 0..200 {
         let key = format!("h{i}:1");
         let _ = sent(
-            ctl.start_attempt("find", &key, true, None, at(0))
+            ctl.start_attempt("find", &key, AttemptKind::First, None, at(0))
                 .poll(at(0), &mut full()),
         );
         let kept = ctl.admission.as_ref().expect("on").servers_kept();
@@ -697,7 +717,7 @@ fn every_decision_reaches_the_observer() {
     overload_first_attempts(&ctl, &server, 1);
     let mut never = || 0.0;
     let _ = ctl
-        .start_attempt("find", &server, true, None, at(1))
+        .start_attempt("find", &server, AttemptKind::First, None, at(1))
         .poll(at(1), &mut never);
     let mut state = ctl.retry_state();
     state.record_failure(overloaded());
@@ -780,9 +800,9 @@ proptest! {
             ..one_slot()
         });
         let server = server();
-        let _holder = sent(ctl.start_attempt("find", &server, true, None, at(0)).poll(at(0), &mut full()));
+        let _holder = sent(ctl.start_attempt("find", &server, AttemptKind::First, None, at(0)).poll(at(0), &mut full()));
         let deadline = deadline_ms.map(|d| Deadline::at(at(d)));
-        let mut waiter = ctl.start_attempt("find", &server, true, deadline, at(0));
+        let mut waiter = ctl.start_attempt("find", &server, AttemptKind::First, deadline, at(0));
         let mut polls = polls;
         polls.sort_unstable();
         for t in polls {
@@ -824,4 +844,12 @@ fn without_a_deadline_the_delay_answered_is_the_delay_slept() {
     assert_eq!(answer, RetryAnswer::RetryAfter(ms(50)));
     // The loop asks the state for the delay to sleep with its own jitter source: the kept one.
     assert_eq!(state.backoff(&mut || 0.75), ms(50));
+}
+
+#[test]
+fn a_statement_inside_a_transaction_is_never_a_first_attempt() {
+    assert_eq!(AttemptKind::of(false, false), AttemptKind::First);
+    assert_eq!(AttemptKind::of(true, false), AttemptKind::Retry);
+    assert_eq!(AttemptKind::of(false, true), AttemptKind::InTransaction);
+    assert_eq!(AttemptKind::of(true, true), AttemptKind::InTransaction);
 }
