@@ -561,8 +561,19 @@ where
         self.may_retry(state, question, now, jitter)
     }
 
-    /// A retry is about to be made (before its backoff): logged when the log listens
-    /// ([`crate::trace::retry_attempts_enabled`] says whether to assemble the event).
+    /// Whether anyone hears [`Self::retrying`]: the log at DEBUG, an observer, or the `metrics`
+    /// feature's decision counter. When not, the caller need not assemble the event.
+    pub fn hears_retries(&self) -> bool {
+        cfg!(feature = "metrics")
+            || crate::trace::retry_attempts_enabled()
+            || self
+                .observer
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some()
+    }
+
+    /// A retry is about to be made (before its backoff); see [`Self::hears_retries`].
     pub fn retrying(&self, attempt: crate::trace::RetryAttempt<'_>) {
         self.publish(Decision::Retry(attempt));
     }

@@ -853,3 +853,27 @@ fn a_statement_inside_a_transaction_is_never_a_first_attempt() {
     assert_eq!(AttemptKind::of(false, true), AttemptKind::InTransaction);
     assert_eq!(AttemptKind::of(true, true), AttemptKind::InTransaction);
 }
+
+#[test]
+fn an_observer_hears_retries_whatever_the_log_level() {
+    let ctl = controller(settings());
+    assert_eq!(ctl.hears_retries(), cfg!(feature = "metrics"));
+    let heard = Arc::new(AtomicUsize::new(0));
+    let sink = Arc::clone(&heard);
+    ctl.observe(Box::new(move |decision| {
+        if matches!(decision, Decision::Retry(_)) {
+            sink.fetch_add(1, Ordering::SeqCst);
+        }
+    }));
+    assert!(ctl.hears_retries());
+    ctl.retrying(crate::trace::RetryAttempt {
+        operation: "find",
+        attempt: 1,
+        max_retries: 2,
+        server: "a:27017",
+        error_code: Some(462),
+        error_labels: &["SystemOverloadedError"],
+        backoff: Some(ms(200)),
+    });
+    assert_eq!(heard.load(Ordering::SeqCst), 1);
+}
