@@ -446,42 +446,75 @@ impl<K, S: super::ReleaseSignal> Drop for Attempt<'_, K, S> {
     }
 }
 
-/// Each server's recent typical service time, for the retry gate under a deadline.
+/// Each server's recent typical service time, for the retry gate under a deadline. One lock per
+/// server, as each server's estimate had its own before the controller, so that operations on
+/// different servers do not contend.
 pub(super) struct ServiceTimes<K> {
-    servers: Mutex<HashMap<K, ServiceTime>>,
+    servers: RwLock<HashMap<K, Arc<Mutex<ServiceTime>>>>,
 }
 
 impl<K> Default for ServiceTimes<K> {
     fn default() -> Self {
         Self {
-            servers: Mutex::new(HashMap::new()),
+            servers: RwLock::new(HashMap::new()),
         }
     }
 }
 
 impl<K: Clone + Eq + Hash> ServiceTimes<K> {
     /// Records a success. Skipped rather than waited for while another operation holds the
-    /// lock: the estimate is a median of recent samples, and a missing one does not move it.
+    /// server's lock: the estimate is a median of recent samples, and a missing one does not
+    /// move it.
     fn record_success(&self, key: &K, latency: Duration, now: Instant) {
-        if let Ok(mut servers) = self.servers.try_lock() {
-            if !servers.contains_key(key) && servers.len() >= MAX_IDLE_SERVERS {
-                // Bounded: forget servers nothing was heard from for a whole sample lifetime.
-                servers.retain(|_, service| !service.typical(now).is_zero());
-                if servers.len() >= MAX_IDLE_SERVERS {
-                    servers.clear();
+        let known = self
+            .servers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned();
+        let service = match known {
+            Some(service) => service,
+            None => {
+                let mut servers = self.servers.write().unwrap_or_else(|e| e.into_inner());
+                if !servers.contains_key(key) && servers.len() >= MAX_IDLE_SERVERS {
+                    // Bounded: forget the servers with no recent success, then all if need be.
+                    servers.retain(|_, service| {
+                        service
+                            .try_lock()
+                            .is_ok_and(|service| !service.typical(now).is_zero())
+                    });
+                    if servers.len() >= MAX_IDLE_SERVERS {
+                        servers.clear();
+                    }
                 }
+                Arc::clone(servers.entry(key.clone()).or_default())
             }
-            servers
-                .entry(key.clone())
-                .or_default()
-                .record_success(now, latency);
-        }
+        };
+        // A poisoned or busy lock skips the sample; the result is dropped before the `Arc`.
+        let recorded = service.try_lock().map(|mut service| {
+            service.record_success(now, latency);
+        });
+        drop(recorded);
     }
 
     pub(super) fn typical(&self, key: &K, now: Instant) -> Duration {
-        self.servers
-            .lock()
-            .map(|servers| servers.get(key).map_or(Duration::ZERO, |s| s.typical(now)))
-            .unwrap_or_default()
+        let service = self
+            .servers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned();
+        service.map_or(Duration::ZERO, |service| {
+            service
+                .lock()
+                .map(|service| service.typical(now))
+                .unwrap_or_default()
+        })
+    }
+
+    /// The number of servers with an estimate, for tests of the bound.
+    #[cfg(test)]
+    pub(super) fn servers_kept(&self) -> usize {
+        self.servers.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 }

@@ -877,3 +877,25 @@ fn an_observer_hears_retries_whatever_the_log_level() {
     });
     assert_eq!(heard.load(Ordering::SeqCst), 1);
 }
+
+#[test]
+fn service_times_stay_bounded_and_per_server() {
+    let ctl = controller(settings());
+    for i in 0..200u64 {
+        let key = format!("h{i}:1");
+        let request = ctl.start_attempt(
+            "find",
+            &key,
+            AttemptKind::First,
+            Some(Deadline::unlimited()),
+            at(i),
+        );
+        let mut request = request;
+        let attempt = sent(request.poll(at(i), &mut full()));
+        attempt.finish(AttemptEnd::Succeeded, Some(at(i)), at(i + 1 + i % 7));
+        assert!(ctl.service_times.servers_kept() <= MAX_IDLE_SERVERS);
+    }
+    let last = "h199:1".to_owned();
+    assert_eq!(ctl.typical_service(&last, at(300)), ms(1 + 199 % 7));
+    assert_eq!(ctl.typical_service(&server(), at(300)), Duration::ZERO);
+}
