@@ -243,8 +243,9 @@ pub const MUTANTS: &[Mutant] = &[
         drop_patches: &[],
         edits: &[Edit {
             path: "driver/src/fork/control.rs",
-            find: "        server: Some(server),\n        deadline,\n",
-            replace: "        server: Some(server),\n        deadline: deadline.filter(|_| false),\n",
+            find: "        server: Some(&pending.failed_server),\n        deadline,\n",
+            replace: "        server: Some(&pending.failed_server),\n        \
+                      deadline: deadline.filter(|_| false),\n",
         }],
     },
     Mutant {
