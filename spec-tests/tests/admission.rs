@@ -12,31 +12,14 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client_counting_finds, fail_command_off, Server};
+use common::{client_counting_finds, fail_command_off, fail_find, is_local_rejection, Server};
 use mongodb::{
     bson::{doc, Document},
     error::{Error, ErrorKind},
     fork::test_hooks::with_pinned_jitter,
     options::ClientOptions,
-    Client, Collection,
+    Collection,
 };
-
-/// Sets a `failCommand` fail point on `find` through a separate client (so that its commands
-/// are not operations of the client under test).
-async fn fail_find(uri: &str, mode: mongodb::bson::Bson, data: Document) {
-    let client = Client::with_uri_str(uri).await.expect("client");
-    let mut data = data;
-    data.insert("failCommands", vec!["find"]);
-    client
-        .database("admin")
-        .run_command(doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data })
-        .await
-        .expect("configureFailPoint");
-}
-
-fn is_local_rejection(error: &Error) -> bool {
-    matches!(*error.kind, ErrorKind::LocalOverloadRejection { .. })
-}
 
 async fn find_one(coll: &Collection<Document>) -> Result<(), Error> {
     with_pinned_jitter(0.0, coll.find_one(doc! {}))

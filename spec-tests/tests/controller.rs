@@ -17,9 +17,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client_counting_finds, fail_command_off, Server};
+use common::{client_counting_finds, fail_command_off, fail_find, is_local_rejection, Server};
 use mongodb::{
-    bson::{doc, Bson, Document},
+    bson::{doc, Document},
     error::{Error, ErrorKind},
     fork::test_hooks::with_pinned_jitter,
     options::ClientOptions,
@@ -57,19 +57,6 @@ impl Drop for Metronome {
     }
 }
 
-/// Sets `failCommand` on `find` through a separate client (not an operation of the client under
-/// test).
-async fn fail_find(uri: &str, mode: Bson, data: Document) {
-    let client = Client::with_uri_str(uri).await.expect("client");
-    let mut data = data;
-    data.insert("failCommands", vec!["find"]);
-    client
-        .database("admin")
-        .run_command(doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data })
-        .await
-        .expect("configureFailPoint");
-}
-
 /// `find` always fails with a retryable overload error (code 462).
 async fn overload_finds(uri: &str) {
     let labels = vec!["SystemOverloadedError", "RetryableError"];
@@ -83,10 +70,6 @@ async fn overload_finds(uri: &str) {
 
 fn is_timeout(error: &Error) -> bool {
     matches!(*error.kind, ErrorKind::Timeout { .. })
-}
-
-fn is_local_rejection(error: &Error) -> bool {
-    matches!(*error.kind, ErrorKind::LocalOverloadRejection { .. })
 }
 
 fn server_code(error: &Error) -> Option<i32> {

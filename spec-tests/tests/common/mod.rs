@@ -167,3 +167,27 @@ pub async fn fail_command_off(uri: &str) {
         .await
         .expect("configureFailPoint off");
 }
+
+/// Sets a `failCommand` fail point on `find` through a separate client (so that its commands
+/// are not operations of the client under test).
+pub async fn fail_find(uri: &str, mode: mongodb::bson::Bson, data: mongodb::bson::Document) {
+    let client = mongodb::Client::with_uri_str(uri).await.expect("client");
+    let mut data = data;
+    data.insert("failCommands", vec!["find"]);
+    client
+        .database("admin")
+        .run_command(
+            mongodb::bson::doc! { "configureFailPoint": "failCommand", "mode": mode, "data": data },
+        )
+        .await
+        .expect("configureFailPoint");
+}
+
+/// Whether `error` is the fork's local overload rejection (the throttle, or a slot wait without
+/// `timeoutMS` that reached `serverSelectionTimeoutMS`).
+pub fn is_local_rejection(error: &mongodb::error::Error) -> bool {
+    matches!(
+        *error.kind,
+        mongodb::error::ErrorKind::LocalOverloadRejection { .. }
+    )
+}
