@@ -11,9 +11,11 @@ use serde::Serialize;
 use super::scenarios::{ScenarioName, FLOOD_REJECTION_MS};
 use super::verdict::{ScenarioVerdict, CONTROLS, RECOMMENDED};
 
-/// The model's default expiry cost (ms, `costs.expiryMs` in `emulator/src/model/config.rs`),
-/// the ×1 of the table.
-pub const MODEL_EXPIRY_MS: f64 = 0.5;
+/// The model's default expiry cost (ms, `costs.expiryMs`), the ×1 of the table: read from the
+/// emulator, so that the table follows the model's default when it changes.
+pub fn model_expiry_ms() -> f64 {
+    emulator::model::CostConfig::default().expiry_ms
+}
 
 /// The factors each cost is scaled by.
 pub const FACTORS: [f64; 3] = [0.3, 1.0, 3.0];
@@ -43,7 +45,7 @@ pub fn grid() -> Vec<Cell> {
             cells.push(Cell {
                 scenario: ScenarioName::Flood,
                 rejection_ms: Some(FLOOD_REJECTION_MS * r),
-                expiry_ms: MODEL_EXPIRY_MS * e,
+                expiry_ms: model_expiry_ms() * e,
             });
         }
     }
@@ -51,7 +53,7 @@ pub fn grid() -> Vec<Cell> {
         cells.push(Cell {
             scenario: ScenarioName::NoLimiter,
             rejection_ms: None,
-            expiry_ms: MODEL_EXPIRY_MS * e,
+            expiry_ms: model_expiry_ms() * e,
         });
     }
     cells
@@ -106,7 +108,8 @@ pub fn markdown(rows: &[Row]) -> String {
         "Each row is one run of the scenario's variants (median over `--repeats`); ratios are \
          to the best judged upstream configuration of the row (\"not judged\": fewer than two \
          valid runs). ×1 is {FLOOD_REJECTION_MS} ms per rejection (`flood`) and \
-         {MODEL_EXPIRY_MS} ms per expiry.\n"
+         {} ms per expiry.\n",
+        model_expiry_ms()
     );
     let _ = writeln!(
         s,
