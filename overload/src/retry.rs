@@ -100,6 +100,9 @@ pub struct RetryState {
     /// drawn for, so that [`Self::backoff`] returns the very delay that was found to fit
     /// rather than a fresh draw of the jitter.
     admitted_delay: Option<(u64, Duration)>,
+    /// Retries of this operation the client's retry budget paid for, given back if it succeeds
+    /// ([`crate::control::Controller::succeeded`]).
+    budget_paid: u32,
 }
 
 impl RetryState {
@@ -115,6 +118,7 @@ impl RetryState {
             backoff: Backoff::default(),
             deadline: None,
             admitted_delay: None,
+            budget_paid: 0,
         }
     }
 
@@ -241,6 +245,16 @@ impl RetryState {
         }
         self.record_failure(failure);
         !self.exhausted()
+    }
+
+    /// Retries of this operation the retry budget paid for so far.
+    pub fn budget_paid(&self) -> u32 {
+        self.budget_paid
+    }
+
+    /// Counts one retry the retry budget admitted for this operation.
+    pub(crate) fn record_budget_paid(&mut self) {
+        self.budget_paid = self.budget_paid.saturating_add(1);
     }
 
     /// Whether any failure so far was an overload error.

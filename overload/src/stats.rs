@@ -22,6 +22,7 @@
 //! | `mongodb_overload_errors_total` | counter | `code` (server code, or `none`) | errors |
 //! | `mongodb_overload_retries_total` | counter | `origin` (`driver`, `application`) | retries |
 //! | `mongodb_overload_retries_refused_total` | counter | `origin` | retries |
+//! | `mongodb_overload_retries_refunded_total` | counter | | retries given back to the budget |
 //! | `mongodb_overload_backoff_microseconds_total` | counter | | microseconds slept |
 //! | `mongodb_overload_retry_budget_level` | gauge | | retries available |
 //! | `mongodb_overload_local_rejections_total` | counter | | first attempts rejected locally |
@@ -48,6 +49,8 @@ pub const METRIC_OVERLOAD_ERRORS: &str = "mongodb_overload_errors_total";
 pub const METRIC_RETRIES: &str = "mongodb_overload_retries_total";
 /// Counter: retries the budget refused, labelled by `origin`.
 pub const METRIC_RETRIES_REFUSED: &str = "mongodb_overload_retries_refused_total";
+/// Counter: retries given back to the budget by operations that succeeded after them.
+pub const METRIC_RETRIES_REFUNDED: &str = "mongodb_overload_retries_refunded_total";
 /// Counter: microseconds slept in backoff before retries.
 pub const METRIC_BACKOFF_MICROS: &str = "mongodb_overload_backoff_microseconds_total";
 /// Gauge: retries the budget would admit now.
@@ -94,6 +97,9 @@ pub struct OverloadStats {
     pub application_retries_made: u64,
     /// Application retries the budget refused.
     pub application_retries_refused: u64,
+    /// Retries given back to the budget because the operation that made them then succeeded
+    /// (driver and application retries together).
+    pub retries_refunded: u64,
     /// Time the driver slept in backoff before retries, summed over all operations.
     pub backoff_slept: Duration,
     /// Retries the budget would admit at the snapshot; `None` when the client has no budget.
@@ -131,6 +137,7 @@ pub struct OverloadStatsRecorder {
     retries_refused: AtomicU64,
     application_retries_made: AtomicU64,
     application_retries_refused: AtomicU64,
+    retries_refunded: AtomicU64,
     backoff_nanos: AtomicU64,
     local_rejections: AtomicU64,
     concurrency_waits: AtomicU64,
@@ -164,6 +171,7 @@ impl OverloadStatsRecorder {
             retries_refused: AtomicU64::new(0),
             application_retries_made: AtomicU64::new(0),
             application_retries_refused: AtomicU64::new(0),
+            retries_refunded: AtomicU64::new(0),
             backoff_nanos: AtomicU64::new(0),
             local_rejections: AtomicU64::new(0),
             concurrency_waits: AtomicU64::new(0),
@@ -234,6 +242,14 @@ impl OverloadStatsRecorder {
             };
             metrics::counter!(name, "origin" => origin.as_str()).increment(1);
         }
+    }
+
+    /// Counts `retries` given back to the budget by an operation that succeeded after them.
+    pub fn record_budget_refund(&self, retries: u32) {
+        self.retries_refunded
+            .fetch_add(u64::from(retries), Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(METRIC_RETRIES_REFUNDED).increment(u64::from(retries));
     }
 
     /// Adds one backoff sleep (the time asked for; the driver sleeps it in full or the operation
@@ -311,6 +327,7 @@ impl OverloadStatsRecorder {
             retries_refused: self.retries_refused.load(Ordering::Relaxed),
             application_retries_made: self.application_retries_made.load(Ordering::Relaxed),
             application_retries_refused: self.application_retries_refused.load(Ordering::Relaxed),
+            retries_refunded: self.retries_refunded.load(Ordering::Relaxed),
             backoff_slept: Duration::from_nanos(self.backoff_nanos.load(Ordering::Relaxed)),
             budget_level,
             local_rejections: self.local_rejections.load(Ordering::Relaxed),
@@ -341,6 +358,11 @@ pub fn describe_metrics() {
         METRIC_RETRIES_REFUSED,
         Unit::Count,
         "retries the retry budget refused, by origin"
+    );
+    metrics::describe_counter!(
+        METRIC_RETRIES_REFUNDED,
+        Unit::Count,
+        "retries given back to the retry budget by operations that then succeeded"
     );
     metrics::describe_counter!(
         METRIC_BACKOFF_MICROS,

@@ -243,6 +243,41 @@ async fn the_budget_refuses_a_retry_on_the_paused_clock() {
     );
 }
 
+/// A retry is paid for when it is sent and given back when its operation succeeds: at
+/// `retryBudgetPercent=100` with no reserve, a find that meets one overload error and then
+/// succeeds leaves the budget where its two first attempts (the warm-up's and its own) put it.
+#[tokio::test(flavor = "current_thread")]
+async fn an_operation_that_succeeds_after_a_retry_gives_the_budget_back_its_cost() {
+    let server = Server::standalone();
+    let uri = server.uri_with(
+        "retryReads=true&retryBudget=true&retryBudgetPercent=100&retryBudgetMinPerSec=0\
+         &retryBudgetWindowMS=60000",
+    );
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    coll.find_one(doc! {}).await.expect("warm up");
+    let labels = vec!["SystemOverloadedError", "RetryableError"];
+    fail_find(
+        &server.uri,
+        doc! { "times": 1 }.into(),
+        doc! { "errorCode": 462, "errorLabels": labels },
+    )
+    .await;
+    let before = attempts.count();
+    let result = with_pinned_jitter(0.0, coll.find_one(doc! {})).await;
+    fail_command_off(&server.uri).await;
+
+    result.expect("the retry succeeds");
+    assert_eq!(attempts.count() - before, 2);
+    let stats = client.overload_stats();
+    assert_eq!(
+        (stats.retries_made, stats.retries_refunded),
+        (1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(stats.budget_level, Some(2.0), "{stats:?}");
+}
+
 /// The throttle rejects a first attempt locally on the paused clock, and its 10 s window, advanced
 /// past in virtual time, lets first attempts through again.
 #[tokio::test(flavor = "current_thread")]

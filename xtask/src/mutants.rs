@@ -176,9 +176,31 @@ pub const MUTANTS: &[Mutant] = &[
         drop_patches: &[],
         edits: &[Edit {
             path: "overload/src/control/mod.rs",
-            find: "if !budget.withdraw_at(RetryOrigin::Driver, Some(question.operation), now) {",
-            replace: "if !budget.withdraw_at(RetryOrigin::Driver, Some(question.operation), now) \
+            find: "if !budget.has_credit_at(RetryOrigin::Driver, Some(question.operation), now) {",
+            replace: "if !budget.has_credit_at(RetryOrigin::Driver, Some(question.operation), now) \
                       && false {",
+        }],
+    },
+    Mutant {
+        name: "budget-never-charged",
+        defect: "a retry the budget admitted is sent without being paid for, so the budget never \
+                 runs dry",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/mod.rs",
+            find: "if !budget.withdraw_at(RetryOrigin::Driver, Some(operation), now) {",
+            replace: "if false {",
+        }],
+    },
+    Mutant {
+        name: "budget-refund-ignored",
+        defect: "an operation that succeeds after retries keeps them charged, so transient errors \
+                 above the budget's share starve retries again",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "driver/src/fork/control.rs",
+            find: "        client.fork_control().succeeded(&retry.policy, now());\n",
+            replace: "",
         }],
     },
     Mutant {

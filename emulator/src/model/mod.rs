@@ -391,6 +391,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 const WRITE_SEED_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
 /// Keeps the random-rejection draws independent of the ticket pools' wake-up draws.
 const REJECT_SEED_SALT: u64 = 0x5851_f42d_4c95_7f2d;
+/// Salt of the fail points' draws ([`Admission::draws`]).
+const FAIL_POINT_SEED_SALT: u64 = 0x2545_f491_4f6c_dd1d;
 /// Lab request ids whose attempts are remembered (the oldest are forgotten beyond this).
 const ATTEMPT_MEMORY: usize = 65_536;
 
@@ -581,6 +583,13 @@ impl Model {
             ingress_wait,
             wake_key: draw_key.map(|(id, attempt)| keyed(&[id, u64::from(attempt)])),
             kill_marked: info.marked_kill_on_disconnect(),
+            draws: draw_key.map(|(id, attempt)| {
+                keyed(&[
+                    cfg.seed ^ self.stream_salt ^ FAIL_POINT_SEED_SALT,
+                    id,
+                    u64::from(attempt),
+                ])
+            }),
         })
     }
 
@@ -814,6 +823,8 @@ pub struct Admission {
     wake_key: Option<u64>,
     /// mongod marks this kind of request kill-on-client-disconnect.
     kill_marked: bool,
+    /// See [`Admission::draws`].
+    draws: Option<u64>,
 }
 
 /// Accounting of one execution; dropping it unsettled (the future was cancelled) counts its work
@@ -858,6 +869,13 @@ impl Drop for Run<'_> {
 }
 
 impl Admission {
+    /// The key of this request's other random draws (the fail points'), when it carries the
+    /// lab's id: the model's seed, the id and the attempt number, as for its rejection and
+    /// ticket draws, so every variant meets the same luck there too (module `draws`).
+    pub fn draws(&self) -> Option<u64> {
+        self.draws
+    }
+
     /// The request's deadline (arrival + `maxTimeMS`, or the safety limit).
     pub fn deadline(&self) -> Instant {
         self.deadline

@@ -402,6 +402,43 @@ async fn variants_meet_the_same_random_rejections_for_the_same_requests() {
     assert_eq!(rejected_ids(&m, &b).await, first);
 }
 
+#[tokio::test(start_paused = true)]
+async fn fail_point_draws_are_keyed_by_seed_request_and_attempt() {
+    let model = |seed| {
+        Model::new(ModelConfig {
+            enabled: true,
+            seed,
+            ..ModelConfig::default()
+        })
+        .unwrap()
+    };
+    let draws = |m: Arc<Model>, ids: Vec<u64>| async move {
+        let mut out = Vec::new();
+        for id in ids {
+            let info =
+                CommandInfo::new("insert", CommandKind::Write, Instant::now()).with_lab_req(id);
+            out.push(m.admit(&info).await.expect("admitted").draws());
+        }
+        out
+    };
+    // Variant A sends 1, 2, 1; variant B sends 2, 1, 1: the same (id, attempt) draws alike.
+    let a = draws(model(7), vec![1, 2, 1]).await;
+    let b = draws(model(7), vec![2, 1, 1]).await;
+    assert!(a.iter().all(Option::is_some));
+    assert_eq!((a[0], a[1], a[2]), (b[1], b[0], b[2]));
+    assert_ne!(a[0], a[2], "a retry draws afresh");
+    assert_ne!(
+        draws(model(8), vec![1]).await[0],
+        a[0],
+        "another seed, other draws"
+    );
+    let anonymous = CommandInfo::new("insert", CommandKind::Write, Instant::now());
+    assert_eq!(
+        model(7).admit(&anonymous).await.expect("admitted").draws(),
+        None
+    );
+}
+
 #[test]
 fn the_lab_request_id_is_read_from_the_comment() {
     let now = Instant::now();

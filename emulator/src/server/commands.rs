@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Bson, DateTime, Document};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use super::auth;
 use super::changes::{self, Capture};
@@ -21,9 +23,12 @@ use crate::engine::Store;
 use crate::model::{CommandInfo, Rejection};
 use crate::wire::OpMsg;
 
-/// What `onPrimaryTransactionalWrite` asks for once a retryable write ran.
+/// `onPrimaryTransactionalWrite` for one request: the key of its draws, and what it asks for
+/// once a retryable write ran.
 #[derive(Debug, Default)]
-pub(crate) struct AfterWrite {
+pub(crate) struct WriteFaults {
+    /// The request's key for `activationProbability` draws ([`fail_point_rng`]).
+    pub(crate) draws: Option<u64>,
     /// Close the connection instead of replying.
     pub(crate) close: bool,
     /// Step this member down (lab-only `labStepDown`).
@@ -208,8 +213,7 @@ pub(crate) async fn handle(
             namespace: &ns,
             app_name: conn.app_name.as_deref(),
         };
-        let mut rng = rand::rng();
-        lock(&member.fail_point).evaluate(&facts, &mut rng)
+        lock(&member.fail_point).evaluate(&facts, &mut fail_point_rng(admission.draws()))
     };
     let mut override_labels = None;
     let mut wce = None;
@@ -296,7 +300,8 @@ pub(crate) async fn handle(
 
     if name == "getMore" {
         // mongod's failGetMoreAfterCursorCheckout: the getMore fails once it holds its cursor.
-        let fired = lock(&member.get_more_fail_point).evaluate_mode(&mut rand::rng());
+        let fired = lock(&member.get_more_fail_point)
+            .evaluate_mode(&mut fail_point_rng(admission.draws().map(|k| k ^ 1)));
         if let Some(data) = fired {
             if data.get_bool("closeConnection").unwrap_or(false) {
                 return Outcome::Close;
@@ -315,11 +320,15 @@ pub(crate) async fn handle(
     }
 
     // Overload model, step 2: ticket, virtual cores, yields and the deadline.
+    let draws = admission.draws().map(|k| k ^ 2);
     let ran = match admission.execute(&mut disconnected).await {
         Ok(o) => o,
         Err(r) => return rejected(shared, member, &r, label_ctx),
     };
-    let mut after = AfterWrite::default();
+    let mut after = WriteFaults {
+        draws,
+        ..WriteFaults::default()
+    };
     let mut result = execute(
         shared, member, conn, &name, &db, &body, &generic, &mut after,
     );
@@ -528,6 +537,17 @@ fn is_known_command(name: &str) -> bool {
 
 /// Runs a command under the state lock.
 #[allow(clippy::too_many_arguments)]
+/// The generator of a fail point's `activationProbability` draws for one request: seeded from
+/// the request's key when the lab names it (the model's common random numbers, so every variant
+/// meets the same fail points for the same request and attempt), else from the thread's
+/// generator.
+fn fail_point_rng(key: Option<u64>) -> StdRng {
+    match key {
+        Some(key) => StdRng::seed_from_u64(key),
+        None => StdRng::from_rng(&mut rand::rng()),
+    }
+}
+
 fn execute(
     shared: &Arc<Shared>,
     member: &Member,
@@ -536,7 +556,7 @@ fn execute(
     db: &str,
     body: &Document,
     g: &Generic,
-    after: &mut AfterWrite,
+    after: &mut WriteFaults,
 ) -> Result<Document, CommandError> {
     let admin_only = |n: &str| -> Result<(), CommandError> {
         if db != "admin" {
@@ -715,7 +735,7 @@ fn run_data_command(
     db: &str,
     body: &Document,
     g: &Generic,
-    after: &mut AfterWrite,
+    after: &mut WriteFaults,
 ) -> Result<Document, CommandError> {
     let cfg = &shared.config;
     if g.txn_number.is_some() && !shared.is_replicated() {
@@ -932,7 +952,7 @@ fn run_data_command(
             name,
             body,
             &applied,
-            &mut rand::rng(),
+            &mut fail_point_rng(after.draws),
         );
         after.close = plan.close_after;
         after.step_down = plan.step_down_after;

@@ -100,9 +100,46 @@ impl RetryBudgetHandle {
         admitted
     }
 
+    /// For the driver: whether a retry of `operation` may be made at `now`, asked when it is
+    /// decided, before its backoff; it is paid for with [`Self::withdraw_at`] when it is sent.
+    /// Counts and logs a refusal, not an admission (the withdrawal does that).
+    pub fn has_credit_at(
+        &self,
+        origin: RetryOrigin,
+        operation: Option<&str>,
+        now: Instant,
+    ) -> bool {
+        let level = self.inner.budget.level(now);
+        let admitted = level >= 1.0;
+        if !admitted {
+            self.inner.stats.record_budget_decision(origin, false);
+            self.inner.stats.record_budget_level(level);
+            if budget_decisions_enabled() {
+                log_decision(origin, operation, false, level);
+            }
+        }
+        admitted
+    }
+
     /// For the driver: one operation's first attempt at `now`.
     pub fn deposit_at(&self, now: Instant) {
         self.inner.budget.deposit(now);
+    }
+
+    /// For application retry loops: the operation that was run again `retries` times (each
+    /// admitted by [`Self::try_withdraw`]) has now succeeded, so its retries are given back.
+    /// Pass only retries the budget admitted for this operation.
+    pub fn refund(&self, retries: u32) {
+        self.refund_at(retries, (self.inner.clock)());
+    }
+
+    /// For the driver: an operation whose `retries` budgeted retries ended in a success at `now`.
+    pub fn refund_at(&self, retries: u32, now: Instant) {
+        if retries == 0 {
+            return;
+        }
+        self.inner.budget.refund(retries, now);
+        self.inner.stats.record_budget_refund(retries);
     }
 
     /// Retries the budget would admit now (see [`Budget::level`]).

@@ -111,6 +111,11 @@ pub trait Budget {
     /// it and charges nothing.
     fn withdraw(&self, now: Instant) -> bool;
 
+    /// Gives back `retries` withdrawals at `now`: the retries of an operation that then
+    /// succeeded (see "Retries that succeed are refunded" in the module documentation). The
+    /// caller passes at most what it withdrew for that operation.
+    fn refund(&self, retries: u32, now: Instant);
+
     /// How many retries the budget would admit at `now` if asked in a row, with no deposits in
     /// between (fractional: `0.4` means the next withdrawal is refused). For gauges and logs.
     fn level(&self, now: Instant) -> f64;
@@ -123,6 +128,10 @@ impl<B: Budget + ?Sized> Budget for std::sync::Arc<B> {
 
     fn withdraw(&self, now: Instant) -> bool {
         (**self).withdraw(now)
+    }
+
+    fn refund(&self, retries: u32, now: Instant) {
+        (**self).refund(retries, now)
     }
 
     fn level(&self, now: Instant) -> f64 {

@@ -314,6 +314,15 @@ impl Budget for RetryBudget {
         true
     }
 
+    fn refund(&self, retries: u32, now: Instant) {
+        // Into the newest slot, like a deposit: a refund made now expires a window from now,
+        // so it pays for retries in the same period a deposit would.
+        let mut ledger = self.ledger_at(now);
+        let index = (ledger.newest % SLOTS as u64) as usize;
+        let units = u64::from(retries).saturating_mul(RETRY_COST);
+        ledger.credits[index] = ledger.credits[index].saturating_add(units);
+    }
+
     fn level(&self, now: Instant) -> f64 {
         self.ledger_at(now).available() as f64 / RETRY_COST as f64
     }
@@ -595,10 +604,147 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_refund_buys_retries_until_its_window_ends() {
+        let (b, start) = budget(0.0, 0, 10);
+        assert!(!b.withdraw(start), "no share, no floor");
+        b.refund(2, start);
+        assert_eq!(b.level(start), 2.0);
+        assert!(b.withdraw(at(start, 9_999)));
+        assert_eq!(b.level(at(start, 9_999)), 1.0);
+        assert_eq!(
+            b.level(at(start, 10_000)),
+            0.0,
+            "refunds expire like deposits"
+        );
+    }
+
+    /// A deterministic coin for the simulations: `true` with probability `share`, from a hash
+    /// of `n`, so the tests need no random-number generator and never flake.
+    fn coin(n: u64, share: f64) -> bool {
+        let mut x = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^= x >> 31;
+        ((x >> 11) as f64 / (1u64 << 53) as f64) < share
+    }
+
+    /// One client at the lab's 375 requests per second for a minute meets random transient
+    /// errors: every attempt, retries included, fails with probability `share` whatever the
+    /// load, and each operation makes up to two retries, giving back what it paid if it then
+    /// succeeds. Returns (retries refused, operations that failed).
+    fn transient_errors(share: f64) -> (u64, u64) {
+        let (b, start) = budget(DEFAULT_RETRY_PERCENT, DEFAULT_MIN_RETRIES_PER_SEC, 10);
+        let (rate, secs) = (375u64, 60u64);
+        let (mut refused, mut failed, mut draw) = (0u64, 0u64, 0u64);
+        for i in 0..rate * secs {
+            let now = start + Duration::from_nanos(i * 1_000_000_000 / rate);
+            b.deposit(now);
+            let mut paid = 0;
+            let mut succeeded = false;
+            for attempt in 0..3 {
+                draw += 1;
+                if !coin(draw, share) {
+                    succeeded = true;
+                    break;
+                }
+                if attempt == 2 {
+                    break;
+                }
+                if !b.withdraw(now) {
+                    refused += 1;
+                    break;
+                }
+                paid += 1;
+            }
+            if succeeded {
+                b.refund(paid, now);
+            } else {
+                failed += 1;
+            }
+        }
+        (refused, failed)
+    }
+
+    /// Transient errors above the share (30 % of attempts, against 9 %) no longer starve
+    /// retries: only operations that fail three times in a row are charged (0.3³ × 2 retries
+    /// = 5.4 % of first attempts), so every retry is admitted and the operations that fail are
+    /// the 2.7 % that no retry policy of two retries can save. Without refunds this run
+    /// refuses thousands of retries (checked below with a budget that is never refunded).
+    #[test]
+    fn transient_errors_above_the_share_are_all_retried() {
+        for share in [0.01, 0.05, 0.15, 0.30] {
+            let (refused, failed) = transient_errors(share);
+            assert_eq!(refused, 0, "at {share}");
+            let expected = share.powi(3) * 22_500.0;
+            assert!(
+                (failed as f64) < expected * 1.3 + 5.0,
+                "{failed} operations failed at {share}, about {expected} expected"
+            );
+        }
+        // The same errors against the budget as it was before refunds: 30 % starves.
+        let (b, start) = budget(DEFAULT_RETRY_PERCENT, DEFAULT_MIN_RETRIES_PER_SEC, 10);
+        let mut refused = 0;
+        for i in 0..22_500u64 {
+            let now = start + Duration::from_nanos(i * 1_000_000_000 / 375);
+            b.deposit(now);
+            for retry in 0..2 {
+                if !coin(i * 3 + retry, 0.30) {
+                    break;
+                }
+                if !b.withdraw(now) {
+                    refused += 1;
+                    break;
+                }
+            }
+        }
+        assert!(refused > 3_000, "{refused}");
+    }
+
+    /// Under overload the retries that fail are still charged. A client at 375 requests per
+    /// second whose attempts succeed 40 % of the time (a server admitting 40 % of what it is
+    /// sent) retries more than when nothing succeeds, since successful retries are given back,
+    /// but the retries it pays for stay within the share: retries made minus retries refunded
+    /// is at most 9 % of first attempts plus the floor.
+    #[test]
+    fn under_overload_the_retries_paid_for_stay_within_the_share() {
+        let (b, start) = budget(DEFAULT_RETRY_PERCENT, DEFAULT_MIN_RETRIES_PER_SEC, 10);
+        let (rate, secs) = (375u64, 60u64);
+        let (mut made, mut refunded, mut draw) = (0u64, 0u64, 0u64);
+        for i in 0..rate * secs {
+            let now = start + Duration::from_nanos(i * 1_000_000_000 / rate);
+            b.deposit(now);
+            let mut paid = 0;
+            for attempt in 0..3 {
+                draw += 1;
+                if !coin(draw, 0.6) {
+                    b.refund(paid, now);
+                    refunded += u64::from(paid);
+                    break;
+                }
+                if attempt == 2 || !b.withdraw(now) {
+                    break;
+                }
+                paid += 1;
+                made += 1;
+            }
+        }
+        let first = (rate * secs) as f64;
+        let paid_for = (made - refunded) as f64;
+        assert!(
+            paid_for <= 0.09 * first + (secs + 10) as f64,
+            "{paid_for} retries paid for"
+        );
+        let per_request = 1.0 + made as f64 / first;
+        assert!(per_request > 1.10, "refunds added retries: {per_request}");
+        assert!(per_request < 1.30, "{per_request}");
+    }
+
     #[derive(Clone, Debug)]
     enum Event {
         Deposit,
         Withdraw,
+        Refund,
         Level,
     }
 
@@ -606,6 +752,7 @@ mod tests {
         prop_oneof![
             3 => Just(Event::Deposit),
             3 => Just(Event::Withdraw),
+            1 => Just(Event::Refund),
             1 => Just(Event::Level),
         ]
     }
@@ -624,8 +771,10 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         /// Over every interval [a, b] between two admitted withdrawals, the retries admitted
-        /// are at most `percent × first attempts in [a − window, b] + floor × (b − a + window)`
-        /// (plus one unit of rounding), the bound the module documentation states.
+        /// are at most `percent × first attempts in [a − window, b] + retries refunded in
+        /// [a − window, b] + floor × (b − a + window)` (plus one unit of rounding), the bound
+        /// the module documentation states. A refund gives back one retry that was admitted
+        /// earlier and not refunded yet, as the driver's refunds do.
         #[test]
         fn withdrawals_never_exceed_deposits_times_share_plus_floor(
             percent in 0.0f64..200.0,
@@ -637,7 +786,7 @@ mod tests {
             let window = window_secs * 1000;
             // The effective (clamped) time of each event, as the budget sees it.
             let (mut clock, mut latest) = (0i64, 0u64);
-            let (mut deposits, mut withdrawals) = (Vec::new(), Vec::new());
+            let (mut deposits, mut withdrawals, mut refunds) = (Vec::new(), Vec::new(), Vec::new());
             for (step, event) in events {
                 clock += step;
                 let now = if clock >= 0 {
@@ -656,6 +805,12 @@ mod tests {
                             withdrawals.push(latest);
                         }
                     }
+                    Event::Refund => {
+                        if refunds.len() < withdrawals.len() {
+                            b.refund(1, now);
+                            refunds.push(latest);
+                        }
+                    }
                     Event::Level => {
                         let level = b.level(now);
                         prop_assert!(level >= 0.0 && level.is_finite(), "{level}");
@@ -670,8 +825,13 @@ mod tests {
                         .iter()
                         .filter(|&&d| d + window >= a && d <= end)
                         .count() as f64;
+                    let given_back = refunds
+                        .iter()
+                        .filter(|&&r| r + window >= a && r <= end)
+                        .count() as f64;
                     let floor_secs = (end - a + window) as f64 / 1000.0;
-                    let bound = share * paid + f64::from(min_per_sec) * floor_secs + 1e-5;
+                    let bound =
+                        share * paid + given_back + f64::from(min_per_sec) * floor_secs + 1e-5;
                     prop_assert!(
                         admitted <= bound,
                         "{admitted} retries in [{a}, {end}] ms, bound {bound}"
@@ -715,6 +875,11 @@ mod tests {
                         let expected = if admitted { before - 1.0 } else { before };
                         prop_assert!((after - expected).abs() < 1e-6, "{before} -> {after}");
                     }
+                    Event::Refund => {
+                        b.refund(1, now);
+                        let after = b.level(now);
+                        prop_assert!((after - before - 1.0).abs() < 1e-6, "{before} -> {after}");
+                    }
                     Event::Level => {}
                 }
             }
@@ -734,7 +899,10 @@ mod tests {
                     start.checked_add(offset).unwrap_or(start)
                 };
                 match op {
-                    0 => b.deposit(now),
+                    0 => {
+                        b.deposit(now);
+                        b.refund(u32::MAX, now);
+                    }
                     1 => {
                         b.withdraw(now);
                     }

@@ -38,7 +38,9 @@
 //!
 //! And it is told every outcome: [`Attempt::finish`] after each attempt (the throttle's window,
 //! the limit's latency samples, the service-time estimate), [`Controller::failure`] for each
-//! failure (the statistics), [`Controller::retry_sent`] for each retry made (the statistics).
+//! failure (the statistics), [`Controller::send_retry`] for each retry about to be sent (the
+//! budget's charge, the statistics), and [`Controller::succeeded`] for each operation that
+//! succeeded (the budget's refund).
 //!
 //! # The order of gates
 //!
@@ -63,19 +65,32 @@
 //!    fit → return the last error without sleeping;
 //! 2. **the cap** (one ordinary retry; `maxAdaptiveRetries` once an overload error was seen;
 //!    unbounded by count under a deadline) → return the last error;
-//! 3. **the budget**, charged only for retries after overload errors: the ordinary retry follows
-//!    topology changes, not load, and the specifications require it;
+//! 3. **the budget**, asked only for retries after overload errors (the ordinary retry follows
+//!    topology changes, not load, and the specifications require it): without a retry's worth
+//!    of credit → return the last error at once, without sleeping;
 //! 4. **the delay**: the backoff after an overload error (the very delay the deadline check saw),
 //!    none after an ordinary one.
 //!
 //! The budget comes after the deadline and the cap so that a retry refused for another reason
-//! never costs a token. A timeout error is never retried: the executor returns it at once, and a
+//! never costs anything.
+//!
+//! The budget is *asked* at the decision and *pays* when the retry is sent, after its backoff
+//! ([`Controller::send_retry`]; if another operation spent the last credit meanwhile, the
+//! operation returns its last error then). Paying at the decision would hold a retry's worth
+//! for every retry sleeping its backoff: at 30 % transient errors a freshly started client
+//! holds more than its whole reserve that way, and the lab saw it refuse retries that the
+//! budget's steady state pays for easily. An operation that then succeeds gets back what its
+//! retries cost ([`Controller::succeeded`]): the budget bounds the retries of operations that
+//! fail anyway, the load a server that sheds cannot use. `crate::budget` says why, with the
+//! figures. A timeout error is never retried: the executor returns it at once, and a
 //! retry question about it is answered "time out".
 //!
 //! # What each policy sees
 //!
-//! - The **budget** sees every operation's first attempt (a deposit, [`Controller::deposit`]) and
-//!   every retry after an overload error that the deadline and the cap admitted.
+//! - The **budget** sees every operation's first attempt (a deposit, [`Controller::deposit`]),
+//!   every retry after an overload error that the deadline and the cap admitted (a question,
+//!   then a charge when it is sent), and the success of an operation it paid retries for (a
+//!   refund).
 //! - The **throttle** of a server sees the first attempts it admitted and the overload errors
 //!   they met, and nothing else: not retries, not transaction statements, not continuations.
 //! - The **concurrency limit** of a server sees every attempt that took a slot and how it ended:
@@ -530,13 +545,21 @@ where
         let overloaded = state.last_failure().overload.is_overload();
         if overloaded {
             if let Some(ref budget) = self.budget {
-                if !budget.withdraw_at(RetryOrigin::Driver, Some(question.operation), now) {
+                if !budget.has_credit_at(RetryOrigin::Driver, Some(question.operation), now) {
                     return RetryAnswer::ReturnLastError(Refusal::Budget);
                 }
             }
             RetryAnswer::RetryAfter(state.backoff(jitter))
         } else {
             RetryAnswer::RetryAfter(Duration::ZERO)
+        }
+    }
+
+    /// The operation `state` belongs to succeeded at `now`: the budget gets back the retries it
+    /// paid for that operation (see "The budget" in the module documentation).
+    pub fn succeeded(&self, state: &RetryState, now: Instant) {
+        if let Some(ref budget) = self.budget {
+            budget.refund_at(state.budget_paid(), now);
         }
     }
 
@@ -578,12 +601,34 @@ where
         self.publish(Decision::Retry(attempt));
     }
 
-    /// A retry is about to be sent, after sleeping `backoff` (`None`: an ordinary retry).
-    pub fn retry_sent(&self, backoff: Option<Duration>) {
+    /// The retry of `operation` that [`Self::may_retry`] admitted for `state` is about to be
+    /// sent at `now`, after sleeping `backoff` (`None`: an ordinary retry, which sleeps none).
+    /// A retry after an overload error is paid for here, from the budget. `false`: the budget
+    /// ran dry while the retry slept (other operations spent the credit it had been answered
+    /// with); the operation returns its last error instead, and the refusal is published.
+    pub fn send_retry(
+        &self,
+        state: &mut RetryState,
+        operation: &str,
+        backoff: Option<Duration>,
+        now: Instant,
+    ) -> bool {
         if let Some(backoff) = backoff {
             self.stats.record_backoff(backoff);
         }
+        if let (Some(budget), true) = (&self.budget, state.last_failure().overload.is_overload()) {
+            if !budget.withdraw_at(RetryOrigin::Driver, Some(operation), now) {
+                self.publish(Decision::RetryRefused {
+                    operation,
+                    reason: Refusal::Budget,
+                    remaining: state.deadline().and_then(|d| d.remaining(now)),
+                });
+                return false;
+            }
+            state.record_budget_paid();
+        }
         self.stats.record_retry_made();
+        true
     }
 
     /// The typical service time of `server` at `now` (zero while unknown).

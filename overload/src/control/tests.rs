@@ -311,6 +311,83 @@ fn the_budget_is_charged_only_for_retries_after_overload_errors() {
 }
 
 #[test]
+fn an_operation_that_succeeds_gives_back_the_retries_the_budget_paid_for() {
+    let ctl = controller(Settings {
+        budget: Some(RetryBudgetConfig {
+            min_retries_per_sec: 0,
+            retry_percent: 100.0,
+            ..RetryBudgetConfig::default()
+        }),
+        ..settings()
+    });
+    let server = server();
+    ctl.deposit(at(0));
+    ctl.deposit(at(0));
+    let mut state = ctl.retry_state();
+    for _ in 0..2 {
+        state.record_failure(overloaded());
+        assert!(matches!(
+            ctl.may_retry(&mut state, question(&server, None), at(0), &mut full()),
+            RetryAnswer::RetryAfter(_)
+        ));
+        assert_eq!(
+            ctl.snapshot().budget_level,
+            Some(2.0 - f64::from(state.budget_paid()))
+        );
+        assert!(ctl.send_retry(&mut state, "find", None, at(0)));
+    }
+    assert_eq!(state.budget_paid(), 2, "paid when sent, not when decided");
+    assert_eq!(ctl.snapshot().budget_level, Some(0.0));
+    ctl.succeeded(&state, at(1));
+    let stats = ctl.snapshot();
+    assert_eq!(stats.budget_level, Some(2.0));
+    assert_eq!(stats.retries_refunded, 2);
+    // An operation that failed gives nothing back: nothing calls `succeeded` for it, and one
+    // that succeeded at once has nothing to give.
+    ctl.succeeded(&ctl.retry_state(), at(1));
+    assert_eq!(ctl.snapshot().retries_refunded, 2);
+}
+
+#[test]
+fn a_retry_is_paid_for_when_it_is_sent_and_refused_if_the_credit_went_meanwhile() {
+    let ctl = controller(Settings {
+        budget: Some(RetryBudgetConfig {
+            min_retries_per_sec: 0,
+            retry_percent: 100.0,
+            ..RetryBudgetConfig::default()
+        }),
+        ..settings()
+    });
+    let server = server();
+    ctl.deposit(at(0));
+    // Two operations fail at once; the one retry's worth of credit answers both.
+    let (mut a, mut b) = (ctl.retry_state(), ctl.retry_state());
+    for state in [&mut a, &mut b] {
+        state.record_failure(overloaded());
+        assert!(matches!(
+            ctl.may_retry(state, question(&server, None), at(0), &mut full()),
+            RetryAnswer::RetryAfter(_)
+        ));
+    }
+    assert_eq!(
+        ctl.snapshot().budget_level,
+        Some(1.0),
+        "nothing is held during the backoff"
+    );
+    // The first to wake pays; the second finds the credit gone and returns its last error.
+    assert!(ctl.send_retry(&mut a, "find", Some(ms(50)), at(50)));
+    assert!(!ctl.send_retry(&mut b, "find", Some(ms(80)), at(80)));
+    let stats = ctl.snapshot();
+    assert_eq!((stats.retries_made, stats.retries_refused), (1, 1));
+    assert_eq!(stats.backoff_slept, ms(130), "both slept their backoff");
+    // An ordinary retry costs nothing when sent.
+    let mut c = ctl.retry_state();
+    c.record_failure(ordinary());
+    assert!(ctl.send_retry(&mut c, "find", None, at(90)));
+    assert_eq!(c.budget_paid(), 0);
+}
+
+#[test]
 fn a_retry_that_cannot_finish_before_the_deadline_is_declined() {
     let ctl = controller(settings());
     let server = server();
