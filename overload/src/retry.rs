@@ -78,6 +78,30 @@ impl Failure {
     }
 }
 
+/// Of the error an operation keeps so far (`earlier`) and the one its latest attempt met
+/// (`later`), whether it keeps the earlier one as the error it would return if it stopped
+/// retrying now. Each says whether a write may have happened before it (`*_may_have_written`);
+/// `later_says_no_writes` is whether the later one carries the `NoWritesPerformed` label.
+///
+/// - An error after which no write can have happened never replaces one after which a write
+///   may have (Retryable Writes: the application must learn that its write may have been
+///   applied).
+/// - When neither may have written and the later one says so with `NoWritesPerformed`, the
+///   earlier is kept: every error so far says no write happened, and the specification returns
+///   the first (defect B8; upstream returned the last).
+/// - Otherwise the later error replaces the earlier.
+pub fn keeps_earlier_error(
+    earlier_may_have_written: bool,
+    later_may_have_written: bool,
+    later_says_no_writes: bool,
+) -> bool {
+    match (earlier_may_have_written, later_may_have_written) {
+        (true, false) => true,
+        (false, false) => later_says_no_writes,
+        (_, true) => false,
+    }
+}
+
 /// The retry accounting of one operation: how many failures it has had, how many retries it
 /// may make, and the backoff before the next.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -294,6 +318,46 @@ mod tests {
 
     fn ordinary() -> Failure {
         Failure::new(Overload::None, None)
+    }
+
+    #[test]
+    fn the_error_returned_is_the_one_that_says_most_about_writes() {
+        // (earlier may have written, later may have written, later says NoWritesPerformed)
+        let cases = [
+            (
+                (true, false, false),
+                true,
+                "a possible write is never hidden",
+            ),
+            (
+                (true, false, true),
+                true,
+                "a possible write is never hidden",
+            ),
+            (
+                (false, false, true),
+                true,
+                "B8: every error says no write; the first is returned",
+            ),
+            ((false, false, false), false, "the latest error otherwise"),
+            (
+                (false, true, false),
+                false,
+                "a later possible write replaces the earlier error",
+            ),
+            (
+                (true, true, false),
+                false,
+                "both may have written: the latest",
+            ),
+        ];
+        for ((earlier, later, no_writes), keeps, why) in cases {
+            assert_eq!(
+                keeps_earlier_error(earlier, later, no_writes),
+                keeps,
+                "{why}"
+            );
+        }
     }
 
     /// Records failures until the state is exhausted or the failures run out, and returns how

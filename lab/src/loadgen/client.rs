@@ -60,6 +60,8 @@ pub struct ForkStats {
     pub retries_made: u64,
     /// Retries the driver's retry budget refused.
     pub retries_refused: u64,
+    /// Retries given back to the budget because their operation then succeeded.
+    pub retries_refunded: u64,
     /// Application retries the shared budget admitted.
     pub app_retries_made: u64,
     /// Application retries the shared budget refused.
@@ -82,6 +84,7 @@ impl ForkStats {
         self.overload_errors += other.overload_errors;
         self.retries_made += other.retries_made;
         self.retries_refused += other.retries_refused;
+        self.retries_refunded += other.retries_refunded;
         self.app_retries_made += other.app_retries_made;
         self.app_retries_refused += other.app_retries_refused;
         self.backoff_slept_ms += other.backoff_slept_ms;
@@ -465,6 +468,7 @@ mod fork_api {
             overload_errors: s.overload_errors(),
             retries_made: s.retries_made,
             retries_refused: s.retries_refused,
+            retries_refunded: s.retries_refunded,
             app_retries_made: s.application_retries_made,
             app_retries_refused: s.application_retries_refused,
             backoff_slept_ms: s.backoff_slept.as_secs_f64() * 1000.0,

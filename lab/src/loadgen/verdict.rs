@@ -246,6 +246,8 @@ pub struct ForkStatsPerRequest {
     pub retries_made: f64,
     /// Driver retries the budget refused.
     pub retries_refused: f64,
+    /// Retries given back to the budget by operations that then succeeded.
+    pub retries_refunded: f64,
     /// Application retries the shared budget admitted.
     pub app_retries_made: f64,
     /// Application retries the shared budget refused.
@@ -268,6 +270,7 @@ impl ForkStatsPerRequest {
         Some(ForkStatsPerRequest {
             retries_made: per_request(|s| s.retries_made)?,
             retries_refused: per_request(|s| s.retries_refused)?,
+            retries_refunded: per_request(|s| s.retries_refunded)?,
             app_retries_made: per_request(|s| s.app_retries_made)?,
             app_retries_refused: per_request(|s| s.app_retries_refused)?,
             local_rejections: per_request(|s| s.local_rejections)?,
@@ -1038,9 +1041,10 @@ pub fn markdown(v: &Verdict) -> String {
                 .and_then(|x| x.fork_stats_per_request)
                 .map(|st| {
                     format!(
-                        " Per request: driver retries {:.3} made, {:.3} refused; application \
-                         retries {:.3} made, {:.3} refused.",
+                        " Per request: driver retries {:.3} made ({:.3} refunded), {:.3} \
+                         refused; application retries {:.3} made, {:.3} refused.",
                         st.retries_made,
+                        st.retries_refunded,
                         st.retries_refused,
                         st.app_retries_made,
                         st.app_retries_refused

@@ -30,7 +30,10 @@
 //!   continuously;
 //! - every retry **withdraws** one retry's worth, from unexpired deposits first (oldest first,
 //!   since they expire soonest) and from the reserve only when those are spent; a retry is
-//!   refused when less than one retry's worth is left.
+//!   refused when less than one retry's worth is left;
+//! - an operation that succeeds after retries **is refunded** what they cost (into the newest
+//!   slot, expiring a window later), so in the end the budget pays only for the retries of
+//!   operations that failed anyway.
 //!
 //! The floor is what keeps the budget from starving retries at low request rates: a client
 //! sending one request per second earns under a tenth of a retry per second from deposits, far too
@@ -38,10 +41,28 @@
 //! Under overload the floor is a constant, so its share of the traffic shrinks as the load grows.
 //!
 //! Over any interval of length `L`, the retries admitted are therefore at most
-//! `percent/100 × (first attempts in the interval and the window before it) + minPerSec × (L +
-//! window)`: the deposits a retry can draw on were made at most one window earlier, and the
-//! reserve starts full and refills at the floor rate. The tests in `ratio.rs` check this bound
-//! on arbitrary event sequences, and simulate the two regimes.
+//! `percent/100 × (first attempts in the interval and the window before it) + retries refunded
+//! in the same span + minPerSec × (L + window)`: the deposits and refunds a retry can draw on
+//! were made at most one window earlier, and the reserve starts full and refills at the floor
+//! rate. The tests in `ratio.rs` check this bound on arbitrary event sequences, and simulate the
+//! regimes.
+//!
+//! # Why refunds
+//!
+//! Error labels cannot tell a server that sheds load from one that rejects a random share of
+//! requests with capacity to spare. Charged for every retry, the budget starved retries as soon
+//! as transient errors passed its share: at 30 % of attempts rejected at random, retries want
+//! 0.39 per first attempt against the 0.09 it earns. A retry whose operation then succeeds cost
+//! the server nothing it could not give, so it is given back; the budget is left paying for
+//! retries of operations that fail anyway, `2p³` per first attempt at an error share `p` with
+//! two retries (5.4 % at 30 %). Under overload most retries fail, so it still binds; the ones
+//! that succeed there are free too, which is the price (attempts per request above `1 + share`
+//! by about the share of retries that succeed). The AWS SDKs' retry quota likewise returns a
+//! retry's cost when the retried request succeeds.
+//!
+//! The driver asks the budget ([`Budget::level`] at least one) when it decides a retry, and
+//! withdraws when it sends it, after the backoff: withdrawing at the decision would hold credit
+//! for every retry asleep in its backoff, more than a new client's reserve at 30 % errors.
 //!
 //! The token bucket of gRPC's retry throttling and of the withdrawn specification was considered
 //! and not chosen; `docs/retry-budget.md` says why, with the anchors' parameters.
