@@ -278,6 +278,102 @@ async fn an_operation_that_succeeds_after_a_retry_gives_the_budget_back_its_cost
     assert_eq!(stats.budget_level, Some(2.0), "{stats:?}");
 }
 
+/// Every decision of the controller is also an event on the operation's OpenTelemetry span
+/// (upstream's `opentelemetry` feature). With a budget of one retry and three overload errors
+/// to come: the first find's retry succeeds (and is refunded), so its span carries one
+/// `mongodb.overload.retry` event with the retry's number and server; the second find's retry
+/// fails too, and its second retry is refused, so its span carries a retry event and a
+/// `mongodb.overload.retry_refused` event naming the budget.
+#[tokio::test]
+async fn decisions_are_events_on_the_operations_span() {
+    use opentelemetry::{Key, Value};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+
+    let server = Server::standalone();
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let uri = server.uri_with(
+        "retryReads=true&retryBudget=true&retryBudgetPercent=0&retryBudgetMinPerSec=1\
+         &retryBudgetWindowMS=1000",
+    );
+    let mut options = ClientOptions::parse(&uri).await.expect("valid uri");
+    options.tracing = Some(
+        mongodb::otel::OpentelemetryOptions::builder()
+            .enabled(true)
+            .tracer_provider(provider.clone())
+            .build(),
+    );
+    let client = Client::with_options(options).expect("client");
+    let coll: Collection<Document> = client.database("t").collection("c");
+    coll.find_one(doc! {}).await.expect("warm up");
+    let labels = vec!["SystemOverloadedError", "RetryableError"];
+    // The reserve holds one retry (1 a second over a 1 s window).
+    fail_find(
+        &server.uri,
+        doc! { "times": 3 }.into(),
+        doc! { "errorCode": 462, "errorLabels": labels },
+    )
+    .await;
+    with_pinned_jitter(0.0, coll.find_one(doc! {}))
+        .await
+        .expect("retried once, then answered");
+    let refused = with_pinned_jitter(0.0, coll.find_one(doc! {})).await;
+    fail_command_off(&server.uri).await;
+    assert_eq!(server_code(&refused.expect_err("refused")), Some(462));
+
+    provider.force_flush().expect("flush");
+    let spans = exporter.get_finished_spans().expect("spans");
+    let events_named = |name: &str| -> Vec<(&SpanData, &opentelemetry::trace::Event)> {
+        spans
+            .iter()
+            .flat_map(|span| span.events.iter().map(move |event| (span, event)))
+            .filter(|(_, event)| event.name == name)
+            .collect()
+    };
+    let attribute = |event: &opentelemetry::trace::Event, key: &str| -> Option<Value> {
+        event
+            .attributes
+            .iter()
+            .find(|kv| kv.key == Key::from(key.to_owned()))
+            .map(|kv| kv.value.clone())
+    };
+    let retries = events_named("mongodb.overload.retry");
+    assert_eq!(retries.len(), 2, "{spans:#?}");
+    let (span, retry) = retries[0];
+    assert!(
+        span.name.starts_with("find "),
+        "the operation's span: {}",
+        span.name
+    );
+    assert_eq!(attribute(retry, "attempt"), Some(Value::I64(1)));
+    let (second_span, _) = retries[1];
+    assert_ne!(
+        second_span.span_context.span_id(),
+        span.span_context.span_id()
+    );
+    let server_attr = attribute(retry, "server").map(|v| v.to_string());
+    assert!(
+        server_attr
+            .as_deref()
+            .is_some_and(|s| s.contains("127.0.0.1") || s.contains("localhost")),
+        "{server_attr:?}"
+    );
+    let refusals = events_named("mongodb.overload.retry_refused");
+    assert_eq!(refusals.len(), 1, "{spans:#?}");
+    let (refused_span, refusal) = refusals[0];
+    assert_eq!(
+        refused_span.span_context.span_id(),
+        second_span.span_context.span_id(),
+        "the refusal is on the second find's span"
+    );
+    assert_eq!(
+        attribute(refusal, "reason").map(|v| v.to_string()),
+        Some("retry budget exhausted".to_owned())
+    );
+}
+
 /// The throttle rejects a first attempt locally on the paused clock, and its 10 s window, advanced
 /// past in virtual time, lets first attempts through again.
 #[tokio::test(flavor = "current_thread")]

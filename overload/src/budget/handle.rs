@@ -126,14 +126,9 @@ impl RetryBudgetHandle {
         self.inner.budget.deposit(now);
     }
 
-    /// For application retry loops: the operation that was run again `retries` times (each
-    /// admitted by [`Self::try_withdraw`]) has now succeeded, so its retries are given back.
-    /// Pass only retries the budget admitted for this operation.
-    pub fn refund(&self, retries: u32) {
-        self.refund_at(retries, (self.inner.clock)());
-    }
-
-    /// For the driver: an operation whose `retries` budgeted retries ended in a success at `now`.
+    /// For the driver's controller: an operation whose `retries` budgeted retries ended in a
+    /// success at `now`, while the servers accepted most attempts (the module documentation,
+    /// "Why refunds").
     pub fn refund_at(&self, retries: u32, now: Instant) {
         if retries == 0 {
             return;

@@ -60,6 +60,11 @@
 //! by about the share of retries that succeed). The AWS SDKs' retry quota likewise returns a
 //! retry's cost when the retried request succeeds.
 //!
+//! Refunds are given only while the client's servers accepted at least half of its recent
+//! attempts ([`Acceptance`]): above that line a rejecting server has capacity to spare for the
+//! retries that succeed; below it, it is shedding overload, every retry that succeeds displaces
+//! another request, and the budget charges every retry as before.
+//!
 //! The driver asks the budget ([`Budget::level`] at least one) when it decides a retry, and
 //! withdraws when it sends it, after the backoff: withdrawing at the decision would hold credit
 //! for every retry asleep in its backoff, more than a new client's reserve at 30 % errors.
@@ -107,11 +112,13 @@
 //! A time earlier than one already seen is treated as that time: the budget never panics and
 //! never refunds anything because a clock went backwards.
 
+mod acceptance;
 mod handle;
 mod ratio;
 
 use std::time::Instant;
 
+pub use acceptance::{Acceptance, REFUND_MIN_ACCEPTED_SHARE};
 pub use handle::{budget_decisions_enabled, RetryBudgetHandle, RetryOrigin};
 pub use ratio::{
     InvalidBudgetConfig, RetryBudget, RetryBudgetConfig, DEFAULT_MIN_RETRIES_PER_SEC,

@@ -243,6 +243,7 @@ where
     /// Looks at `now`: take a slot, then ask the throttle; or wait, reject or time out.
     pub fn poll(&mut self, now: Instant, jitter: &mut impl Jitter) -> StartAnswer<'c, K, S> {
         let Some(server) = self.server.clone() else {
+            self.controller.attempt_sent(now);
             return StartAnswer::Send(self.attempt(None, now));
         };
         let permit = match server.limit {
@@ -278,6 +279,7 @@ where
                 }
             }
         }
+        self.controller.attempt_sent(now);
         StartAnswer::Send(attempt)
     }
 

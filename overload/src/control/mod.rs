@@ -80,9 +80,10 @@
 //! for every retry sleeping its backoff: at 30 % transient errors a freshly started client
 //! holds more than its whole reserve that way, and the lab saw it refuse retries that the
 //! budget's steady state pays for easily. An operation that then succeeds gets back what its
-//! retries cost ([`Controller::succeeded`]): the budget bounds the retries of operations that
-//! fail anyway, the load a server that sheds cannot use. `crate::budget` says why, with the
-//! figures. A timeout error is never retried: the executor returns it at once, and a
+//! retries cost ([`Controller::succeeded`]) while the client's servers accepted at least half
+//! of its recent attempts: the budget then bounds the retries of operations that fail anyway,
+//! and below that line, where a server is shedding overload, every retry. `crate::budget` says
+//! why, with the figures. A timeout error is never retried: the executor returns it at once, and a
 //! retry question about it is answered "time out".
 //!
 //! # What each policy sees
@@ -118,7 +119,7 @@ pub use event::{Decision, Observer, Refusal};
 
 use crate::admission::{ClientLag, ConcurrencyConfig, ThrottleConfig};
 use crate::backoff::Jitter;
-use crate::budget::{RetryBudget, RetryBudgetConfig, RetryBudgetHandle, RetryOrigin};
+use crate::budget::{Acceptance, RetryBudget, RetryBudgetConfig, RetryBudgetHandle, RetryOrigin};
 use crate::deadline::{Admission, Deadline, Declined};
 use crate::retry::{Failure, RetryState};
 use crate::stats::OverloadStatsRecorder;
@@ -298,6 +299,9 @@ pub struct Controller<K, S = ()> {
     client_timeout: Option<Duration>,
     stats: Arc<OverloadStatsRecorder>,
     budget: Option<RetryBudgetHandle>,
+    /// With the budget: how much of what the client sent its servers accepted, which decides
+    /// whether the retries of an operation that succeeded are refunded.
+    acceptance: Option<Acceptance>,
     admission: Option<admission::Admission<K, S>>,
     service_times: admission::ServiceTimes<K>,
     clock: fn() -> Instant,
@@ -324,13 +328,16 @@ where
     /// its range, naming the option.
     pub fn new(settings: Settings, clock: fn() -> Instant) -> Result<Self, String> {
         let stats = Arc::new(OverloadStatsRecorder::new());
-        let budget = match settings.budget {
+        let (budget, acceptance) = match settings.budget {
             Some(config) => {
                 let budget =
                     RetryBudget::starting_at(config, clock()).map_err(|e| e.to_string())?;
-                Some(RetryBudgetHandle::new(budget, Arc::clone(&stats), clock))
+                (
+                    Some(RetryBudgetHandle::new(budget, Arc::clone(&stats), clock)),
+                    Some(Acceptance::new(config.window, clock())),
+                )
             }
-            None => None,
+            None => (None, None),
         };
         if let Some(throttle) = settings.throttle {
             throttle.validate().map_err(|e| e.to_string())?;
@@ -353,6 +360,7 @@ where
             client_timeout: settings.client_timeout,
             stats,
             budget,
+            acceptance,
             admission,
             service_times: admission::ServiceTimes::default(),
             clock,
@@ -465,6 +473,14 @@ where
         }
     }
 
+    /// An attempt was answered "send" at `now`: it counts as sent for the refund rule (an
+    /// attempt rejected locally or timed out waiting for a slot never reached a server).
+    fn attempt_sent(&self, now: Instant) {
+        if let Some(ref acceptance) = self.acceptance {
+            acceptance.sent(now);
+        }
+    }
+
     /// Question 2: the attempt (`kind`) of `operation` on `server` wants to start at `now`.
     /// Poll the returned request until it answers.
     pub fn start_attempt<'o>(
@@ -482,6 +498,9 @@ where
     pub fn failure(&self, failure: Failure, code: Option<i32>) {
         if failure.overload.is_overload() {
             self.stats.record_overload_error(code);
+            if let Some(ref acceptance) = self.acceptance {
+                acceptance.rejected(self.now());
+            }
         }
     }
 
@@ -556,10 +575,13 @@ where
     }
 
     /// The operation `state` belongs to succeeded at `now`: the budget gets back the retries it
-    /// paid for that operation (see "The budget" in the module documentation).
+    /// paid for that operation, while the servers accepted at least half of the client's recent
+    /// attempts (`crate::budget`, "Why refunds").
     pub fn succeeded(&self, state: &RetryState, now: Instant) {
-        if let Some(ref budget) = self.budget {
-            budget.refund_at(state.budget_paid(), now);
+        if let (Some(budget), Some(acceptance)) = (&self.budget, &self.acceptance) {
+            if state.budget_paid() > 0 && acceptance.mostly_accepted(now) {
+                budget.refund_at(state.budget_paid(), now);
+            }
         }
     }
 

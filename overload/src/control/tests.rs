@@ -349,6 +349,61 @@ fn an_operation_that_succeeds_gives_back_the_retries_the_budget_paid_for() {
 }
 
 #[test]
+fn no_refund_while_the_servers_reject_most_attempts() {
+    let ctl = controller(Settings {
+        budget: Some(RetryBudgetConfig {
+            min_retries_per_sec: 0,
+            retry_percent: 100.0,
+            ..RetryBudgetConfig::default()
+        }),
+        ..settings()
+    });
+    let server = server();
+    let send = |t: u64| {
+        ctl.deposit(at(t));
+        let mut request = ctl.start_attempt("find", &server, AttemptKind::First, None, at(t));
+        assert!(matches!(
+            request.poll(at(t), &mut full()),
+            StartAnswer::Send(_)
+        ));
+    };
+    // Four first attempts sent, three rejected for overload: the servers accept a quarter.
+    for _ in 0..4 {
+        send(0);
+    }
+    for _ in 0..3 {
+        ctl.failure(overloaded(), Some(462));
+    }
+    let mut state = ctl.retry_state();
+    state.record_failure(overloaded());
+    assert!(matches!(
+        ctl.may_retry(&mut state, question(&server, None), at(0), &mut full()),
+        RetryAnswer::RetryAfter(_)
+    ));
+    assert!(ctl.send_retry(&mut state, "find", None, at(0)));
+    ctl.succeeded(&state, at(1));
+    let stats = ctl.snapshot();
+    assert_eq!(
+        stats.retries_refunded, 0,
+        "overload: every retry stays charged"
+    );
+    assert_eq!(stats.budget_level, Some(3.0));
+    // Once the servers accept most attempts again, a success is refunded.
+    for _ in 0..10 {
+        send(2);
+    }
+    let mut state = ctl.retry_state();
+    state.record_failure(overloaded());
+    assert!(matches!(
+        ctl.may_retry(&mut state, question(&server, None), at(2), &mut full()),
+        RetryAnswer::RetryAfter(_)
+    ));
+    assert!(ctl.send_retry(&mut state, "find", None, at(2)));
+    ctl.succeeded(&state, at(3));
+    assert_eq!(ctl.snapshot().retries_refunded, 1);
+}
+
+#[test]
 fn a_retry_is_paid_for_when_it_is_sent_and_refused_if_the_credit_went_meanwhile() {
     let ctl = controller(Settings {
         budget: Some(RetryBudgetConfig {

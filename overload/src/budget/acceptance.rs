@@ -1,0 +1,183 @@
+//! [`Acceptance`]: how much of what a client sent recently its servers accepted, which decides
+//! whether the budget refunds the retries of an operation that succeeded.
+//!
+//! A refund says "this retry cost the server nothing it could not give". That holds when the
+//! server rejects a share of requests while it has capacity to spare (random or transient
+//! rejections), and fails under overload, where every retry that succeeds takes the place of
+//! another request and every one that fails costs the server a rejection. Error labels cannot
+//! tell the two apart; what the client sends and what comes back can, at least in the regime
+//! that matters: a server shedding sustained overload with its rate limiter rejects more than
+//! half of what reaches it once the load passes twice its capacity, and the Google SRE book's
+//! client-side throttling draws the line there too (`K = 2`: a client starts throttling itself
+//! when its requests exceed twice what the server accepts). So refunds are given while the
+//! servers accepted at least half of the client's recent attempts, and withheld below that,
+//! where the budget charges every retry as before and bounds attempts per request to about
+//! `1 + share`.
+//!
+//! Between the two the rule converges rather than switches: while refunds raise the retries,
+//! the share accepted falls towards one half, where refunds stop. A client at 150 % of
+//! capacity can therefore send up to about twice the capacity in attempts, half of them
+//! rejected; `docs/retry-budget.md` ("Why refunds") states what that costs.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Slots of the window; each holds the counts of `window / SLOTS`.
+const SLOTS: usize = 10;
+
+/// The least share of recent attempts the servers must have accepted for refunds to be given.
+pub const REFUND_MIN_ACCEPTED_SHARE: f64 = 0.5;
+
+/// Attempts sent and overload rejections received over a sliding window, per slot.
+#[derive(Debug)]
+pub struct Acceptance {
+    slot_nanos: u64,
+    counts: Mutex<Counts>,
+}
+
+#[derive(Debug)]
+struct Counts {
+    origin: Instant,
+    /// The number (time / slot length) of the newest slot.
+    newest: u64,
+    sent: [u64; SLOTS],
+    rejected: [u64; SLOTS],
+}
+
+impl Acceptance {
+    /// Counts over the last `window` (rounded to tenths), from `origin`.
+    pub fn new(window: Duration, origin: Instant) -> Self {
+        let slot_nanos = u64::try_from(window.as_nanos() / SLOTS as u128)
+            .unwrap_or(u64::MAX)
+            .max(1);
+        Self {
+            slot_nanos,
+            counts: Mutex::new(Counts {
+                origin,
+                newest: 0,
+                sent: [0; SLOTS],
+                rejected: [0; SLOTS],
+            }),
+        }
+    }
+
+    /// One attempt sent at `now` (a first attempt or a retry).
+    pub fn sent(&self, now: Instant) {
+        let (mut counts, index) = self.counts_at(now);
+        counts.sent[index] = counts.sent[index].saturating_add(1);
+    }
+
+    /// One attempt rejected for overload, answered at `now`.
+    pub fn rejected(&self, now: Instant) {
+        let (mut counts, index) = self.counts_at(now);
+        counts.rejected[index] = counts.rejected[index].saturating_add(1);
+    }
+
+    /// Whether the servers accepted at least [`REFUND_MIN_ACCEPTED_SHARE`] of the attempts of
+    /// the window before `now` (true when nothing was sent or rejected).
+    pub fn mostly_accepted(&self, now: Instant) -> bool {
+        let (counts, _) = self.counts_at(now);
+        let sum = |slots: &[u64; SLOTS]| slots.iter().fold(0u64, |a, b| a.saturating_add(*b));
+        let (sent, rejected) = (sum(&counts.sent), sum(&counts.rejected));
+        // A rejection can be counted in a slot before its attempt's (the attempt was sent just
+        // before a slot boundary), so the rejections may exceed the attempts by a few.
+        if sent == 0 {
+            return rejected == 0;
+        }
+        let accepted = sent.saturating_sub(rejected) as f64;
+        accepted >= REFUND_MIN_ACCEPTED_SHARE * sent as f64
+    }
+
+    /// The counts brought up to `now` (expired slots cleared), and the index of `now`'s slot.
+    /// A time earlier than one already seen counts in the newest slot.
+    fn counts_at(&self, now: Instant) -> (MutexGuard<'_, Counts>, usize) {
+        // No code panics while holding the lock; a poisoned one still holds consistent counts.
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let since = now.saturating_duration_since(counts.origin).as_nanos();
+        let slot = u64::try_from(since).unwrap_or(u64::MAX) / self.slot_nanos;
+        if slot > counts.newest {
+            // Bounded: after SLOTS steps every slot is clear.
+            let to_clear = (slot - counts.newest).min(SLOTS as u64);
+            for step in 1..=to_clear {
+                let index = ((counts.newest + step) % SLOTS as u64) as usize;
+                counts.sent[index] = 0;
+                counts.rejected[index] = 0;
+            }
+            counts.newest = slot;
+        }
+        let index = (counts.newest % SLOTS as u64) as usize;
+        (counts, index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start: Instant, millis: u64) -> Instant {
+        start + Duration::from_millis(millis)
+    }
+
+    /// Sends `n` attempts at `now`, of which `rejected` are rejected for overload.
+    fn traffic(a: &Acceptance, now: Instant, n: u64, rejected: u64) {
+        for i in 0..n {
+            a.sent(now);
+            if i < rejected {
+                a.rejected(now);
+            }
+        }
+    }
+
+    #[test]
+    fn half_accepted_is_the_line() {
+        let start = Instant::now();
+        let a = Acceptance::new(Duration::from_secs(10), start);
+        assert!(a.mostly_accepted(start), "nothing sent yet");
+        traffic(&a, start, 100, 30);
+        assert!(a.mostly_accepted(start), "30 % rejected: transient errors");
+        traffic(&a, start, 100, 70);
+        assert!(a.mostly_accepted(start), "exactly half rejected in all");
+        traffic(&a, start, 10, 10);
+        assert!(
+            !a.mostly_accepted(start),
+            "more than half rejected: overload"
+        );
+    }
+
+    #[test]
+    fn the_counts_expire_after_the_window() {
+        let start = Instant::now();
+        let a = Acceptance::new(Duration::from_secs(10), start);
+        traffic(&a, start, 100, 90);
+        assert!(!a.mostly_accepted(at(start, 9_999)));
+        assert!(
+            a.mostly_accepted(at(start, 10_000)),
+            "forgotten a window later"
+        );
+        // Earlier times count as the latest: nothing comes back.
+        assert!(a.mostly_accepted(start));
+    }
+
+    #[test]
+    fn rejections_counted_before_their_attempts_do_not_underflow() {
+        let start = Instant::now();
+        let a = Acceptance::new(Duration::from_secs(1), start);
+        a.rejected(start);
+        assert!(!a.mostly_accepted(start));
+        a.sent(start);
+        assert!(!a.mostly_accepted(start));
+        a.sent(start);
+        assert!(a.mostly_accepted(start));
+    }
+
+    #[test]
+    fn never_panics_on_extreme_windows_or_times() {
+        let start = Instant::now();
+        for window in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX] {
+            let a = Acceptance::new(window, start);
+            a.sent(start + Duration::from_secs(1 << 40));
+            a.rejected(start);
+            let _ = a.mostly_accepted(start + Duration::from_secs(1 << 41));
+        }
+    }
+}
