@@ -536,7 +536,6 @@ fn is_known_command(name: &str) -> bool {
 }
 
 /// Runs a command under the state lock.
-#[allow(clippy::too_many_arguments)]
 /// The generator of a fail point's `activationProbability` draws for one request: seeded from
 /// the request's key when the lab names it (the model's common random numbers, so every variant
 /// meets the same fail points for the same request and attempt), else from the thread's
@@ -548,6 +547,7 @@ fn fail_point_rng(key: Option<u64>) -> StdRng {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn execute(
     shared: &Arc<Shared>,
     member: &Member,
