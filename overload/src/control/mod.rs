@@ -83,8 +83,10 @@
 //! retries cost ([`Controller::succeeded`]) while the client's servers accepted at least half
 //! of its recent attempts: the budget then bounds the retries of operations that fail anyway,
 //! and below that line, where a server is shedding overload, every retry. `crate::budget` says
-//! why, with the figures. A timeout error is never retried: the executor returns it at once, and a
-//! retry question about it is answered "time out".
+//! why, with the figures.
+//!
+//! A timeout error is never retried: the executor returns it at once, and a retry question
+//! about it is answered "time out".
 //!
 //! # What each policy sees
 //!
