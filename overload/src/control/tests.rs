@@ -54,6 +54,18 @@ fn settings() -> Settings {
     }
 }
 
+/// A controller whose budget funds one retry per first attempt and nothing else (no floor).
+fn one_retry_per_first_attempt() -> Ctl {
+    controller(Settings {
+        budget: Some(RetryBudgetConfig {
+            min_retries_per_sec: 0,
+            retry_percent: 100.0,
+            ..RetryBudgetConfig::default()
+        }),
+        ..settings()
+    })
+}
+
 fn overloaded() -> Failure {
     Failure::new(Overload::Retryable, None)
 }
@@ -292,14 +304,7 @@ fn the_budget_is_charged_only_for_retries_after_overload_errors() {
         ctl.may_retry(&mut state, question(&server, None), at(0), &mut full()),
         RetryAnswer::ReturnLastError(Refusal::Budget)
     );
-    let funded = controller(Settings {
-        budget: Some(RetryBudgetConfig {
-            min_retries_per_sec: 0,
-            retry_percent: 100.0,
-            ..RetryBudgetConfig::default()
-        }),
-        ..settings()
-    });
+    let funded = one_retry_per_first_attempt();
     funded.deposit(at(0));
     let mut state = funded.retry_state();
     state.record_failure(overloaded());
@@ -312,14 +317,7 @@ fn the_budget_is_charged_only_for_retries_after_overload_errors() {
 
 #[test]
 fn an_operation_that_succeeds_gives_back_the_retries_the_budget_paid_for() {
-    let ctl = controller(Settings {
-        budget: Some(RetryBudgetConfig {
-            min_retries_per_sec: 0,
-            retry_percent: 100.0,
-            ..RetryBudgetConfig::default()
-        }),
-        ..settings()
-    });
+    let ctl = one_retry_per_first_attempt();
     let server = server();
     ctl.deposit(at(0));
     ctl.deposit(at(0));
@@ -350,14 +348,7 @@ fn an_operation_that_succeeds_gives_back_the_retries_the_budget_paid_for() {
 
 #[test]
 fn no_refund_while_the_servers_reject_most_attempts() {
-    let ctl = controller(Settings {
-        budget: Some(RetryBudgetConfig {
-            min_retries_per_sec: 0,
-            retry_percent: 100.0,
-            ..RetryBudgetConfig::default()
-        }),
-        ..settings()
-    });
+    let ctl = one_retry_per_first_attempt();
     let server = server();
     let send = |t: u64| {
         ctl.deposit(at(t));
@@ -405,14 +396,7 @@ fn no_refund_while_the_servers_reject_most_attempts() {
 
 #[test]
 fn a_retry_is_paid_for_when_it_is_sent_and_refused_if_the_credit_went_meanwhile() {
-    let ctl = controller(Settings {
-        budget: Some(RetryBudgetConfig {
-            min_retries_per_sec: 0,
-            retry_percent: 100.0,
-            ..RetryBudgetConfig::default()
-        }),
-        ..settings()
-    });
+    let ctl = one_retry_per_first_attempt();
     let server = server();
     ctl.deposit(at(0));
     // Two operations fail at once; the one retry's worth of credit answers both.
