@@ -43,7 +43,13 @@ fn small(capacity: f64, variants: &[&str]) -> LabConfig {
     }
 }
 
+/// Held for each run: the tests of this file take turns, so that none of them shares the two
+/// cores with another's drivers and emulator (run side by side, a step-down's retries and the
+/// overload they meet depended on which other scenarios ran at the same moment).
+static ONE_SCENARIO_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn run(cfg: &LabConfig) -> LabRun {
+    let _turn = ONE_SCENARIO_AT_A_TIME.lock().await;
     let bar = indicatif::ProgressBar::hidden();
     runner::run(cfg, &bar).await.expect("lab run")
 }
@@ -248,7 +254,10 @@ async fn faults_close_connections_and_step_the_primary_down() {
         "connections closed: {:?}",
         s.attempt_errors
     );
-    assert!(s.attempts_per_request.is_some_and(|a| a > 1.0), "{s:?}");
+    // Attempts per request can stay below one here (a request whose connection is dropped
+    // while it is established, or whose selection outlasts a step-down, sends no command), so
+    // the retries are counted per request.
+    assert!(s.retried > 0, "{s:?}");
     assert!(s.success_share.is_some_and(|x| x > 0.5), "{s:?}");
 }
 

@@ -148,6 +148,9 @@ pub struct Second {
     pub reported_attempts: u64,
     /// Application tries (driver calls) of those requests.
     pub reported_tries: u64,
+    /// Those of them that sent more than one command (retried, by the driver or the
+    /// application).
+    pub reported_retried: u64,
     /// Connections created / closed in this second.
     pub conns_opened: u64,
     /// Connections closed in this second.
@@ -179,6 +182,7 @@ impl Default for Second {
             reported: 0,
             reported_attempts: 0,
             reported_tries: 0,
+            reported_retried: 0,
             conns_opened: 0,
             conns_closed: 0,
             latency: new_hist(),
@@ -348,6 +352,7 @@ impl Recorder {
             s.reported += 1;
             s.reported_attempts += u64::from(attempts);
             s.reported_tries += u64::from(tries);
+            s.reported_retried += u64::from(attempts > 1);
         });
     }
 
@@ -355,6 +360,7 @@ impl Recorder {
         s.reported += 1;
         s.reported_attempts += u64::from(r.attempts);
         s.reported_tries += u64::from(r.tries);
+        s.reported_retried += u64::from(r.attempts > 1);
         if r.attempts > 0 {
             rec(&mut s.conn_wait, r.conn_wait);
             rec(&mut s.service, r.service);

@@ -72,6 +72,8 @@ pub struct RunSummary {
     pub attempts_per_request: Option<f64>,
     /// Driver calls per request (above 1 when the application retries itself).
     pub tries_per_request: Option<f64>,
+    /// Requests that sent more than one command (retried by the driver or the application).
+    pub retried: u64,
     /// Requests that succeeded within their deadline ÷ requests offered.
     pub success_share: Option<f64>,
     /// Request errors by class.
@@ -265,6 +267,7 @@ pub fn summarize(
         attempts: seconds.iter().map(|s| s.attempts).sum(),
         attempts_per_request: (reported > 0).then(|| reported_attempts as f64 / reported as f64),
         tries_per_request: (reported > 0).then(|| reported_tries as f64 / reported as f64),
+        retried: seconds.iter().map(|s| s.reported_retried).sum(),
         success_share: (offered > 0).then(|| good as f64 / offered as f64),
         errors,
         attempt_errors,
