@@ -10,6 +10,7 @@ pub mod admission;
 pub mod backoff;
 pub mod budget;
 pub mod control;
+pub mod cursor;
 pub mod deadline;
 pub mod identity;
 pub mod labels;

@@ -20,8 +20,9 @@
 //! getMore retry asks the second one too, so both retry paths get the same answers:
 //!
 //! 1. **What deadline does the operation carry?** ([`Controller::deadline`]) `timeoutMS` from the
-//!    operation, else its collection or database, else the client; none for the commands that
-//!    continue or end admitted work ([`EXEMPT_COMMANDS`], the same list the throttle exempts).
+//!    operation, else its collection or database, else the client; for the commands that
+//!    continue or end admitted work ([`EXEMPT_COMMANDS`], the same list the throttle exempts)
+//!    only their own, which their cursor or transaction gives them, never an inherited one.
 //!    Actions that run several commands under one deadline ask [`next_batch`] for
 //!    each batch's share.
 //! 2. **May this attempt start?** ([`Controller::start_attempt`], then [`SlotRequest::poll`])
@@ -34,7 +35,8 @@
 //! 3. **May this retry be sent, and after what delay?** ([`Controller::may_retry`]) Answers:
 //!    retry after a delay, return the last error, or time out (the deadline has passed).
 //! 4. **What `maxTimeMS` does this command carry?** ([`Controller::max_time`]) The time left
-//!    minus the server's minimum round-trip time, or time out without sending.
+//!    minus the server's minimum round-trip time (a cursor's commands may carry none, or
+//!    `maxAwaitTimeMS` cut to it: [`crate::cursor`]), or time out without sending.
 //!
 //! And it is told every outcome: [`Attempt::finish`] after each attempt (the throttle's window,
 //! the limit's latency samples, the service-time estimate), [`Controller::failure`] for each
@@ -122,6 +124,7 @@ pub use event::{Decision, Observer, Refusal};
 use crate::admission::{ClientLag, ConcurrencyConfig, ThrottleConfig};
 use crate::backoff::Jitter;
 use crate::budget::{Acceptance, RetryBudget, RetryBudgetConfig, RetryBudgetHandle, RetryOrigin};
+use crate::cursor::ServerTimeLimit;
 use crate::deadline::{Admission, Deadline, Declined};
 use crate::retry::{Failure, RetryState};
 use crate::stats::OverloadStatsRecorder;
@@ -425,7 +428,11 @@ where
     /// `now`; `None` when `timeoutMS` does not apply to it.
     pub fn deadline(&self, operation: &str, timeouts: Timeouts, now: Instant) -> Option<Deadline> {
         if is_exempt(operation) {
-            return None;
+            // Continuations run under the time their cursor or transaction gives them (their
+            // own option), never under an inherited one.
+            return timeouts
+                .operation
+                .map(|budget| Deadline::start(now, budget));
         }
         let budget = timeouts
             .operation
@@ -441,16 +448,18 @@ where
         !deadline.is_unlimited()
     }
 
-    /// Question 4: the `maxTimeMS` of a command sent at `now` under `deadline` on a server whose
+    /// Question 4: the `maxTimeMS` of a command sent at `now` under `deadline`, whose operation
+    /// asks for `limit` (a cursor's commands differ, [`crate::cursor`]), on a server whose
     /// minimum round-trip time is `min_rtt` (`None`: send none). `Err` means time out without
     /// sending.
     pub fn max_time(
         &self,
         deadline: Deadline,
+        limit: ServerTimeLimit,
         min_rtt: Duration,
         now: Instant,
     ) -> Result<Option<Duration>, crate::deadline::Expired> {
-        deadline.max_time(now, min_rtt)
+        limit.max_time(deadline, now, min_rtt)
     }
 
     /// Servers selection should avoid for an attempt while another suitable server can take it

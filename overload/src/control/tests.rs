@@ -98,7 +98,7 @@ fn empty_budget() -> RetryBudgetConfig {
 // Question 1: the deadline.
 
 #[test]
-fn the_most_specific_timeout_wins_and_continuations_have_none() {
+fn the_most_specific_timeout_wins_and_continuations_have_only_their_own() {
     let ctl = controller(Settings {
         client_timeout: Some(ms(300)),
         ..settings()
@@ -124,7 +124,13 @@ fn the_most_specific_timeout_wins_and_continuations_have_none() {
         Some(Deadline::at(at(300)))
     );
     for name in EXEMPT_COMMANDS {
-        assert_eq!(ctl.deadline(name, all, at(0)), None, "{name}");
+        // A getMore runs under what its cursor gives it, never under the client's timeoutMS.
+        assert_eq!(ctl.deadline(name, target, at(0)), None, "{name}");
+        assert_eq!(
+            ctl.deadline(name, all, at(0)),
+            Some(Deadline::at(at(100))),
+            "{name}"
+        );
         assert!(
             !crate::admission::throttles_command(name),
             "one list: {name}"
@@ -139,7 +145,10 @@ fn the_most_specific_timeout_wins_and_continuations_have_none() {
         .expect("timeoutMS=0 applies");
     assert!(unlimited.is_unlimited());
     assert!(!ctl.needs_min_rtt(unlimited));
-    assert_eq!(ctl.max_time(unlimited, ms(5), at(0)), Ok(None));
+    assert_eq!(
+        ctl.max_time(unlimited, ServerTimeLimit::Remaining, ms(5), at(0)),
+        Ok(None)
+    );
     let none = controller(settings());
     assert_eq!(none.deadline("find", Timeouts::default(), at(0)), None);
 }
@@ -165,8 +174,13 @@ fn max_time_leaves_the_round_trip_and_refuses_to_send_without_a_millisecond() {
     let ctl = controller(settings());
     let deadline = Deadline::at(at(1_000));
     assert!(ctl.needs_min_rtt(deadline));
-    assert_eq!(ctl.max_time(deadline, ms(10), at(0)), Ok(Some(ms(990))));
-    assert!(ctl.max_time(deadline, ms(10), at(990)).is_err());
+    assert_eq!(
+        ctl.max_time(deadline, ServerTimeLimit::Remaining, ms(10), at(0)),
+        Ok(Some(ms(990)))
+    );
+    assert!(ctl
+        .max_time(deadline, ServerTimeLimit::Remaining, ms(10), at(990))
+        .is_err());
 }
 
 #[test]

@@ -1,0 +1,553 @@
+//! `timeoutMS` for cursors (the CSOT specification's stage 2): which deadline a cursor's
+//! commands run under, and what `maxTimeMS` each carries.
+//!
+//! An operation that opens a cursor (`find`, `aggregate`, the `list*` commands, a cursor
+//! command) runs under its own deadline like any other. What follows depends on the cursor's
+//! **timeout mode** ([`TimeoutMode`]):
+//!
+//! - **cursor lifetime** (the default for ordinary cursors): the opening command and every
+//!   `getMore` share the opening operation's one deadline. Documents already buffered are
+//!   still returned after it passes; only a call that needs a `getMore` fails.
+//! - **iteration** (the only mode of tailable cursors and change streams): the opening command
+//!   and each later `next` call get the whole `timeoutMS` afresh. A `next` call may send
+//!   several `getMore`s (a tailable cursor's empty batches, a change stream's resume): they
+//!   share the call's deadline ([`CursorTimeout::next_get_more`]) until the call ends
+//!   ([`CursorTimeout::end_call`]).
+//!
+//! `maxTimeMS` ([`ServerTimeLimit`]) is derived from the deadline only where the server's
+//! limit and the client's mean the same thing: on the opening command of a cursor-lifetime
+//! cursor or an awaitData cursor, and on `killCursors`. A `getMore` never carries the
+//! deadline's remainder (on a non-tailable cursor the server would apply it to the whole
+//! cursor's remaining work, on a tailable one it would bound the wait for new data); an
+//! awaitData cursor's `getMore` carries `maxAwaitTimeMS`, cut to what remains of the call. An
+//! iteration-mode non-tailable cursor and a tailable non-awaitData cursor send none at all: the
+//! server would otherwise apply one call's budget to the cursor's whole life.
+//!
+//! Closing a cursor (`killCursors`, explicit or on drop) gets `timeoutMS` afresh, even after a
+//! cursor-lifetime deadline passed: the point of closing is to free the server's cursor, and a
+//! close that could not be sent would leave it open until the server's idle timeout.
+//!
+//! The option checks ([`CursorRequest::mode`]) are the specification's, made before anything is
+//! sent.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use overload::cursor::{CursorRequest, CursorTimeout, CursorType, TimeoutMode};
+//! use overload::deadline::Deadline;
+//!
+//! let request = CursorRequest {
+//!     timeout: Some(Duration::from_millis(200)),
+//!     mode: Some(TimeoutMode::Iteration),
+//!     ..CursorRequest::default()
+//! };
+//! let t0 = Instant::now();
+//! let opened = Deadline::start(t0, Duration::from_millis(200));
+//! let mut cursor = CursorTimeout::open(&request, opened).unwrap().expect("timeoutMS is set");
+//! // A `next` call at 500 ms gets the whole 200 ms again.
+//! let get_more = cursor.next_get_more(t0 + Duration::from_millis(500)).unwrap();
+//! assert_eq!(get_more.timeout, Duration::from_millis(200));
+//! ```
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::deadline::{Deadline, Expired};
+
+/// How `timeoutMS` applies to a cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TimeoutMode {
+    /// One deadline for the opening command and the cursor's whole life.
+    CursorLifetime,
+    /// `timeoutMS` afresh for the opening command and for each later `next` call.
+    Iteration,
+}
+
+/// The kind of cursor an operation opens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CursorType {
+    /// An ordinary cursor, exhausted once its results are read.
+    #[default]
+    NonTailable,
+    /// A tailable cursor on a capped collection, without `awaitData`.
+    Tailable,
+    /// A tailable cursor whose `getMore`s wait on the server for new data (`maxAwaitTimeMS`);
+    /// change streams are of this kind.
+    TailableAwait,
+}
+
+/// What an operation that opens a cursor asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CursorRequest {
+    /// The `timeoutMS` in force for the operation (its own, or inherited from its collection,
+    /// database or client); `None` when none is set anywhere, zero for no limit.
+    pub timeout: Option<Duration>,
+    /// The `timeoutMode` option, if given.
+    pub mode: Option<TimeoutMode>,
+    pub cursor_type: CursorType,
+    /// The `maxAwaitTimeMS` option, if given.
+    pub max_await: Option<Duration>,
+    /// Whether the operation writes its results (an aggregate with `$out` or `$merge`).
+    pub writes_output: bool,
+}
+
+/// A cursor's timeout options that the specification forbids together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InvalidCursorTimeout {
+    /// `timeoutMode` without `timeoutMS` at any level.
+    ModeWithoutTimeout,
+    /// `cursorLifetime` on a tailable cursor, which has no lifetime to bound.
+    LifetimeOnTailable,
+    /// `iteration` on an aggregate with `$out` or `$merge`, whose one command is all its work.
+    IterationWithOutput,
+    /// `maxAwaitTimeMS` not below a non-zero `timeoutMS`: every wait for new data would time
+    /// the call out.
+    AwaitNotBelowTimeout {
+        max_await: Duration,
+        timeout: Duration,
+    },
+}
+
+impl fmt::Display for InvalidCursorTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ModeWithoutTimeout => {
+                f.write_str("timeoutMode requires timeoutMS to be set on the operation or above it")
+            }
+            Self::LifetimeOnTailable => f.write_str(
+                "timeoutMode cursorLifetime is not allowed on a tailable cursor; use iteration",
+            ),
+            Self::IterationWithOutput => f.write_str(
+                "timeoutMode iteration is not allowed on an aggregate with $out or $merge",
+            ),
+            Self::AwaitNotBelowTimeout { max_await, timeout } => write!(
+                f,
+                "maxAwaitTimeMS ({} ms) must be less than timeoutMS ({} ms)",
+                max_await.as_millis(),
+                timeout.as_millis()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for InvalidCursorTimeout {}
+
+impl CursorRequest {
+    /// The timeout mode the cursor gets: `None` when `timeoutMS` is not set (the cursor keeps
+    /// the driver's behaviour without it), else the option or the default for the cursor type.
+    /// The specification's checks come first, so an invalid combination is refused before
+    /// anything is sent.
+    pub fn mode(&self) -> Result<Option<TimeoutMode>, InvalidCursorTimeout> {
+        let Some(timeout) = self.timeout else {
+            return match self.mode {
+                Some(_) => Err(InvalidCursorTimeout::ModeWithoutTimeout),
+                None => Ok(None),
+            };
+        };
+        if let Some(max_await) = self.max_await {
+            if !timeout.is_zero() && max_await >= timeout {
+                return Err(InvalidCursorTimeout::AwaitNotBelowTimeout { max_await, timeout });
+            }
+        }
+        let tailable = self.cursor_type != CursorType::NonTailable;
+        match self.mode {
+            Some(TimeoutMode::CursorLifetime) if tailable => {
+                Err(InvalidCursorTimeout::LifetimeOnTailable)
+            }
+            Some(TimeoutMode::Iteration) if self.writes_output => {
+                Err(InvalidCursorTimeout::IterationWithOutput)
+            }
+            Some(mode) => Ok(Some(mode)),
+            None if tailable => Ok(Some(TimeoutMode::Iteration)),
+            None => Ok(Some(TimeoutMode::CursorLifetime)),
+        }
+    }
+
+    /// The `maxTimeMS` of the command that opens the cursor. Only a cursor-lifetime cursor and
+    /// an awaitData one derive it from the deadline; an invalid request (refused by
+    /// [`Self::mode`] before anything is sent) is answered as if valid.
+    pub fn opening_limit(&self) -> ServerTimeLimit {
+        match (self.mode(), self.cursor_type) {
+            (Ok(None), _) | (_, CursorType::TailableAwait) => ServerTimeLimit::Remaining,
+            (_, CursorType::Tailable) => ServerTimeLimit::Omit,
+            (Ok(Some(TimeoutMode::Iteration)), CursorType::NonTailable) => ServerTimeLimit::Omit,
+            _ => ServerTimeLimit::Remaining,
+        }
+    }
+}
+
+/// What `maxTimeMS` a command carries under a deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerTimeLimit {
+    /// The remaining time less the minimum round trip (every operation that is not a cursor's).
+    Remaining,
+    /// None at all.
+    Omit,
+    /// At most this (an awaitData `getMore`'s `maxAwaitTimeMS`), cut to the remaining time less
+    /// the minimum round trip.
+    AtMost(Duration),
+}
+
+impl ServerTimeLimit {
+    /// The `maxTimeMS` to send at `now` under `deadline` to a server whose minimum round-trip
+    /// time is `min_rtt` (`None`: send none). [`Expired`] means time out without sending: the
+    /// deadline has passed, or what remains cannot cover the round trip where a limit is sent.
+    pub fn max_time(
+        self,
+        deadline: Deadline,
+        now: Instant,
+        min_rtt: Duration,
+    ) -> Result<Option<Duration>, Expired> {
+        match self {
+            Self::Remaining => deadline.max_time(now, min_rtt),
+            Self::Omit if deadline.expired(now) => Err(Expired),
+            Self::Omit => Ok(None),
+            Self::AtMost(limit) => {
+                let remaining = deadline.max_time(now, min_rtt)?;
+                Ok(Some(
+                    remaining.map_or(limit, |remaining| remaining.min(limit)),
+                ))
+            }
+        }
+    }
+}
+
+/// The time a `getMore` is sent with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GetMoreTime {
+    /// Its `timeoutMS`: what remains of the call's deadline (zero: no limit).
+    pub timeout: Duration,
+    /// Its `maxTimeMS`.
+    pub limit: ServerTimeLimit,
+}
+
+/// The timeout of an open cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CursorTimeout {
+    timeout: Duration,
+    mode: TimeoutMode,
+    /// The opening operation's deadline, which a cursor-lifetime cursor keeps.
+    lifetime: Deadline,
+    max_await: Option<Duration>,
+    /// The deadline of the `next` call in progress, once it sent a `getMore`.
+    call: Option<Deadline>,
+}
+
+impl CursorTimeout {
+    /// The timeout of a cursor opened by `request` under the deadline `opened` (the one its
+    /// opening command ran under); `None` when `timeoutMS` does not apply.
+    pub fn open(
+        request: &CursorRequest,
+        opened: Deadline,
+    ) -> Result<Option<Self>, InvalidCursorTimeout> {
+        let (Some(mode), Some(timeout)) = (request.mode()?, request.timeout) else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            timeout,
+            mode,
+            lifetime: opened,
+            max_await: request
+                .max_await
+                .filter(|_| request.cursor_type == CursorType::TailableAwait),
+            call: None,
+        }))
+    }
+
+    pub fn mode(&self) -> TimeoutMode {
+        self.mode
+    }
+
+    /// The `timeoutMS` the cursor was opened with.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A `next` call needs a `getMore` at `now`: its `timeoutMS` and `maxTimeMS`. The first
+    /// `getMore` of a call fixes the call's deadline (the cursor's own in cursor-lifetime mode,
+    /// `timeoutMS` from now in iteration mode); later ones in the same call share it.
+    /// [`Expired`] means the call times out without sending.
+    pub fn next_get_more(&mut self, now: Instant) -> Result<GetMoreTime, Expired> {
+        let deadline = *self.call.get_or_insert(match self.mode {
+            TimeoutMode::CursorLifetime => self.lifetime,
+            TimeoutMode::Iteration => Deadline::start(now, self.timeout),
+        });
+        let timeout = match deadline.remaining(now) {
+            None => Duration::ZERO,
+            Some(remaining) if remaining.is_zero() => return Err(Expired),
+            Some(remaining) => remaining,
+        };
+        let limit = self
+            .max_await
+            .map_or(ServerTimeLimit::Omit, ServerTimeLimit::AtMost);
+        Ok(GetMoreTime { timeout, limit })
+    }
+
+    /// The `next` call in progress ended (it returned documents or an error, or the cursor is
+    /// exhausted): the next one starts with a deadline of its own.
+    pub fn end_call(&mut self) {
+        self.call = None;
+    }
+
+    /// The `timeoutMS` of closing the cursor: `own` if the close was given one, else the
+    /// cursor's `timeoutMS` afresh (zero: no limit).
+    pub fn close_timeout(&self, own: Option<Duration>) -> Duration {
+        own.unwrap_or(self.timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    fn request(timeout: Option<u64>, mode: Option<TimeoutMode>, kind: CursorType) -> CursorRequest {
+        CursorRequest {
+            timeout: timeout.map(ms),
+            mode,
+            cursor_type: kind,
+            ..CursorRequest::default()
+        }
+    }
+
+    #[test]
+    fn the_mode_defaults_by_cursor_type_and_needs_timeout_ms() {
+        use CursorType::*;
+        use TimeoutMode::*;
+        assert_eq!(request(None, None, NonTailable).mode(), Ok(None));
+        assert_eq!(
+            request(Some(100), None, NonTailable).mode(),
+            Ok(Some(CursorLifetime))
+        );
+        assert_eq!(
+            request(Some(100), None, Tailable).mode(),
+            Ok(Some(Iteration))
+        );
+        assert_eq!(
+            request(Some(0), None, TailableAwait).mode(),
+            Ok(Some(Iteration))
+        );
+        for mode in [CursorLifetime, Iteration] {
+            assert_eq!(
+                request(None, Some(mode), NonTailable).mode(),
+                Err(InvalidCursorTimeout::ModeWithoutTimeout)
+            );
+        }
+        for kind in [Tailable, TailableAwait] {
+            assert_eq!(
+                request(Some(100), Some(CursorLifetime), kind).mode(),
+                Err(InvalidCursorTimeout::LifetimeOnTailable)
+            );
+        }
+    }
+
+    #[test]
+    fn iteration_is_refused_for_an_aggregate_that_writes() {
+        let writes = CursorRequest {
+            writes_output: true,
+            ..request(
+                Some(100),
+                Some(TimeoutMode::Iteration),
+                CursorType::NonTailable,
+            )
+        };
+        assert_eq!(
+            writes.mode(),
+            Err(InvalidCursorTimeout::IterationWithOutput)
+        );
+        let lifetime = CursorRequest {
+            mode: None,
+            ..writes
+        };
+        assert_eq!(lifetime.mode(), Ok(Some(TimeoutMode::CursorLifetime)));
+    }
+
+    #[test]
+    fn max_await_must_stay_below_a_non_zero_timeout() {
+        let with_await = |timeout, max_await| CursorRequest {
+            max_await: Some(ms(max_await)),
+            ..request(Some(timeout), None, CursorType::TailableAwait)
+        };
+        for (timeout, max_await) in [(5, 10), (5, 5)] {
+            assert_eq!(
+                with_await(timeout, max_await).mode(),
+                Err(InvalidCursorTimeout::AwaitNotBelowTimeout {
+                    max_await: ms(max_await),
+                    timeout: ms(timeout)
+                })
+            );
+        }
+        assert!(with_await(5, 4).mode().is_ok());
+        assert!(
+            with_await(0, 1_000).mode().is_ok(),
+            "timeoutMS=0 has no limit"
+        );
+        let unset = CursorRequest {
+            timeout: None,
+            ..with_await(5, 10)
+        };
+        assert_eq!(unset.mode(), Ok(None));
+    }
+
+    #[test]
+    fn only_lifetime_and_await_data_cursors_open_with_max_time_ms() {
+        use CursorType::*;
+        use ServerTimeLimit::*;
+        use TimeoutMode::*;
+        let cases = [
+            (None, None, NonTailable, Remaining),
+            (Some(100), None, NonTailable, Remaining),
+            (Some(100), Some(CursorLifetime), NonTailable, Remaining),
+            (Some(100), Some(Iteration), NonTailable, Omit),
+            (Some(100), None, Tailable, Omit),
+            (Some(100), Some(Iteration), Tailable, Omit),
+            (Some(100), None, TailableAwait, Remaining),
+        ];
+        for (timeout, mode, kind, limit) in cases {
+            assert_eq!(
+                request(timeout, mode, kind).opening_limit(),
+                limit,
+                "{timeout:?} {mode:?} {kind:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_limit_is_cut_to_what_remains_and_omitted_limits_still_see_expiry() {
+        let t0 = Instant::now();
+        let deadline = Deadline::start(t0, ms(200));
+        let at = |millis| t0 + ms(millis);
+        let rtt = ms(10);
+        assert_eq!(
+            ServerTimeLimit::Remaining.max_time(deadline, at(50), rtt),
+            Ok(Some(ms(140)))
+        );
+        assert_eq!(
+            ServerTimeLimit::Omit.max_time(deadline, at(50), rtt),
+            Ok(None)
+        );
+        assert_eq!(
+            ServerTimeLimit::Omit.max_time(deadline, at(200), rtt),
+            Err(Expired)
+        );
+        assert_eq!(
+            ServerTimeLimit::AtMost(ms(100)).max_time(deadline, at(50), rtt),
+            Ok(Some(ms(100)))
+        );
+        assert_eq!(
+            ServerTimeLimit::AtMost(ms(100)).max_time(deadline, at(130), rtt),
+            Ok(Some(ms(60)))
+        );
+        assert_eq!(
+            ServerTimeLimit::AtMost(ms(100)).max_time(deadline, at(195), rtt),
+            Err(Expired)
+        );
+        let unlimited = Deadline::unlimited();
+        assert_eq!(
+            ServerTimeLimit::AtMost(ms(100)).max_time(unlimited, at(10_000), rtt),
+            Ok(Some(ms(100)))
+        );
+        assert_eq!(
+            ServerTimeLimit::Remaining.max_time(unlimited, at(10), rtt),
+            Ok(None)
+        );
+    }
+
+    fn open(request: CursorRequest, t0: Instant) -> CursorTimeout {
+        let opened = Deadline::start(t0, request.timeout.unwrap_or_default());
+        CursorTimeout::open(&request, opened)
+            .expect("valid")
+            .expect("timeoutMS applies")
+    }
+
+    #[test]
+    fn a_lifetime_cursor_spends_the_opening_deadline_and_iteration_renews_it_per_call() {
+        let t0 = Instant::now();
+        let at = |millis| t0 + ms(millis);
+        let mut lifetime = open(request(Some(200), None, CursorType::NonTailable), t0);
+        assert_eq!(
+            lifetime.next_get_more(at(120)),
+            Ok(GetMoreTime {
+                timeout: ms(80),
+                limit: ServerTimeLimit::Omit
+            })
+        );
+        lifetime.end_call();
+        assert_eq!(lifetime.next_get_more(at(200)), Err(Expired));
+
+        let mut iteration = open(
+            request(
+                Some(200),
+                Some(TimeoutMode::Iteration),
+                CursorType::NonTailable,
+            ),
+            t0,
+        );
+        assert_eq!(
+            iteration.next_get_more(at(500)).map(|t| t.timeout),
+            Ok(ms(200))
+        );
+        // A second getMore of the same call (an empty tailable batch) shares its deadline.
+        assert_eq!(
+            iteration.next_get_more(at(650)).map(|t| t.timeout),
+            Ok(ms(50))
+        );
+        assert_eq!(iteration.next_get_more(at(700)), Err(Expired));
+        iteration.end_call();
+        assert_eq!(
+            iteration.next_get_more(at(710)).map(|t| t.timeout),
+            Ok(ms(200))
+        );
+    }
+
+    #[test]
+    fn an_await_data_get_more_carries_max_await_and_unlimited_calls_have_no_timeout() {
+        let t0 = Instant::now();
+        let mut tailing = open(
+            CursorRequest {
+                max_await: Some(ms(100)),
+                ..request(Some(0), None, CursorType::TailableAwait)
+            },
+            t0,
+        );
+        assert_eq!(
+            tailing.next_get_more(t0 + ms(1_000)),
+            Ok(GetMoreTime {
+                timeout: Duration::ZERO,
+                limit: ServerTimeLimit::AtMost(ms(100))
+            })
+        );
+        // maxAwaitTimeMS means nothing to a cursor that does not await data.
+        let plain = open(
+            CursorRequest {
+                max_await: Some(ms(100)),
+                ..request(Some(500), None, CursorType::NonTailable)
+            },
+            t0,
+        );
+        assert_eq!(plain.max_await, None);
+    }
+
+    #[test]
+    fn closing_gets_timeout_ms_afresh_unless_given_its_own() {
+        let t0 = Instant::now();
+        let mut cursor = open(request(Some(200), None, CursorType::NonTailable), t0);
+        assert_eq!(cursor.next_get_more(t0 + ms(300)), Err(Expired));
+        assert_eq!(cursor.close_timeout(None), ms(200));
+        assert_eq!(cursor.close_timeout(Some(ms(400))), ms(400));
+    }
+
+    #[test]
+    fn no_timeout_ms_no_cursor_timeout() {
+        let opened = Deadline::unlimited();
+        let plain = request(None, None, CursorType::NonTailable);
+        assert_eq!(CursorTimeout::open(&plain, opened), Ok(None));
+        let invalid = request(None, Some(TimeoutMode::Iteration), CursorType::NonTailable);
+        assert_eq!(
+            CursorTimeout::open(&invalid, opened),
+            Err(InvalidCursorTimeout::ModeWithoutTimeout)
+        );
+    }
+}
