@@ -19,7 +19,8 @@
 //! cursor or an awaitData cursor, and on `killCursors`. A `getMore` never carries the
 //! deadline's remainder (on a non-tailable cursor the server would apply it to the whole
 //! cursor's remaining work, on a tailable one it would bound the wait for new data); an
-//! awaitData cursor's `getMore` carries `maxAwaitTimeMS`, cut to what remains of the call. An
+//! awaitData cursor's `getMore` carries `maxAwaitTimeMS`, cut to what remains of the call
+//! ([`get_more_limit`]). An
 //! iteration-mode non-tailable cursor and a tailable non-awaitData cursor send none at all: the
 //! server would otherwise apply one call's budget to the cursor's whole life.
 //!
@@ -44,8 +45,8 @@
 //! let opened = Deadline::start(t0, Duration::from_millis(200));
 //! let mut cursor = CursorTimeout::open(&request, opened).unwrap().expect("timeoutMS is set");
 //! // A `next` call at 500 ms gets the whole 200 ms again.
-//! let get_more = cursor.next_get_more(t0 + Duration::from_millis(500)).unwrap();
-//! assert_eq!(get_more.timeout, Duration::from_millis(200));
+//! let get_more_timeout = cursor.next_get_more(t0 + Duration::from_millis(500)).unwrap();
+//! assert_eq!(get_more_timeout, Duration::from_millis(200));
 //! ```
 
 use std::fmt;
@@ -162,17 +163,22 @@ impl CursorRequest {
         }
     }
 
-    /// The `maxTimeMS` of the command that opens the cursor. Only a cursor-lifetime cursor and
-    /// an awaitData one derive it from the deadline; an invalid request (refused by
-    /// [`Self::mode`] before anything is sent) is answered as if valid.
+    /// The `maxTimeMS` of the command that opens the cursor, under a deadline. Only a
+    /// cursor-lifetime cursor and an awaitData one derive it from the deadline.
     pub fn opening_limit(&self) -> ServerTimeLimit {
-        match (self.mode(), self.cursor_type) {
-            (Ok(None), _) | (_, CursorType::TailableAwait) => ServerTimeLimit::Remaining,
-            (_, CursorType::Tailable) => ServerTimeLimit::Omit,
-            (Ok(Some(TimeoutMode::Iteration)), CursorType::NonTailable) => ServerTimeLimit::Omit,
-            _ => ServerTimeLimit::Remaining,
+        match (self.cursor_type, self.mode) {
+            (CursorType::TailableAwait, _) => ServerTimeLimit::Remaining,
+            (CursorType::Tailable, _) => ServerTimeLimit::Omit,
+            (CursorType::NonTailable, Some(TimeoutMode::Iteration)) => ServerTimeLimit::Omit,
+            (CursorType::NonTailable, _) => ServerTimeLimit::Remaining,
         }
     }
+}
+
+/// The `maxTimeMS` of a `getMore` under a deadline, whose command asked for `own` (an awaitData
+/// cursor's `maxAwaitTimeMS`): that, cut to the deadline, or none at all.
+pub fn get_more_limit(own: Option<Duration>) -> ServerTimeLimit {
+    own.map_or(ServerTimeLimit::Omit, ServerTimeLimit::AtMost)
 }
 
 /// What `maxTimeMS` a command carries under a deadline.
@@ -211,15 +217,6 @@ impl ServerTimeLimit {
     }
 }
 
-/// The time a `getMore` is sent with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GetMoreTime {
-    /// Its `timeoutMS`: what remains of the call's deadline (zero: no limit).
-    pub timeout: Duration,
-    /// Its `maxTimeMS`.
-    pub limit: ServerTimeLimit,
-}
-
 /// The timeout of an open cursor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CursorTimeout {
@@ -227,7 +224,6 @@ pub struct CursorTimeout {
     mode: TimeoutMode,
     /// The opening operation's deadline, which a cursor-lifetime cursor keeps.
     lifetime: Deadline,
-    max_await: Option<Duration>,
     /// The deadline of the `next` call in progress, once it sent a `getMore`.
     call: Option<Deadline>,
 }
@@ -246,9 +242,6 @@ impl CursorTimeout {
             timeout,
             mode,
             lifetime: opened,
-            max_await: request
-                .max_await
-                .filter(|_| request.cursor_type == CursorType::TailableAwait),
             call: None,
         }))
     }
@@ -262,24 +255,20 @@ impl CursorTimeout {
         self.timeout
     }
 
-    /// A `next` call needs a `getMore` at `now`: its `timeoutMS` and `maxTimeMS`. The first
+    /// A `next` call needs a `getMore` at `now`: its `timeoutMS` (zero: no limit). The first
     /// `getMore` of a call fixes the call's deadline (the cursor's own in cursor-lifetime mode,
     /// `timeoutMS` from now in iteration mode); later ones in the same call share it.
     /// [`Expired`] means the call times out without sending.
-    pub fn next_get_more(&mut self, now: Instant) -> Result<GetMoreTime, Expired> {
+    pub fn next_get_more(&mut self, now: Instant) -> Result<Duration, Expired> {
         let deadline = *self.call.get_or_insert(match self.mode {
             TimeoutMode::CursorLifetime => self.lifetime,
             TimeoutMode::Iteration => Deadline::start(now, self.timeout),
         });
-        let timeout = match deadline.remaining(now) {
-            None => Duration::ZERO,
-            Some(remaining) if remaining.is_zero() => return Err(Expired),
-            Some(remaining) => remaining,
-        };
-        let limit = self
-            .max_await
-            .map_or(ServerTimeLimit::Omit, ServerTimeLimit::AtMost);
-        Ok(GetMoreTime { timeout, limit })
+        match deadline.remaining(now) {
+            None => Ok(Duration::ZERO),
+            Some(remaining) if remaining.is_zero() => Err(Expired),
+            Some(remaining) => Ok(remaining),
+        }
     }
 
     /// The `next` call in progress ended (it returned documents or an error, or the cursor is
@@ -397,21 +386,23 @@ mod tests {
         use ServerTimeLimit::*;
         use TimeoutMode::*;
         let cases = [
-            (None, None, NonTailable, Remaining),
-            (Some(100), None, NonTailable, Remaining),
-            (Some(100), Some(CursorLifetime), NonTailable, Remaining),
-            (Some(100), Some(Iteration), NonTailable, Omit),
-            (Some(100), None, Tailable, Omit),
-            (Some(100), Some(Iteration), Tailable, Omit),
-            (Some(100), None, TailableAwait, Remaining),
+            (None, NonTailable, Remaining),
+            (Some(CursorLifetime), NonTailable, Remaining),
+            (Some(Iteration), NonTailable, Omit),
+            (None, Tailable, Omit),
+            (Some(Iteration), Tailable, Omit),
+            (None, TailableAwait, Remaining),
+            (Some(Iteration), TailableAwait, Remaining),
         ];
-        for (timeout, mode, kind, limit) in cases {
+        for (mode, kind, limit) in cases {
             assert_eq!(
-                request(timeout, mode, kind).opening_limit(),
+                request(Some(100), mode, kind).opening_limit(),
                 limit,
-                "{timeout:?} {mode:?} {kind:?}"
+                "{mode:?} {kind:?}"
             );
         }
+        assert_eq!(get_more_limit(None), Omit);
+        assert_eq!(get_more_limit(Some(ms(100))), AtMost(ms(100)));
     }
 
     #[test]
@@ -467,13 +458,7 @@ mod tests {
         let t0 = Instant::now();
         let at = |millis| t0 + ms(millis);
         let mut lifetime = open(request(Some(200), None, CursorType::NonTailable), t0);
-        assert_eq!(
-            lifetime.next_get_more(at(120)),
-            Ok(GetMoreTime {
-                timeout: ms(80),
-                limit: ServerTimeLimit::Omit
-            })
-        );
+        assert_eq!(lifetime.next_get_more(at(120)), Ok(ms(80)));
         lifetime.end_call();
         assert_eq!(lifetime.next_get_more(at(200)), Err(Expired));
 
@@ -485,49 +470,19 @@ mod tests {
             ),
             t0,
         );
-        assert_eq!(
-            iteration.next_get_more(at(500)).map(|t| t.timeout),
-            Ok(ms(200))
-        );
+        assert_eq!(iteration.next_get_more(at(500)), Ok(ms(200)));
         // A second getMore of the same call (an empty tailable batch) shares its deadline.
-        assert_eq!(
-            iteration.next_get_more(at(650)).map(|t| t.timeout),
-            Ok(ms(50))
-        );
+        assert_eq!(iteration.next_get_more(at(650)), Ok(ms(50)));
         assert_eq!(iteration.next_get_more(at(700)), Err(Expired));
         iteration.end_call();
-        assert_eq!(
-            iteration.next_get_more(at(710)).map(|t| t.timeout),
-            Ok(ms(200))
-        );
+        assert_eq!(iteration.next_get_more(at(710)), Ok(ms(200)));
     }
 
     #[test]
-    fn an_await_data_get_more_carries_max_await_and_unlimited_calls_have_no_timeout() {
+    fn an_unlimited_cursor_sends_its_get_mores_without_a_timeout() {
         let t0 = Instant::now();
-        let mut tailing = open(
-            CursorRequest {
-                max_await: Some(ms(100)),
-                ..request(Some(0), None, CursorType::TailableAwait)
-            },
-            t0,
-        );
-        assert_eq!(
-            tailing.next_get_more(t0 + ms(1_000)),
-            Ok(GetMoreTime {
-                timeout: Duration::ZERO,
-                limit: ServerTimeLimit::AtMost(ms(100))
-            })
-        );
-        // maxAwaitTimeMS means nothing to a cursor that does not await data.
-        let plain = open(
-            CursorRequest {
-                max_await: Some(ms(100)),
-                ..request(Some(500), None, CursorType::NonTailable)
-            },
-            t0,
-        );
-        assert_eq!(plain.max_await, None);
+        let mut tailing = open(request(Some(0), None, CursorType::TailableAwait), t0);
+        assert_eq!(tailing.next_get_more(t0 + ms(1_000)), Ok(Duration::ZERO));
     }
 
     #[test]

@@ -27,7 +27,8 @@ use crate::skips;
 
 /// Arguments no operation may carry here, and why (checked before anything else).
 const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[
-    ("timeoutMode", skips::TIMEOUT_STAGE_2),
+    #[cfg(feature = "upstream")]
+    ("timeoutMode", "upstream 3.9.1 has no timeoutMS"),
     ("rawData", skips::NO_RAW_DATA),
 ];
 
@@ -70,6 +71,11 @@ const TIMEOUT_OPERATIONS: &[&str] = &[
     "clientBulkWrite",
     // Bounds the stream's opening aggregate only; the stream itself is stage 2.
     "createChangeStream",
+    "createFindCursor",
+    "createCommandCursor",
+    "runCursorCommand",
+    // A cursor's close, whose killCursors gets this instead of the cursor's own.
+    "close",
 ];
 
 /// Arguments the format allows (so they are in [`ARGUMENTS`]) that no driver options struct
@@ -98,6 +104,7 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
             "collation",
             "hint",
             "bypassDocumentValidation",
+            "timeoutMode",
         ],
     ),
     (
@@ -149,6 +156,7 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
             "noCursorTimeout",
             "maxAwaitTimeMS",
             "cursorType",
+            "timeoutMode",
         ],
     ),
     (
@@ -165,6 +173,7 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
             "comment",
             "maxAwaitTimeMS",
             "cursorType",
+            "timeoutMode",
         ],
     ),
     (
@@ -306,7 +315,7 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
     ),
     ("dropIndex", &["name", "session", "maxTimeMS"]),
     ("dropIndexes", &["session", "maxTimeMS"]),
-    ("listIndexes", &["session", "batchSize"]),
+    ("listIndexes", &["session", "batchSize", "timeoutMode"]),
     ("listIndexNames", &["session", "batchSize"]),
     (
         "createChangeStream",
@@ -337,6 +346,7 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
             "cursorType",
             "comment",
             "maxTimeMS",
+            "timeoutMode",
         ],
     ),
     (
@@ -349,6 +359,7 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
             "cursorType",
             "comment",
             "maxTimeMS",
+            "timeoutMode",
         ],
     ),
     (
@@ -394,7 +405,13 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
     ("updateSearchIndex", &["name", "definition"]),
     (
         "listCollections",
-        &["filter", "session", "batchSize", "authorizedCollections"],
+        &[
+            "filter",
+            "session",
+            "batchSize",
+            "authorizedCollections",
+            "timeoutMode",
+        ],
     ),
     (
         "listCollectionNames",
@@ -1202,7 +1219,7 @@ pub fn execute<'a>(
             Entity::Session(session) => {
                 session_op(ctx, &op.object, &session, &mut args, active_id.as_deref()).await
             }
-            Entity::Cursor(cursor) => cursor_op(ctx, &op.object, cursor, &args).await,
+            Entity::Cursor(cursor) => cursor_op(ctx, &op.object, cursor, &mut args).await,
             Entity::ChangeStream(stream) => change_stream_op(ctx, &op.object, stream, &args).await,
             Entity::Bson(_) | Entity::Thread(_) => Err(format!(
                 "entity {:?} is not an object operations run on",
@@ -1986,7 +2003,7 @@ async fn cursor_op(
     ctx: &mut Ctx,
     id: &str,
     cursor: Arc<AsyncMutex<crate::mongodb::Cursor<Document>>>,
-    args: &Args,
+    args: &mut Args,
 ) -> Result<DriverResult, String> {
     match args.op.as_str() {
         "iterateUntilDocumentOrError" => {
@@ -2002,9 +2019,18 @@ async fn cursor_op(
             Ok(c.advance().await.map(|_| value(None)))
         }
         "close" => {
+            let timeout = args
+                .take("timeoutMS")
+                .map(|v| millis(v, "timeoutMS"))
+                .transpose()?;
             ctx.entities.remove(id);
-            drop(cursor);
-            Ok(Ok(value(None)))
+            // The entity was the cursor's only other holder.
+            let cursor = Arc::try_unwrap(cursor)
+                .map_err(|_| format!("cursor {id:?} is in use elsewhere"))?
+                .into_inner();
+            Ok(crate::timeouts::close_cursor(cursor, timeout)
+                .await?
+                .map(|()| value(None)))
         }
         other => Err(format!("operation {other} is not supported on a cursor")),
     }

@@ -5,10 +5,12 @@
 use std::time::Duration;
 
 use crate::mongodb::action::RunCommand;
-use crate::mongodb::error::ErrorKind;
+use crate::mongodb::bson::Document;
+use crate::mongodb::error::{Error as DriverError, ErrorKind};
 use crate::mongodb::options::{
     ClientOptions, CollectionOptions, CreateIndexOptions, DatabaseOptions,
 };
+use crate::mongodb::Cursor;
 
 /// Why `timeoutMS` cannot be honoured by the driver under test, if it cannot.
 #[cfg(not(feature = "upstream"))]
@@ -58,6 +60,17 @@ mod driver {
     pub fn client_timeout(options: &ClientOptions) -> Option<Duration> {
         options.timeout
     }
+
+    pub async fn close_cursor(
+        cursor: Cursor<Document>,
+        timeout: Option<Duration>,
+    ) -> Result<Result<(), DriverError>, String> {
+        let close = cursor.close();
+        Ok(match timeout {
+            Some(timeout) => close.timeout(timeout).await,
+            None => close.await,
+        })
+    }
 }
 
 /// Upstream: nothing can be set. Reaching a setter with a value is a runner bug (the case
@@ -99,10 +112,26 @@ mod driver {
     pub fn client_timeout(_: &ClientOptions) -> Option<Duration> {
         None
     }
+
+    /// Upstream has no close: the cursor's drop kills it in the background.
+    pub async fn close_cursor(
+        cursor: Cursor<Document>,
+        timeout: Option<Duration>,
+    ) -> Result<Result<(), DriverError>, String> {
+        match timeout {
+            Some(_) => Err(refuse()),
+            None => {
+                drop(cursor);
+                Ok(Ok(()))
+            }
+        }
+    }
 }
 
 /// The client's `timeoutMS` as parsed from a connection string.
 pub use driver::client_timeout;
+/// Closes a cursor, with the close's own `timeoutMS` if given (`Cursor::close`).
+pub use driver::close_cursor;
 /// Whether an error kind is the driver's `timeoutMS` expiry (`ErrorKind::Timeout`).
 pub use driver::is_timeout;
 /// Gives a `runCommand` its per-call `timeoutMS` (`RunCommandOptions` cannot be deserialized).

@@ -198,8 +198,20 @@ pub(crate) async fn handle(
         Err(_) => LabelContext::default(),
     };
 
+    // An awaitData getMore's maxTimeMS is how long it waits for new documents, not a deadline
+    // (mongod: `getMore` on a tailable awaitData cursor does not set it on the operation;
+    // jstests/core/tailable_getmore_no_timeout.js, SERVER-33942).
+    let await_data = name == "getMore" && awaits_data(shared, &body);
+    let deadline_body = if await_data {
+        let mut without = body.clone();
+        without.remove("maxTimeMS");
+        std::borrow::Cow::Owned(without)
+    } else {
+        std::borrow::Cow::Borrowed(&body)
+    };
+
     // Overload model, step 1: the ingress rate limiter (before failCommand, like mongod's).
-    let info = CommandInfo::from_command(&body, arrival);
+    let info = CommandInfo::from_command(&deadline_body, arrival);
     let admission = match member.model.admit(&info).await {
         Ok(a) => a,
         Err(r) => return rejected(shared, member, &r, label_ctx),
@@ -223,7 +235,7 @@ pub(crate) async fn handle(
         if let Some(d) = action.block {
             // The block is interruptible by the operation's maxTimeMS, like mongod's sleep on
             // the operation context.
-            let max_time = max_time_ms(&body);
+            let max_time = max_time_ms(&deadline_body);
             match max_time {
                 Some(limit) if limit < d => {
                     sleep_or_shutdown(shared, limit).await;
@@ -290,7 +302,12 @@ pub(crate) async fn handle(
         let notified = shared.changes_notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if let Some(wait) = change_stream_wait(shared, &body) {
+        let wait = if await_data {
+            tail_wait(shared, &body)
+        } else {
+            change_stream_wait(shared, &body)
+        };
+        if let Some(wait) = wait {
             tokio::select! {
                 _ = sleep_or_shutdown(shared, wait) => {}
                 _ = notified => {}
@@ -374,6 +391,29 @@ fn is_change_stream_cursor(shared: &Shared, body: &Document) -> bool {
         Some(Bson::Int64(id)) => shared.state().cursors.stream_position(*id).is_some(),
         _ => false,
     }
+}
+
+/// Whether a getMore continues an awaitData tailable cursor.
+fn awaits_data(shared: &Shared, body: &Document) -> bool {
+    match body.get("getMore") {
+        Some(Bson::Int64(id)) => shared.state().cursors.awaits_data(*id),
+        _ => false,
+    }
+}
+
+/// How long an awaitData getMore waits for new documents: its `maxTimeMS` (mongod's default
+/// 1 s without one), none when documents are already there to return.
+fn tail_wait(shared: &Shared, body: &Document) -> Option<Duration> {
+    let id = match body.get("getMore") {
+        Some(Bson::Int64(i)) => *i,
+        _ => return None,
+    };
+    let st = shared.state();
+    let tail = st.cursors.awaiting_tail(id)?;
+    if !super::data::tail_documents(&st.store, tail).is_empty() {
+        return None;
+    }
+    Some(max_time_ms(body).unwrap_or(Duration::from_secs(1)))
 }
 
 /// How long a change-stream getMore waits for events (none when events are already there).

@@ -35,6 +35,9 @@ pub(crate) struct TailState {
     pub(crate) coll: String,
     pub(crate) filter: Document,
     pub(crate) last_id: Option<Bson>,
+    /// `awaitData`: a getMore with nothing to return waits for new documents, up to its
+    /// `maxTimeMS` (which is then the wait, not a deadline).
+    pub(crate) await_data: bool,
 }
 
 /// How a cursor learns that its results are exhausted, which decides whether the batch that
@@ -293,6 +296,22 @@ impl Cursors {
         self.map.get(&id)?.stream.as_ref().map(|s| s.next_seq)
     }
 
+    /// Whether cursor `id` is an awaitData tailable cursor with nothing queued: where a getMore
+    /// may have to wait, and `tail` then says what it would read.
+    pub(crate) fn awaiting_tail(&self, id: i64) -> Option<&TailState> {
+        let cursor = self.map.get(&id)?;
+        let tail = cursor.tail.as_ref().filter(|t| t.await_data)?;
+        cursor.docs.is_empty().then_some(tail)
+    }
+
+    /// Whether cursor `id` is an awaitData tailable cursor.
+    pub(crate) fn awaits_data(&self, id: i64) -> bool {
+        self.map
+            .get(&id)
+            .and_then(|c| c.tail.as_ref())
+            .is_some_and(|t| t.await_data)
+    }
+
     /// The cursor's kind and namespace, if it exists.
     pub(crate) fn peek(&self, id: i64) -> Option<(CursorKind, &str)> {
         self.map.get(&id).map(|c| (c.kind, c.ns.as_str()))
@@ -519,6 +538,7 @@ mod tests {
             coll: "c".into(),
             filter: Document::new(),
             last_id: Some(Bson::Int32(1)),
+            await_data: false,
         };
         let r = c
             .open(

@@ -619,6 +619,7 @@ fn run_command(
                 coll: coll.to_string(),
                 filter: opt_doc(body, "filter")?.cloned().unwrap_or_default(),
                 last_id: docs.last().and_then(|d| d.get("_id")).cloned(),
+                await_data: bool_arg(body, "awaitData", false),
             };
             let limit = BatchLimit {
                 size: cursor::batch_size(body.get("batchSize"))?,
@@ -1251,7 +1252,7 @@ fn index_keys(
 
 /// The documents of a tailable cursor's collection after its last one, in natural order,
 /// that match its filter (none when the last one is gone).
-fn tail_documents(store: &Store, tail: &TailState) -> Vec<Document> {
+pub(crate) fn tail_documents(store: &Store, tail: &TailState) -> Vec<Document> {
     let all = store.documents(&tail.db, &tail.coll);
     let Some(pos) = all
         .iter()

@@ -427,18 +427,22 @@ where
     /// Question 1: the deadline of an operation named `operation` with `timeouts`, starting at
     /// `now`; `None` when `timeoutMS` does not apply to it.
     pub fn deadline(&self, operation: &str, timeouts: Timeouts, now: Instant) -> Option<Deadline> {
+        let budget = self.timeout(operation, timeouts)?;
+        Some(Deadline::start(now, budget))
+    }
+
+    /// The `timeoutMS` in force for an operation named `operation` with `timeouts`: its own,
+    /// else its collection's or database's, else the client's. Continuations run under the
+    /// time their cursor or transaction gives them (their own option), never under an
+    /// inherited one.
+    pub fn timeout(&self, operation: &str, timeouts: Timeouts) -> Option<Duration> {
         if is_exempt(operation) {
-            // Continuations run under the time their cursor or transaction gives them (their
-            // own option), never under an inherited one.
-            return timeouts
-                .operation
-                .map(|budget| Deadline::start(now, budget));
+            return timeouts.operation;
         }
-        let budget = timeouts
+        timeouts
             .operation
             .or(timeouts.target)
-            .or(self.client_timeout)?;
-        Some(Deadline::start(now, budget))
+            .or(self.client_timeout)
     }
 
     /// Whether a command under `deadline` needs its server's minimum round-trip time for
