@@ -217,6 +217,17 @@ impl ServerTimeLimit {
     }
 }
 
+/// What remains of `deadline` at `now` as a `timeoutMS` for a command that continues a call
+/// (zero: no limit); [`Expired`] when nothing remains, since a zero `timeoutMS` would mean no
+/// limit at all.
+pub fn remaining_timeout(deadline: Deadline, now: Instant) -> Result<Duration, Expired> {
+    match deadline.remaining(now) {
+        None => Ok(Duration::ZERO),
+        Some(remaining) if remaining.is_zero() => Err(Expired),
+        Some(remaining) => Ok(remaining),
+    }
+}
+
 /// The timeout of an open cursor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CursorTimeout {
@@ -256,19 +267,26 @@ impl CursorTimeout {
     }
 
     /// A `next` call needs a `getMore` at `now`: its `timeoutMS` (zero: no limit). The first
-    /// `getMore` of a call fixes the call's deadline (the cursor's own in cursor-lifetime mode,
-    /// `timeoutMS` from now in iteration mode); later ones in the same call share it.
-    /// [`Expired`] means the call times out without sending.
+    /// `getMore` of a call fixes the call's deadline ([`Self::call_deadline`]); later ones in
+    /// the same call share it. [`Expired`] means the call times out without sending.
     pub fn next_get_more(&mut self, now: Instant) -> Result<Duration, Expired> {
-        let deadline = *self.call.get_or_insert(match self.mode {
+        remaining_timeout(self.call_deadline(now), now)
+    }
+
+    /// The deadline of the `next` call in progress, fixed now if the call has not asked
+    /// before: the cursor's own in cursor-lifetime mode, `timeoutMS` from `now` in iteration
+    /// mode.
+    pub fn call_deadline(&mut self, now: Instant) -> Deadline {
+        *self.call.get_or_insert(match self.mode {
             TimeoutMode::CursorLifetime => self.lifetime,
             TimeoutMode::Iteration => Deadline::start(now, self.timeout),
-        });
-        match deadline.remaining(now) {
-            None => Ok(Duration::ZERO),
-            Some(remaining) if remaining.is_zero() => Err(Expired),
-            Some(remaining) => Ok(remaining),
-        }
+        })
+    }
+
+    /// This cursor replaced another in the middle of a `next` call (a change stream resumed
+    /// it), which goes on under `deadline`.
+    pub fn continue_call(&mut self, deadline: Deadline) {
+        self.call = Some(deadline);
     }
 
     /// The `next` call in progress ended (it returned documents or an error, or the cursor is
@@ -483,6 +501,28 @@ mod tests {
         let t0 = Instant::now();
         let mut tailing = open(request(Some(0), None, CursorType::TailableAwait), t0);
         assert_eq!(tailing.next_get_more(t0 + ms(1_000)), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_resumed_cursor_goes_on_with_the_call_it_replaced() {
+        let t0 = Instant::now();
+        let mut old = open(request(Some(200), None, CursorType::TailableAwait), t0);
+        let call = old.call_deadline(t0 + ms(1_000));
+        assert_eq!(call, Deadline::at(t0 + ms(1_200)));
+        assert_eq!(remaining_timeout(call, t0 + ms(1_150)), Ok(ms(50)));
+        assert_eq!(remaining_timeout(call, t0 + ms(1_200)), Err(Expired));
+        let mut new = open(
+            request(Some(200), None, CursorType::TailableAwait),
+            t0 + ms(1_100),
+        );
+        new.continue_call(call);
+        assert_eq!(new.next_get_more(t0 + ms(1_150)), Ok(ms(50)));
+        new.end_call();
+        assert_eq!(new.next_get_more(t0 + ms(1_300)), Ok(ms(200)));
+        assert_eq!(
+            remaining_timeout(Deadline::unlimited(), t0),
+            Ok(Duration::ZERO)
+        );
     }
 
     #[test]

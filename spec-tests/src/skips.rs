@@ -7,7 +7,6 @@ pub const SKIPPED_SPECS: &[(&str, &str)] = &[];
 
 /// `timeoutMS` is implemented in stages (`docs/timeouts.md`); these say which stage a skipped
 /// CSOT case waits for.
-pub const TIMEOUT_STAGE_2: &str = "timeoutMS stage 2 (cursors and change streams)";
 pub const TIMEOUT_STAGE_3: &str = "timeoutMS stage 3 (sessions and transactions)";
 pub const TIMEOUT_STAGE_4: &str = "timeoutMS stage 4 (GridFS)";
 /// Operations whose own `timeoutMS` belongs to a later stage, by stage.
@@ -249,10 +248,6 @@ pub const SKIPPED_CASES: &[(&str, &str)] = &[
     ),
     // CSOT files for the later stages of `timeoutMS`.
     (
-        "client-side-operations-timeout/change-streams",
-        TIMEOUT_STAGE_2,
-    ),
-    (
         "client-side-operations-timeout/convenient-transactions",
         TIMEOUT_STAGE_3,
     ),
@@ -471,11 +466,16 @@ mod tests {
     #[test]
     fn csot_files_of_later_stages_skip_with_their_stage() {
         let case = |file: &str| skipped_case(&format!("client-side-operations-timeout/{file}/x"));
-        assert_eq!(case("cursors"), Some(TIMEOUT_STAGE_2));
         assert_eq!(case("sessions-inherit-timeoutMS"), Some(TIMEOUT_STAGE_3));
         assert_eq!(case("gridfs-upload"), Some(TIMEOUT_STAGE_4));
-        // Stage-1 files run.
+        // Stage-1 and stage-2 files run.
         for file in [
+            "cursors",
+            "non-tailable-cursors",
+            "tailable-awaitData",
+            "tailable-non-awaitData",
+            "close-cursors",
+            "change-streams",
             "global-timeoutMS",
             "override-operation-timeoutMS",
             "retryability-timeoutMS",
@@ -487,7 +487,6 @@ mod tests {
         ] {
             assert_eq!(case(file), None, "{file}");
         }
-        assert_eq!(timeout_argument("createCommandCursor"), TIMEOUT_STAGE_2);
         assert_eq!(timeout_argument("anyOtherOperation"), NO_PER_CALL_TIMEOUT);
         assert_eq!(timeout_argument("withTransaction"), TIMEOUT_STAGE_3);
     }

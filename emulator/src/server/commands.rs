@@ -302,10 +302,9 @@ pub(crate) async fn handle(
         let notified = shared.changes_notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let wait = if await_data {
-            tail_wait(shared, &body)
-        } else {
-            change_stream_wait(shared, &body)
+        let wait = match change_stream_wait(shared, &body) {
+            None if await_data => tail_wait(shared, &body),
+            wait => wait,
         };
         if let Some(wait) = wait {
             tokio::select! {
@@ -393,7 +392,8 @@ fn is_change_stream_cursor(shared: &Shared, body: &Document) -> bool {
     }
 }
 
-/// Whether a getMore continues an awaitData tailable cursor.
+/// Whether a getMore continues a cursor that awaits data (a change stream's, or an awaitData
+/// tailable cursor's).
 fn awaits_data(shared: &Shared, body: &Document) -> bool {
     match body.get("getMore") {
         Some(Bson::Int64(id)) => shared.state().cursors.awaits_data(*id),

@@ -304,12 +304,11 @@ impl Cursors {
         cursor.docs.is_empty().then_some(tail)
     }
 
-    /// Whether cursor `id` is an awaitData tailable cursor.
+    /// Whether cursor `id` awaits data: a change stream's, or an awaitData tailable cursor.
     pub(crate) fn awaits_data(&self, id: i64) -> bool {
         self.map
             .get(&id)
-            .and_then(|c| c.tail.as_ref())
-            .is_some_and(|t| t.await_data)
+            .is_some_and(|c| c.stream.is_some() || c.tail.as_ref().is_some_and(|t| t.await_data))
     }
 
     /// The cursor's kind and namespace, if it exists.
