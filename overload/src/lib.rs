@@ -17,5 +17,6 @@ pub mod labels;
 pub mod retry;
 pub mod stats;
 pub mod trace;
+pub mod transaction;
 
 pub use identity::ForkIdentity;

@@ -32,11 +32,10 @@ const SKIPPED_ARGUMENTS: &[(&str, &str)] = &[
     ("rawData", skips::NO_RAW_DATA),
 ];
 
-/// Operations whose driver action takes a per-call `timeoutMS` (`.timeout()`), in stage 1. Their
-/// options structs read `timeoutMS` themselves; `runCommand`'s and `createIndex`'s the runner
-/// sets. Any other operation (the cursor-creating ones and the transaction ones, whose tests
-/// are about later stages) gets no per-call value, so a case passing `timeoutMS` to it is
-/// skipped (the value would otherwise be dropped).
+/// Operations whose driver action takes a per-call `timeoutMS` (`.timeout()`). Their options
+/// structs read `timeoutMS` themselves; for `runCommand`, `createIndex`, a cursor's `close` and
+/// the session's commands the runner sets it. Any other operation gets no per-call value, so a
+/// case passing `timeoutMS` to it is skipped (the value would otherwise be dropped).
 const TIMEOUT_OPERATIONS: &[&str] = &[
     "insertOne",
     "insertMany",
@@ -75,6 +74,10 @@ const TIMEOUT_OPERATIONS: &[&str] = &[
     "runCursorCommand",
     // A cursor's close, whose killCursors gets this instead of the cursor's own.
     "close",
+    // A session's own commands, and the convenient transaction as a whole.
+    "commitTransaction",
+    "abortTransaction",
+    "withTransaction",
 ];
 
 /// Arguments the format allows (so they are in [`ARGUMENTS`]) that no driver options struct
@@ -643,18 +646,16 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
                 continue;
             }
             EntityDef::Thread(_) => continue,
-            EntityDef::Session(s) => {
-                if s.session_options
-                    .as_ref()
-                    .is_some_and(|o| o.default_timeout_ms.is_some())
+            EntityDef::Session(s) => match crate::timeouts::UNSUPPORTED {
+                Some(reason)
+                    if s.session_options
+                        .as_ref()
+                        .is_some_and(|o| o.default_timeout_ms.is_some()) =>
                 {
-                    return Some(format!(
-                        "session.defaultTimeoutMS: {}",
-                        skips::TIMEOUT_STAGE_3
-                    ));
+                    return Some(format!("session.defaultTimeoutMS: {reason}"));
                 }
-                continue;
-            }
+                _ => continue,
+            },
             // `timeoutMS` in database and collection options goes to the driver's options.
             EntityDef::Database(d) => {
                 let options = d.database_options.as_ref();
@@ -861,7 +862,7 @@ fn honoured_arguments(op: &str) -> Option<Vec<&'static str>> {
         }
         "listDatabaseNames" => with::<ListDatabasesOptions>(&["filter", "session"]),
         "startTransaction" => with::<TransactionOptions>(&[]),
-        "withTransaction" => with::<TransactionOptions>(&["callback"]),
+        "withTransaction" => with::<TransactionOptions>(&["callback", "timeoutMS"]),
         "clientBulkWrite" => with::<crate::mongodb::options::BulkWriteOptions>(&[
             "models",
             "session",
@@ -930,6 +931,13 @@ fn cursor_type(value: &Bson) -> Result<crate::mongodb::options::CursorType, Stri
 }
 
 /// A non-negative millisecond count as a duration.
+/// The operation's own `timeoutMS` argument, taken out of `args`.
+fn taken_timeout(args: &mut Args) -> Result<Option<Duration>, String> {
+    args.take("timeoutMS")
+        .map(|v| millis(v, "timeoutMS"))
+        .transpose()
+}
+
 fn millis(value: Bson, what: &str) -> Result<Duration, String> {
     let ms = match value {
         Bson::Int32(i) => i64::from(i),
@@ -1940,23 +1948,34 @@ async fn session_op(
                 .await
                 .map(|()| value(None))
         }
-        "commitTransaction" => s.commit_transaction().await.map(|()| value(None)),
+        "commitTransaction" => {
+            let timeout = taken_timeout(args)?;
+            crate::timeouts::commit_transaction(s.commit_transaction(), timeout)
+                .await?
+                .map(|()| value(None))
+        }
         // A snapshot session's time, once its first read chose one (or its options set one).
         "getSnapshotTime" => match s.snapshot_time() {
             Some(ts) => Ok(value(Some(Bson::Timestamp(ts)))),
             None => return Err("getSnapshotTime: the session has no snapshot time".into()),
         },
-        "abortTransaction" => s.abort_transaction().await.map(|()| value(None)),
+        "abortTransaction" => {
+            let timeout = taken_timeout(args)?;
+            crate::timeouts::abort_transaction(s.abort_transaction(), timeout)
+                .await?
+                .map(|()| value(None))
+        }
         "withTransaction" => {
             let callback: Vec<schema::Operation> = match args.take("callback") {
                 Some(b) => from_bson(b, "withTransaction.callback")?,
                 None => return Err("withTransaction: missing callback".into()),
             };
+            let timeout = taken_timeout(args)?;
             let options: Option<TransactionOptions> = args.options()?;
             let ctx_ref: &mut Ctx = ctx;
             let id = id.to_string();
             let state = (ctx_ref, callback, id);
-            s.start_transaction()
+            crate::timeouts::start_transaction(s.start_transaction(), timeout)?
                 .with_options(options)
                 .and_run(state, |session, state| {
                     async move {
@@ -2435,6 +2454,10 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                 if let Some(o) = &s.session_options {
                     options.causal_consistency = o.causal_consistency;
                     options.snapshot = o.snapshot;
+                    crate::timeouts::set_session(
+                        &mut options,
+                        o.default_timeout_ms.map(Duration::from_millis),
+                    )?;
                     if let Some(saved) = &o.snapshot_time {
                         options.snapshot_time = match crate::matching::EntityLookup::bson_entity(
                             &ctx.entities,
@@ -2565,10 +2588,15 @@ mod tests {
             let reason = skip_reason(doc! {"name": name, "object": object, "arguments": args});
             assert_eq!(reason, None, "{name}");
         }
-        // Later stages say which stage.
-        let reason = skip_reason(doc! {"name": "commitTransaction", "object": "s",
+        // So do a session's own commands (stage 3); startTransaction has none of its own.
+        for name in ["commitTransaction", "abortTransaction"] {
+            let reason = skip_reason(doc! {"name": name, "object": "s",
+            "arguments": {"timeoutMS": 100}});
+            assert_eq!(reason, None, "{name}");
+        }
+        let reason = skip_reason(doc! {"name": "startTransaction", "object": "s",
         "arguments": {"timeoutMS": 100}});
-        assert!(reason.is_some_and(|r| r.contains("timeoutMS stage 3")));
+        assert!(reason.is_some_and(|r| r.contains("no timeoutMS of its own")));
     }
 
     #[test]

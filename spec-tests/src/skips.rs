@@ -7,15 +7,16 @@ pub const SKIPPED_SPECS: &[(&str, &str)] = &[];
 
 /// `timeoutMS` is implemented in stages (`docs/timeouts.md`); these say which stage a skipped
 /// CSOT case waits for.
-pub const TIMEOUT_STAGE_3: &str = "timeoutMS stage 3 (sessions and transactions)";
+/// `timeoutMS` on an operation the specification gives none (startTransaction, endSession).
+pub const NO_TIMEOUT_OF_ITS_OWN: &str =
+    "the specification gives this operation no timeoutMS of its own (it runs no command, or \
+     only the session's)";
 pub const TIMEOUT_STAGE_4: &str = "timeoutMS stage 4 (GridFS)";
 /// Operations whose own `timeoutMS` belongs to a later stage, by stage.
 const TIMEOUT_LATER_STAGE_OPERATIONS: &[(&str, &str)] = &[
-    ("startTransaction", TIMEOUT_STAGE_3),
-    ("commitTransaction", TIMEOUT_STAGE_3),
-    ("abortTransaction", TIMEOUT_STAGE_3),
-    ("withTransaction", TIMEOUT_STAGE_3),
-    ("endSession", TIMEOUT_STAGE_3),
+    // The specification gives startTransaction and endSession no timeoutMS of their own.
+    ("startTransaction", NO_TIMEOUT_OF_ITS_OWN),
+    ("endSession", NO_TIMEOUT_OF_ITS_OWN),
 ];
 
 /// Why an operation's `timeoutMS` argument cannot be honoured (the caller has checked that the
@@ -248,22 +249,6 @@ pub const SKIPPED_CASES: &[(&str, &str)] = &[
     ),
     // CSOT files for the later stages of `timeoutMS`.
     (
-        "client-side-operations-timeout/convenient-transactions",
-        TIMEOUT_STAGE_3,
-    ),
-    (
-        "client-side-operations-timeout/sessions-inherit-timeoutMS",
-        TIMEOUT_STAGE_3,
-    ),
-    (
-        "client-side-operations-timeout/sessions-override-operation-timeoutMS",
-        TIMEOUT_STAGE_3,
-    ),
-    (
-        "client-side-operations-timeout/sessions-override-timeoutMS",
-        TIMEOUT_STAGE_3,
-    ),
-    (
         "client-side-operations-timeout/gridfs-advanced",
         TIMEOUT_STAGE_4,
     ),
@@ -466,7 +451,6 @@ mod tests {
     #[test]
     fn csot_files_of_later_stages_skip_with_their_stage() {
         let case = |file: &str| skipped_case(&format!("client-side-operations-timeout/{file}/x"));
-        assert_eq!(case("sessions-inherit-timeoutMS"), Some(TIMEOUT_STAGE_3));
         assert_eq!(case("gridfs-upload"), Some(TIMEOUT_STAGE_4));
         // Stage-1 and stage-2 files run.
         for file in [
@@ -476,6 +460,10 @@ mod tests {
             "tailable-non-awaitData",
             "close-cursors",
             "change-streams",
+            "convenient-transactions",
+            "sessions-inherit-timeoutMS",
+            "sessions-override-operation-timeoutMS",
+            "sessions-override-timeoutMS",
             "global-timeoutMS",
             "override-operation-timeoutMS",
             "retryability-timeoutMS",
@@ -488,6 +476,6 @@ mod tests {
             assert_eq!(case(file), None, "{file}");
         }
         assert_eq!(timeout_argument("anyOtherOperation"), NO_PER_CALL_TIMEOUT);
-        assert_eq!(timeout_argument("withTransaction"), TIMEOUT_STAGE_3);
+        assert_eq!(timeout_argument("startTransaction"), NO_TIMEOUT_OF_ITS_OWN);
     }
 }

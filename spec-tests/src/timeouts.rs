@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use crate::mongodb::action::RunCommand;
+use crate::mongodb::action::{AbortTransaction, CommitTransaction, RunCommand, StartTransaction};
 use crate::mongodb::bson::Document;
 use crate::mongodb::error::{Error as DriverError, ErrorKind};
 use crate::mongodb::options::{
-    ClientOptions, CollectionOptions, CreateIndexOptions, DatabaseOptions,
+    ClientOptions, CollectionOptions, CreateIndexOptions, DatabaseOptions, SessionOptions,
 };
 use crate::mongodb::Cursor;
 
@@ -71,6 +71,44 @@ mod driver {
             None => close.await,
         })
     }
+
+    pub fn set_session(
+        options: &mut SessionOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        options.default_timeout = timeout;
+        Ok(())
+    }
+
+    pub async fn commit_transaction(
+        action: CommitTransaction<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<Result<(), DriverError>, String> {
+        Ok(match timeout {
+            Some(timeout) => action.timeout(timeout).await,
+            None => action.await,
+        })
+    }
+
+    pub async fn abort_transaction(
+        action: AbortTransaction<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<Result<(), DriverError>, String> {
+        Ok(match timeout {
+            Some(timeout) => action.timeout(timeout).await,
+            None => action.await,
+        })
+    }
+
+    pub fn start_transaction<S>(
+        action: StartTransaction<S>,
+        timeout: Option<Duration>,
+    ) -> Result<StartTransaction<S>, String> {
+        Ok(match timeout {
+            Some(timeout) => action.timeout(timeout),
+            None => action,
+        })
+    }
 }
 
 /// Upstream: nothing can be set. Reaching a setter with a value is a runner bug (the case
@@ -113,6 +151,37 @@ mod driver {
         None
     }
 
+    pub fn set_session(_: &mut SessionOptions, timeout: Option<Duration>) -> Result<(), String> {
+        timeout.map_or(Ok(()), |_| Err(refuse()))
+    }
+
+    pub async fn commit_transaction(
+        action: CommitTransaction<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<Result<(), DriverError>, String> {
+        match timeout {
+            Some(_) => Err(refuse()),
+            None => Ok(action.await),
+        }
+    }
+
+    pub async fn abort_transaction(
+        action: AbortTransaction<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<Result<(), DriverError>, String> {
+        match timeout {
+            Some(_) => Err(refuse()),
+            None => Ok(action.await),
+        }
+    }
+
+    pub fn start_transaction<S>(
+        action: StartTransaction<S>,
+        timeout: Option<Duration>,
+    ) -> Result<StartTransaction<S>, String> {
+        timeout.map_or(Ok(action), |_| Err(refuse()))
+    }
+
     /// Upstream has no close: the cursor's drop kills it in the background.
     pub async fn close_cursor(
         cursor: Cursor<Document>,
@@ -142,3 +211,9 @@ pub use driver::set_collection;
 pub use driver::set_create_index;
 /// Sets a database's own `timeoutMS`.
 pub use driver::set_database;
+/// Sets a session's `defaultTimeoutMS`.
+pub use driver::set_session;
+/// Gives a convenient transaction (`withTransaction`) its own `timeoutMS`.
+pub use driver::start_transaction;
+/// Commits or aborts a transaction, with the call's own `timeoutMS` if given.
+pub use driver::{abort_transaction, commit_transaction};
