@@ -329,6 +329,7 @@ pub enum Entity {
     Cursor(Arc<AsyncMutex<Cursor<Document>>>),
     ChangeStream(Arc<AsyncMutex<ChangeStream<Document>>>),
     Thread(ThreadEntity),
+    Bucket(crate::mongodb::gridfs::GridFsBucket),
 }
 
 impl Entity {
@@ -342,6 +343,7 @@ impl Entity {
             Entity::Bson(_) => "BSON value",
             Entity::Cursor(_) => "cursor",
             Entity::ChangeStream(_) => "change stream",
+            Entity::Bucket(_) => "bucket",
             Entity::Thread(_) => "thread",
         }
     }

@@ -22,6 +22,7 @@ compile_error!("enable feature `fork` (the default) or `upstream` to choose the 
 pub mod discovery;
 pub mod entities;
 pub mod expect;
+pub mod gridfs;
 pub mod logs;
 pub mod matching;
 pub mod operations;

@@ -511,24 +511,42 @@ const ARGUMENTS: &[(&str, &[&str])] = &[
 ];
 
 /// Checks an operation strictly. `Ok(Some(reason))` means it is valid but cannot run here;
-/// `Err` means the file is wrong (or this runner does not know the operation at all).
-pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, String> {
+/// `Err` means the file is wrong (or this runner does not know the operation at all). `buckets`
+/// are the ids of the GridFS bucket entities the file defines, whose operations have a table of
+/// their own ([`crate::gridfs::ARGUMENTS`]).
+pub fn validate(
+    op: &schema::Operation,
+    path: &str,
+    buckets: &[String],
+) -> Result<Option<String>, String> {
     let args = op.arguments.clone().unwrap_or_default();
-    if let Some(reason) = skips::operation(&op.name) {
+    let on_bucket = buckets.contains(&op.object);
+    if let Some(reason) = skips::operation(&op.name).filter(|_| !on_bucket) {
         return Ok(Some(format!("{}: {reason}", op.name)));
     }
-    let Some((_, allowed)) = ARGUMENTS.iter().find(|(n, _)| *n == op.name) else {
+    let table = if on_bucket {
+        crate::gridfs::ARGUMENTS
+    } else {
+        ARGUMENTS
+    };
+    let Some((_, allowed)) = table.iter().find(|(n, _)| *n == op.name) else {
         return Err(format!("{path}.name: unknown operation {:?}", op.name));
     };
     for key in args.keys() {
         if let Some((_, reason)) = SKIPPED_ARGUMENTS.iter().find(|(k, _)| k == key) {
             return Ok(Some(format!("{}.{key}: {reason}", op.name)));
         }
+        if let Some((_, reason)) = crate::gridfs::UNHONOURED_ARGUMENTS
+            .iter()
+            .find(|(k, _)| on_bucket && k == key)
+        {
+            return Ok(Some(format!("{}.{key}: {reason}", op.name)));
+        }
         if key == "timeoutMS" {
             if let Some(reason) = crate::timeouts::UNSUPPORTED {
                 return Ok(Some(format!("{}.timeoutMS: {reason}", op.name)));
             }
-            if TIMEOUT_OPERATIONS.contains(&op.name.as_str()) {
+            if on_bucket || TIMEOUT_OPERATIONS.contains(&op.name.as_str()) {
                 continue;
             }
             return Ok(Some(format!(
@@ -544,7 +562,7 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
             ));
         }
     }
-    if let Some(honoured) = honoured_arguments(&op.name) {
+    if let Some(honoured) = honoured_arguments(&op.name).filter(|_| !on_bucket) {
         if let Some(key) = args.keys().find(|k| !honoured.contains(&k.as_str())) {
             return Ok(Some(format!(
                 "{}.{key}: the format allows it, but the driver's options for {} have no such \
@@ -564,7 +582,7 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
             for (i, item) in callback.iter().enumerate() {
                 let inner_path = format!("{path}.arguments.callback[{i}]");
                 let inner: schema::Operation = from_bson(item.clone(), &inner_path)?;
-                if let Some(reason) = validate(&inner, &inner_path)? {
+                if let Some(reason) = validate(&inner, &inner_path, buckets)? {
                     return Ok(Some(reason));
                 }
             }
@@ -580,7 +598,7 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
             let inner_path = format!("{path}.arguments.operation");
             let item = args.get("operation").cloned().unwrap_or(Bson::Null);
             let inner: schema::Operation = from_bson(item, &inner_path)?;
-            if let Some(reason) = validate(&inner, &inner_path)? {
+            if let Some(reason) = validate(&inner, &inner_path, buckets)? {
                 return Ok(Some(reason));
             }
         }
@@ -617,7 +635,6 @@ pub fn validate(op: &schema::Operation, path: &str) -> Result<Option<String>, St
 pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
     for def in defs {
         let kind = match def {
-            // A bucket only matters when an operation uses it: see `bucket_use_skip_reason`.
             EntityDef::Bucket(_) => continue,
             EntityDef::ClientEncryption(_) => "clientEncryption",
             EntityDef::Client(c) => {
@@ -683,55 +700,32 @@ pub fn entities_skip_reason(defs: &[EntityDef]) -> Option<String> {
     None
 }
 
-/// Why a test cannot run because it uses a GridFS bucket entity, which the runner does not
-/// implement: some operation of the test (at any depth: `withTransaction` callbacks,
-/// `runOnThread`) targets a bucket that the file or the test defines. A bucket that is defined
-/// and never used is harmless (creating one sends nothing to the server), so it does not skip
-/// the test; the CSOT files define one in every case.
-pub fn bucket_use_skip_reason(
-    file_entities: Option<&[EntityDef]>,
-    operations: &[schema::Operation],
-) -> Option<String> {
-    let mut buckets: Vec<String> = Vec::new();
+/// The ids of the GridFS bucket entities a file defines, in `createEntities` or in a test's
+/// `createEntities` operation.
+pub fn bucket_ids(file: &schema::TestFile) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
     let mut collect = |defs: &[EntityDef]| {
         for def in defs {
             if let EntityDef::Bucket(b) = def {
-                buckets.push(b.id.clone());
+                ids.push(b.id.clone());
             }
         }
     };
-    collect(file_entities.unwrap_or_default());
-    let mut objects = Vec::new();
-    // Nesting in the format is at most a few levels; the bound keeps a malformed file finite.
-    let mut pending: Vec<(schema::Operation, usize)> =
-        operations.iter().cloned().map(|op| (op, 0)).collect();
-    while let Some((op, depth)) = pending.pop() {
-        let args = op.arguments.clone().unwrap_or_default();
+    collect(file.create_entities.as_deref().unwrap_or_default());
+    for op in file.tests.iter().flat_map(|t| &t.operations) {
         if op.name == "createEntities" {
-            let list = args.get("entities").cloned().unwrap_or(Bson::Null);
+            let list = op
+                .arguments
+                .as_ref()
+                .and_then(|a| a.get("entities"))
+                .cloned()
+                .unwrap_or(Bson::Null);
             if let Ok(defs) = bson::from_bson::<Vec<EntityDef>>(list) {
                 collect(&defs);
             }
         }
-        if depth < 8 {
-            let nested = match op.name.as_str() {
-                "withTransaction" => args.get_array("callback").cloned().unwrap_or_default(),
-                "runOnThread" => args.get("operation").cloned().into_iter().collect(),
-                _ => Vec::new(),
-            };
-            for item in nested {
-                if let Ok(inner) = bson::from_bson::<schema::Operation>(item) {
-                    pending.push((inner, depth + 1));
-                }
-            }
-        }
-        objects.push(op.object);
     }
-    let reason = skips::entity("bucket")?;
-    objects
-        .iter()
-        .find(|o| buckets.contains(o))
-        .map(|o| format!("bucket entity {o:?}: {reason}"))
+    ids
 }
 
 /// The argument names a driver options struct reads, found by asking its `Deserialize` impl:
@@ -1228,6 +1222,9 @@ pub fn execute<'a>(
             }
             Entity::Cursor(cursor) => cursor_op(ctx, &op.object, cursor, &mut args).await,
             Entity::ChangeStream(stream) => change_stream_op(ctx, &op.object, stream, &args).await,
+            Entity::Bucket(bucket) => crate::gridfs::run(&bucket, &op.name, &mut args.doc)
+                .await
+                .map(|result| result.map(value)),
             Entity::Bson(_) | Entity::Thread(_) => Err(format!(
                 "entity {:?} is not an object operations run on",
                 op.object
@@ -2493,12 +2490,9 @@ pub async fn create_entities(ctx: &mut Ctx, defs: &[EntityDef]) -> Result<(), St
                 })
             }
             EntityDef::Thread(_) => Entity::Thread(Arc::default()),
-            // Buckets are not implemented, and a test that uses one is skipped before it runs
-            // (`bucket_use_skip_reason`). An unused one is checked (its database must exist)
-            // and not created: anything that refers to it later fails with "no entity named".
             EntityDef::Bucket(b) => {
-                ctx.entities.database(&b.database)?;
-                continue;
+                let db = ctx.entities.database(&b.database)?;
+                Entity::Bucket(crate::gridfs::create(&db, b.bucket_options.as_ref())?)
             }
             other => return Err(format!("entity {:?} cannot be created", other.id())),
         };
@@ -2523,7 +2517,7 @@ mod tests {
 
     /// The skip reason `validate` gives a valid operation.
     fn skip_reason(d: Document) -> Option<String> {
-        validate(&operation(d), "t").expect("a valid operation")
+        validate(&operation(d), "t", &[]).expect("a valid operation")
     }
 
     #[cfg(not(feature = "upstream"))]
@@ -2597,33 +2591,6 @@ mod tests {
         let reason = skip_reason(doc! {"name": "startTransaction", "object": "s",
         "arguments": {"timeoutMS": 100}});
         assert!(reason.is_some_and(|r| r.contains("no timeoutMS of its own")));
-    }
-
-    #[test]
-    fn only_a_bucket_an_operation_uses_skips_the_test() {
-        let defs: Vec<EntityDef> = bson::from_bson(bson::bson!([
-            {"bucket": {"id": "bucket", "database": "d"}}
-        ]))
-        .expect("entity definitions");
-        let unused = [operation(doc! {"name": "insertOne", "object": "c",
-        "arguments": {"document": {}}})];
-        assert_eq!(bucket_use_skip_reason(Some(&defs), &unused), None);
-        let used = [operation(doc! {"name": "find", "object": "bucket",
-        "arguments": {"filter": {}}})];
-        assert!(bucket_use_skip_reason(Some(&defs), &used).is_some());
-        // A bucket defined by a createEntities operation and used inside a thread counts too.
-        let nested = [
-            operation(
-                doc! {"name": "createEntities", "object": "testRunner", "arguments": {
-                "entities": [{"bucket": {"id": "b2", "database": "d"}}]}},
-            ),
-            operation(
-                doc! {"name": "runOnThread", "object": "testRunner", "arguments": {
-                "thread": "t", "operation": {"name": "find", "object": "b2",
-                "arguments": {"filter": {}}}}},
-            ),
-        ];
-        assert!(bucket_use_skip_reason(None, &nested).is_some());
     }
 
     #[test]

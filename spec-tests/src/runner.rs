@@ -46,12 +46,14 @@ pub fn plan_file(
     let parsed = schema::load_file(&source.path).map_err(|e| e.to_string())?;
     let file_label = source.path.display().to_string();
     // Strict validation of operations, before deciding anything else.
+    let buckets = operations::bucket_ids(&parsed);
     let mut op_skips = Vec::new();
     for (t, test) in parsed.tests.iter().enumerate() {
         let mut reason = None;
         for (o, op) in test.operations.iter().enumerate() {
             let path = format!("tests[{t}].operations[{o}]");
-            let r = operations::validate(op, &path).map_err(|e| format!("{file_label}: at {e}"))?;
+            let r = operations::validate(op, &path, &buckets)
+                .map_err(|e| format!("{file_label}: at {e}"))?;
             reason = reason.or(r);
         }
         op_skips.push(reason);
@@ -121,10 +123,6 @@ pub fn plan_file(
             Some(reason.clone())
         } else if let Some(reason) = &op_skips[index] {
             Some(reason.clone())
-        } else if let Some(reason) =
-            operations::bucket_use_skip_reason(parsed.create_entities.as_deref(), &test.operations)
-        {
-            Some(reason)
         } else {
             match &target_info {
                 None => Some(match mode {

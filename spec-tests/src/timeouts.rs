@@ -4,11 +4,19 @@
 
 use std::time::Duration;
 
+use crate::mongodb::action::gridfs::{
+    Delete as GridFsDelete, Drop as GridFsDrop, OpenDownloadStream, OpenDownloadStreamByName,
+    Rename as GridFsRename,
+};
+#[cfg(not(feature = "upstream"))]
+use crate::mongodb::action::Action as _;
 use crate::mongodb::action::{AbortTransaction, CommitTransaction, RunCommand, StartTransaction};
 use crate::mongodb::bson::Document;
 use crate::mongodb::error::{Error as DriverError, ErrorKind};
+use crate::mongodb::gridfs::GridFsDownloadStream;
 use crate::mongodb::options::{
-    ClientOptions, CollectionOptions, CreateIndexOptions, DatabaseOptions, SessionOptions,
+    ClientOptions, CollectionOptions, CreateIndexOptions, DatabaseOptions, GridFsBucketOptions,
+    GridFsFindOptions, GridFsUploadOptions, SessionOptions,
 };
 use crate::mongodb::Cursor;
 
@@ -109,6 +117,65 @@ mod driver {
             None => action,
         })
     }
+
+    pub fn set_bucket(
+        options: &mut GridFsBucketOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        options.timeout = timeout;
+        Ok(())
+    }
+
+    pub fn set_upload(
+        options: &mut GridFsUploadOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        options.timeout = timeout;
+        Ok(())
+    }
+
+    pub fn set_gridfs_find(
+        options: &mut GridFsFindOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        options.timeout = timeout;
+        Ok(())
+    }
+
+    pub async fn download(
+        action: OpenDownloadStream<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<GridFsDownloadStream, DriverError> {
+        action.optional(timeout, |a, t| a.timeout(t)).await
+    }
+
+    pub async fn download_by_name(
+        action: OpenDownloadStreamByName<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<GridFsDownloadStream, DriverError> {
+        action.optional(timeout, |a, t| a.timeout(t)).await
+    }
+
+    pub async fn gridfs_delete(
+        action: GridFsDelete<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<(), DriverError> {
+        action.optional(timeout, |a, t| a.timeout(t)).await
+    }
+
+    pub async fn gridfs_rename(
+        action: GridFsRename<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<(), DriverError> {
+        action.optional(timeout, |a, t| a.timeout(t)).await
+    }
+
+    pub async fn gridfs_drop(
+        action: GridFsDrop<'_>,
+        timeout: Option<Duration>,
+    ) -> Result<(), DriverError> {
+        action.optional(timeout, |a, t| a.timeout(t)).await
+    }
 }
 
 /// Upstream: nothing can be set. Reaching a setter with a value is a runner bug (the case
@@ -195,6 +262,63 @@ mod driver {
             }
         }
     }
+
+    pub fn set_bucket(
+        _: &mut GridFsBucketOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        timeout.map_or(Ok(()), |_| Err(refuse()))
+    }
+
+    pub fn set_upload(
+        _: &mut GridFsUploadOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        timeout.map_or(Ok(()), |_| Err(refuse()))
+    }
+
+    pub fn set_gridfs_find(
+        _: &mut GridFsFindOptions,
+        timeout: Option<Duration>,
+    ) -> Result<(), String> {
+        timeout.map_or(Ok(()), |_| Err(refuse()))
+    }
+
+    /// Upstream: a case with timeoutMS was skipped before it ran, so `timeout` is `None` here.
+    pub async fn download(
+        action: OpenDownloadStream<'_>,
+        _: Option<Duration>,
+    ) -> Result<GridFsDownloadStream, DriverError> {
+        action.await
+    }
+
+    pub async fn download_by_name(
+        action: OpenDownloadStreamByName<'_>,
+        _: Option<Duration>,
+    ) -> Result<GridFsDownloadStream, DriverError> {
+        action.await
+    }
+
+    pub async fn gridfs_delete(
+        action: GridFsDelete<'_>,
+        _: Option<Duration>,
+    ) -> Result<(), DriverError> {
+        action.await
+    }
+
+    pub async fn gridfs_rename(
+        action: GridFsRename<'_>,
+        _: Option<Duration>,
+    ) -> Result<(), DriverError> {
+        action.await
+    }
+
+    pub async fn gridfs_drop(
+        action: GridFsDrop<'_>,
+        _: Option<Duration>,
+    ) -> Result<(), DriverError> {
+        action.await
+    }
 }
 
 /// The client's `timeoutMS` as parsed from a connection string.
@@ -217,3 +341,9 @@ pub use driver::set_session;
 pub use driver::start_transaction;
 /// Commits or aborts a transaction, with the call's own `timeoutMS` if given.
 pub use driver::{abort_transaction, commit_transaction};
+/// GridFS: a bucket's, an upload's and a find's `timeoutMS`, and the per-call `.timeout()` of
+/// the other bucket actions.
+pub use driver::{
+    download, download_by_name, gridfs_delete, gridfs_drop, gridfs_rename, set_bucket,
+    set_gridfs_find, set_upload,
+};

@@ -135,6 +135,24 @@ macro_rules! scenarios {
                     .expect("the pipeline starts with $changeStream")
             }
 
+            /// The index commands (`listIndexes`, `createIndexes`) of uploading a file smaller
+            /// than one chunk to a fresh bucket (B14).
+            pub async fn small_upload_index_commands(uri: &str) -> usize {
+                use futures::io::AsyncWriteExt;
+                let (client, started) = client(uri).await;
+                let db = client.database("b14");
+                db.drop().await.expect("drop");
+                let bucket = db.gridfs_bucket(None);
+                let mut stream = bucket.open_upload_stream("small").await.expect("open");
+                stream.write_all(b"tiny").await.expect("write");
+                stream.close().await.expect("close");
+                let commands = started.0.lock().unwrap().clone();
+                commands
+                    .iter()
+                    .filter(|c| c.contains_key("listIndexes") || c.contains_key("createIndexes"))
+                    .count()
+            }
+
             /// A `ping` that succeeds and a command that fails, on database `b12`, for the
             /// command log (B12).
             pub async fn ping_and_unknown_command(uri: &str) {
@@ -1022,6 +1040,21 @@ mod command_log {
             std::mem::take(&mut *self.0.lock().unwrap())
         }
     }
+}
+
+#[tokio::test]
+async fn b14_a_small_upload_ensures_the_bucket_indexes() {
+    let server = Server::standalone();
+    let up = upstream::small_upload_index_commands(&server.uri).await;
+    assert_eq!(
+        up, 0,
+        "upstream 3.9.1 checks no index for a file smaller than a chunk (defect B14)"
+    );
+    let fork = fork::small_upload_index_commands(&server.uri).await;
+    assert_eq!(
+        fork, 4,
+        "the fork lists and creates the files' and the chunks' index"
+    );
 }
 
 #[tokio::test]
