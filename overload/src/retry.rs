@@ -185,9 +185,11 @@ impl RetryState {
     /// 4. under a deadline, if waiting the delay reaches the deadline:
     ///    [`Declined::BackoffPastDeadline`], so the caller returns the last error at once
     ///    without sleeping (Client Backpressure specification);
-    /// 5. under a deadline, if the time left is less than the delay plus `typical_service`:
-    ///    [`Declined::CannotFinish`], since the retry would most likely expire after the
-    ///    server had done the work;
+    /// 5. under a deadline, after an overload error, if the time left is less than the delay
+    ///    plus `typical_service`: [`Declined::CannotFinish`], since the retry would most likely
+    ///    expire after the overloaded server had done the work. An ordinary retry (a network
+    ///    error, a retryable code) is never declined this way: the CSOT specification asks for
+    ///    retries while time remains, and such a failure says nothing about the server's load;
     /// 6. otherwise [`Admission::Retry`] with the delay.
     ///
     /// The delay of an admitted retry is kept: [`Self::backoff`] returns it until the next
@@ -214,7 +216,8 @@ impl RetryState {
             if delay >= remaining {
                 return Admission::Decline(Declined::BackoffPastDeadline);
             }
-            if remaining < delay.saturating_add(typical_service) {
+            if self.last.overload.is_overload() && remaining < delay.saturating_add(typical_service)
+            {
                 return Admission::Decline(Declined::CannotFinish);
             }
         }
@@ -583,7 +586,7 @@ mod tests {
     }
 
     #[test]
-    fn an_ordinary_retry_needs_only_the_typical_service_time() {
+    fn an_ordinary_retry_goes_on_while_any_time_remains() {
         let start = Instant::now();
         let mut state = RetryState::new(None).with_deadline(Deadline::start(start, ms(100)));
         state.record_failure(ordinary());
@@ -591,9 +594,15 @@ mod tests {
             state.admit(start + ms(50), &mut || 1.0, ms(40)),
             Admission::Retry(ms(0))
         );
+        // 30 ms left against a typical 40: an overload retry would be declined, an ordinary one
+        // is what the CSOT specification requires while time remains.
         assert_eq!(
             state.admit(start + ms(70), &mut || 1.0, ms(40)),
-            Admission::Decline(Declined::CannotFinish)
+            Admission::Retry(ms(0))
+        );
+        assert_eq!(
+            state.admit(start + ms(100), &mut || 1.0, ms(40)),
+            Admission::Expired
         );
         assert_eq!(state.deadline(), Some(Deadline::start(start, ms(100))));
     }
@@ -682,7 +691,11 @@ mod tests {
                 match state.admit(now, &mut || jitter, ms(service)) {
                     Admission::Retry(delay) => {
                         prop_assert!(!state.exhausted());
-                        prop_assert!(now + delay + ms(service) <= deadline.instant().unwrap());
+                        // Only a retry after an overload error must leave room for the
+                        // server's typical service time; an ordinary one needs time left.
+                        if failure.overload.is_overload() {
+                            prop_assert!(now + delay + ms(service) <= deadline.instant().unwrap());
+                        }
                         prop_assert!(now + delay < deadline.instant().unwrap());
                         if !failure.overload.is_overload() {
                             prop_assert_eq!(delay, Duration::ZERO);

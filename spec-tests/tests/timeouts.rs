@@ -534,6 +534,44 @@ async fn ordinary_retries_go_on_while_time_remains() {
 }
 
 #[tokio::test]
+async fn an_ordinary_retry_is_sent_even_when_the_servers_typical_service_time_exceeds_what_remains()
+{
+    let server = Server::standalone();
+    let (client, sent) = client_with(&server.uri, Some(ms(1_000))).await;
+    let coll = client.database("t").collection::<Document>("c");
+    // Three successes of 400 ms each under the deadline: the server's typical service time.
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 3 },
+            "data": { "failCommands": ["find"], "blockConnection": true, "blockTimeMS": 400 },
+        },
+    )
+    .await;
+    for _ in 0..3 {
+        coll.find_one(doc! {}).await.expect("slow success");
+    }
+    // Then an attempt that fails with a retryable code after 700 ms: 300 ms remain, less than
+    // the typical 400. An ordinary failure says nothing about load, and the CSOT specification
+    // asks for the retry while time remains (before, the fork declined it: CannotFinish).
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["find"], "errorCode": 7, "blockConnection": true, "blockTimeMS": 700 },
+        },
+    )
+    .await;
+    sent.clear();
+    coll.find_one(doc! {})
+        .await
+        .expect("the retry is sent and succeeds");
+    assert_eq!(sent.named("find").len(), 2, "one retry");
+}
+
+#[tokio::test]
 async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() {
     let server = Server::standalone();
     let overload = doc! {

@@ -14,6 +14,8 @@ use mongodb::Client;
 
 #[path = "../../../emulator/tests/common/mod.rs"]
 mod emulator_common;
+// Not every test file uses the emulator's helpers.
+#[allow(unused_imports)]
 pub use emulator_common::*;
 
 /// Recorded command events: (name, started/succeeded/failed, reply or failure).

@@ -459,23 +459,36 @@ fn a_retry_that_cannot_finish_before_the_deadline_is_declined() {
         attempt.finish(AttemptEnd::Succeeded, Some(at(i)), at(i + 500));
     }
     assert_eq!(ctl.typical_service(&server, at(600)), ms(500));
-    let mut state = ctl.retry_state();
-    state.record_failure(ordinary());
     let deadline = Some(Deadline::at(at(1_000)));
+    // After an overload error, 400 ms left cannot hold the backoff and 500 ms of service.
+    let mut state = ctl.retry_state();
+    state.record_failure(overloaded());
     assert_eq!(
         ctl.may_retry(
             &mut state,
             question(&server, deadline),
             at(600),
-            &mut full()
+            &mut || 0.0
         ),
         RetryAnswer::ReturnLastError(Refusal::CannotFinish)
     );
-    assert_eq!(
+    assert!(matches!(
         ctl.may_retry(
             &mut state,
             question(&server, deadline),
             at(400),
+            &mut || 0.0
+        ),
+        RetryAnswer::RetryAfter(_)
+    ));
+    // An ordinary failure is retried while any time remains (the CSOT specification).
+    let mut state = ctl.retry_state();
+    state.record_failure(ordinary());
+    assert_eq!(
+        ctl.may_retry(
+            &mut state,
+            question(&server, deadline),
+            at(990),
             &mut full()
         ),
         RetryAnswer::RetryAfter(Duration::ZERO)
