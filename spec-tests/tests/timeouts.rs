@@ -572,6 +572,79 @@ async fn an_ordinary_retry_is_sent_even_when_the_servers_typical_service_time_ex
 }
 
 #[tokio::test]
+async fn selection_that_gives_up_before_the_deadline_is_the_timeout_error_caused_by_it() {
+    // Nothing listens on port 1: selection ends on serverSelectionTimeoutMS (150 ms), well
+    // before the 2 s deadline. Under timeoutMS that is the timeout error, the selection error
+    // its cause (before, the selection error itself).
+    let uri = "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=150&connectTimeoutMS=100";
+    let (client, _) = client_with(uri, Some(ms(2_000))).await;
+    let started = Instant::now();
+    let error = client
+        .database("t")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .expect_err("no server");
+    assert!(started.elapsed() < ms(1_500), "{:?}", started.elapsed());
+    assert!(is_timeout(&error), "{error:?}");
+    let cause = cause(&error).expect("the selection error");
+    assert!(
+        matches!(*cause.kind, ErrorKind::ServerSelection { .. }),
+        "{cause:?}"
+    );
+    // Without timeoutMS the selection error stays what it was.
+    let (client, _) = client_with(uri, None).await;
+    let error = client
+        .database("t")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .expect_err("no server");
+    assert!(
+        matches!(*error.kind, ErrorKind::ServerSelection { .. }),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_deadline_that_ends_a_retry_keeps_the_last_attempts_error_as_cause() {
+    let server = Server::standalone();
+    // The first attempt loses its connection after 100 ms; the retry needs a new connection,
+    // whose handshake is held for 1 s, and the 400 ms deadline ends the checkout. The timeout
+    // error says why the operation was retrying: the network error.
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["find"], "closeConnection": true, "blockConnection": true, "blockTimeMS": 100 },
+        },
+    )
+    .await;
+    let (client, sent) = client_with(&server.uri, Some(ms(400))).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let find = tokio::spawn(async move { coll.find_one(doc! {}).await });
+    while sent.named("find").is_empty() {
+        tokio::time::sleep(ms(5)).await;
+    }
+    tokio::time::sleep(ms(30)).await;
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 4 },
+            "data": { "failCommands": ["hello", "isMaster"], "blockConnection": true, "blockTimeMS": 1_000 },
+        },
+    )
+    .await;
+    let error = find.await.expect("task").expect_err("the retry times out");
+    fail_point_off(&server.uri).await;
+    assert!(is_timeout(&error), "{error:?}");
+    let cause = cause(&error).expect("the first attempt's error");
+    assert!(matches!(*cause.kind, ErrorKind::Io(_)), "{cause:?}");
+}
+
+#[tokio::test]
 async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() {
     let server = Server::standalone();
     let overload = doc! {
