@@ -501,9 +501,9 @@ async fn measure(
                 f.op_panics += 1;
                 f.panic_messages.push(format!("{op}: {message}"));
             }
-            // timeoutMS stage 1 does not bound getMore (docs/timeouts.md, "What stage 1 does
-            // not cover"), so a getMore whose reply never completes waits for ever in the fork
-            // too: counted apart, as a known gap, not as a hang past the fork's timeouts.
+            // A getMore whose reply never completes: counted apart, as upstream bounds no
+            // getMore at all. The fork's are bounded by their cursor's timeoutMS (stage 2), so
+            // it must have none (`assert_fork_survived`).
             Ending::Hang
                 if last.get(comment.as_str()).is_some_and(|r| {
                     r.command == "getMore" && r.kind == Some(MangleKind::Stall)
@@ -538,6 +538,10 @@ fn assert_fork_survived(f: &Figures) {
     assert_eq!(f.op_panics, 0, "fork panicked: {:?}", f.panic_messages);
     assert_eq!(f.process_panics, 0, "fork panicked: {:?}", f.panic_messages);
     assert_eq!(f.hangs, 0, "fork hung past timeoutMS: {:?}", f.hangs_by_op);
+    assert_eq!(
+        f.stalled_get_mores, 0,
+        "a fork getMore outlived its cursor's timeoutMS"
+    );
     assert!(
         f.wrong_successes.is_empty(),
         "fork reported success for replies it could not read: {:?}",
