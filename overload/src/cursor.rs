@@ -17,12 +17,12 @@
 //! `maxTimeMS` ([`ServerTimeLimit`]) is derived from the deadline only where the server's
 //! limit and the client's mean the same thing: on the opening command of a cursor-lifetime
 //! cursor or an awaitData cursor, and on `killCursors`. A `getMore` never carries the
-//! deadline's remainder (on a non-tailable cursor the server would apply it to the whole
-//! cursor's remaining work, on a tailable one it would bound the wait for new data); an
-//! awaitData cursor's `getMore` carries `maxAwaitTimeMS`, cut to what remains of the call
-//! ([`get_more_limit`]). An
-//! iteration-mode non-tailable cursor and a tailable non-awaitData cursor send none at all: the
-//! server would otherwise apply one call's budget to the cursor's whole life.
+//! deadline's remainder: mongod refuses `maxTimeMS` on the `getMore` of a cursor that does not
+//! await data (BadValue, `getmore_cmd.cpp`), and on one that does it is the wait for new data,
+//! not a deadline. An awaitData cursor's `getMore` carries `maxAwaitTimeMS`, cut to what
+//! remains of the call ([`get_more_limit`]). The opening command of an iteration-mode
+//! non-tailable cursor and of a tailable non-awaitData cursor carries none either: the server
+//! would apply one call's budget to the cursor's whole life.
 //!
 //! Closing a cursor (`killCursors`, explicit or on drop) gets `timeoutMS` afresh, even after a
 //! cursor-lifetime deadline passed: the point of closing is to free the server's cursor, and a

@@ -328,3 +328,33 @@ async fn a_run_command_get_more_honours_its_own_timeout() {
     assert!(is_timeout(&error), "{error:?}");
     assert!(started.elapsed() < ms(1_000), "{:?}", started.elapsed());
 }
+
+#[tokio::test]
+async fn the_emulator_refuses_max_time_ms_on_a_get_more_that_awaits_no_data_as_mongod_does() {
+    // Why the fork never sends the deadline as a getMore's maxTimeMS: mongod refuses it on a
+    // cursor that does not await data (BadValue, getmore_cmd.cpp's validateMaxTimeMS).
+    let server = Server::standalone();
+    collection_of(&server.uri, "c", 5).await;
+    let (client, _) = client_with(&server.uri, None).await;
+    let db = client.database("t");
+    let reply = db
+        .run_command(doc! { "find": "c", "batchSize": 1 })
+        .await
+        .expect("find");
+    let id = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_i64("id"))
+        .expect("cursor id");
+    let error = db
+        .run_command(doc! { "getMore": id, "collection": "c", "maxTimeMS": 100 })
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(*error.kind, ErrorKind::Command(ref e) if e.code == 2),
+        "{error:?}"
+    );
+    // Without it the cursor goes on.
+    db.run_command(doc! { "getMore": id, "collection": "c" })
+        .await
+        .expect("the cursor is still open");
+}

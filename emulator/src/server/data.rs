@@ -696,6 +696,16 @@ fn run_command(
                 size: cursor::batch_size(body.get("batchSize"))?,
             };
             let ns = format!("{db}.{coll}");
+            // mongod (getmore_cmd.cpp, validateMaxTimeMS): maxTimeMS on a getMore is the wait of
+            // an awaitData cursor, and an error on any other.
+            if body.contains_key("maxTimeMS")
+                && ctx.cursors.peek(id).is_some()
+                && !ctx.cursors.awaits_data(id)
+            {
+                return Err(CommandError::bad_value(
+                    "cannot set maxTimeMS on getMore command for a non-awaitData cursor",
+                ));
+            }
             if matches!(ctx.cursors.peek(id), Some((CursorKind::ChangeStream, _))) {
                 let log = &*ctx.changes;
                 return ctx
