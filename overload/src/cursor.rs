@@ -181,6 +181,23 @@ pub fn get_more_limit(own: Option<Duration>) -> ServerTimeLimit {
     own.map_or(ServerTimeLimit::Omit, ServerTimeLimit::AtMost)
 }
 
+/// The `maxTimeMS` rule of command `command` under a deadline: a `getMore` keeps its own
+/// (`own`, read only for a `getMore`) cut to the deadline ([`get_more_limit`]), a command that
+/// opens a cursor follows `opening` ([`CursorRequest::opening_limit`]), and every other command
+/// gets the remaining time.
+pub fn command_limit(
+    command: &str,
+    opening: Option<CursorRequest>,
+    own: impl FnOnce() -> Option<Duration>,
+) -> ServerTimeLimit {
+    if command == "getMore" {
+        return get_more_limit(own());
+    }
+    opening.map_or(ServerTimeLimit::Remaining, |request| {
+        request.opening_limit()
+    })
+}
+
 /// What `maxTimeMS` a command carries under a deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServerTimeLimit {
@@ -293,6 +310,15 @@ impl CursorTimeout {
     /// exhausted): the next one starts with a deadline of its own.
     pub fn end_call(&mut self) {
         self.call = None;
+    }
+
+    /// A `getMore` of the call in progress returned a batch: with documents (`has_docs`) or at
+    /// the cursor's end (`exhausted`) the call ends; an empty batch of a live cursor (a
+    /// tailable cursor waiting for data) leaves the call, and its deadline, going.
+    pub fn batch_received(&mut self, has_docs: bool, exhausted: bool) {
+        if has_docs || exhausted {
+            self.end_call();
+        }
     }
 
     /// The `timeoutMS` of closing the cursor: `own` if the close was given one, else the
@@ -494,6 +520,52 @@ mod tests {
         assert_eq!(iteration.next_get_more(at(700)), Err(Expired));
         iteration.end_call();
         assert_eq!(iteration.next_get_more(at(710)), Ok(ms(200)));
+    }
+
+    #[test]
+    fn a_call_ends_with_documents_or_the_cursors_end_and_goes_on_over_empty_batches() {
+        let t0 = Instant::now();
+        let mut tailing = open(request(Some(200), None, CursorType::Tailable), t0);
+        assert_eq!(tailing.next_get_more(t0), Ok(ms(200)));
+        tailing.batch_received(false, false);
+        assert_eq!(tailing.next_get_more(t0 + ms(150)), Ok(ms(50)), "same call");
+        tailing.batch_received(true, false);
+        assert_eq!(
+            tailing.next_get_more(t0 + ms(160)),
+            Ok(ms(200)),
+            "a new call"
+        );
+        tailing.batch_received(false, true);
+        assert_eq!(
+            tailing.next_get_more(t0 + ms(300)),
+            Ok(ms(200)),
+            "a new call"
+        );
+    }
+
+    #[test]
+    fn commands_get_their_limit_by_name_and_cursor() {
+        let iteration = request(
+            Some(100),
+            Some(TimeoutMode::Iteration),
+            CursorType::NonTailable,
+        );
+        assert_eq!(
+            command_limit("getMore", None, || Some(ms(5))),
+            ServerTimeLimit::AtMost(ms(5))
+        );
+        assert_eq!(
+            command_limit("getMore", None, || None),
+            ServerTimeLimit::Omit
+        );
+        assert_eq!(
+            command_limit("find", Some(iteration), || panic!("read only for getMore")),
+            ServerTimeLimit::Omit
+        );
+        assert_eq!(
+            command_limit("insert", None, || panic!("read only for getMore")),
+            ServerTimeLimit::Remaining
+        );
     }
 
     #[test]

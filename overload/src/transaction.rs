@@ -16,7 +16,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::deadline::Deadline;
+use crate::deadline::{Deadline, Expired};
 
 /// The fixed limit of `withTransaction` without `timeoutMS` (the convenient transaction API
 /// specification's 120 seconds).
@@ -135,6 +135,50 @@ impl ConvenientLimit {
     }
 }
 
+/// The `timeoutMS` of a commit that set `own`, on a session whose own commands otherwise take
+/// `session` ([`session_timeout`] without a call's own): inside a convenient transaction
+/// (`convenient`), what remains of its deadline ([`Expired`] when nothing does), since the
+/// commit is part of the call.
+pub fn commit_timeout(
+    own: Option<Duration>,
+    convenient: Option<&ConvenientLimit>,
+    session: Option<Duration>,
+    now: Instant,
+) -> Result<Option<Duration>, Expired> {
+    if own.is_none() {
+        if let Some(deadline) = convenient.and_then(ConvenientLimit::commit) {
+            return crate::cursor::remaining_timeout(deadline, now).map(Some);
+        }
+    }
+    Ok(own.or(session))
+}
+
+/// The `timeoutMS` of an abort that set `own`: inside a convenient transaction its
+/// `timeoutMS` afresh (the abort releases the transaction's locks), else the session's.
+pub fn abort_timeout(
+    own: Option<Duration>,
+    convenient: Option<&ConvenientLimit>,
+    session: Option<Duration>,
+) -> Option<Duration> {
+    own.or_else(|| convenient.and_then(ConvenientLimit::abort_timeout))
+        .or(session)
+}
+
+/// The deadline of command `command`, which set `own`, run on a session with a convenient
+/// transaction in progress (`convenient`): the transaction's, shared by its statements; none
+/// from it for the commands that continue or end work ([`crate::control::is_exempt`]: the
+/// commit and abort get theirs above).
+pub fn statement_deadline(
+    convenient: Option<&ConvenientLimit>,
+    command: &str,
+    own: Option<Duration>,
+) -> Result<Option<Deadline>, TimeoutOverriddenInTransaction> {
+    match convenient {
+        Some(limit) if !crate::control::is_exempt(command) => limit.statement(own),
+        _ => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +236,51 @@ mod tests {
         );
         assert_eq!(limit.commit(), Some(deadline));
         assert_eq!(limit.abort_timeout(), Some(ms(500)));
+    }
+
+    #[test]
+    fn commit_abort_and_statements_inside_and_outside_a_convenient_transaction() {
+        let t0 = Instant::now();
+        let limit = ConvenientLimit::start(Some(ms(500)), t0);
+        let session = Some(ms(900));
+        // Outside: their own, else the session's.
+        assert_eq!(commit_timeout(None, None, session, t0), Ok(session));
+        assert_eq!(
+            commit_timeout(Some(ms(7)), None, session, t0),
+            Ok(Some(ms(7)))
+        );
+        assert_eq!(abort_timeout(None, None, session), session);
+        assert_eq!(statement_deadline(None, "insert", Some(ms(5))), Ok(None));
+        // Inside: the commit gets what remains, the abort timeoutMS afresh.
+        assert_eq!(
+            commit_timeout(None, Some(&limit), session, t0 + ms(200)),
+            Ok(Some(ms(300)))
+        );
+        assert_eq!(
+            commit_timeout(None, Some(&limit), session, t0 + ms(500)),
+            Err(Expired)
+        );
+        assert_eq!(abort_timeout(None, Some(&limit), session), Some(ms(500)));
+        assert_eq!(
+            abort_timeout(Some(ms(3)), Some(&limit), session),
+            Some(ms(3))
+        );
+        assert_eq!(
+            statement_deadline(Some(&limit), "insert", None),
+            Ok(Some(Deadline::at(t0 + ms(500))))
+        );
+        assert_eq!(
+            statement_deadline(Some(&limit), "insert", Some(ms(5))),
+            Err(TimeoutOverriddenInTransaction)
+        );
+        assert_eq!(
+            statement_deadline(Some(&limit), "commitTransaction", Some(ms(5))),
+            Ok(None)
+        );
+        // The fixed limit shares nothing.
+        let fixed = ConvenientLimit::start(None, t0);
+        assert_eq!(commit_timeout(None, Some(&fixed), session, t0), Ok(session));
+        assert_eq!(abort_timeout(None, Some(&fixed), session), session);
     }
 
     #[test]

@@ -4,51 +4,27 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::{Server, Started};
+use common::{block_commands, client_with, is_timeout, max_time_of, ms, Server};
 use futures::TryStreamExt;
 use mongodb::{
     bson::{doc, Bson, Document},
-    error::{Error, ErrorKind},
-    event::{command::CommandEvent, EventHandler},
-    options::{ClientOptions, CursorType, TimeoutMode},
-    Client, Collection,
+    error::ErrorKind,
+    options::{CursorType, TimeoutMode},
+    Client, Collection, Database,
 };
 
-fn ms(millis: u64) -> Duration {
-    Duration::from_millis(millis)
-}
-
-fn is_timeout(error: &Error) -> bool {
-    matches!(*error.kind, ErrorKind::Timeout { .. })
-}
-
-async fn client_with(uri: &str, timeout: Option<Duration>) -> (Client, Started) {
-    let mut options = ClientOptions::parse(uri).await.expect("valid uri");
-    options.timeout = timeout;
-    let started = Started::default();
-    let sink = started.clone();
-    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
-        if let CommandEvent::Started(e) = event {
-            sink.0.lock().unwrap().push(e.command);
-        }
-    }));
-    (Client::with_options(options).expect("client"), started)
-}
-
-/// Blocks the next `times` runs of `command` for `block_ms`, set through a client of its own.
-async fn block_commands(uri: &str, command: &str, times: i32, block_ms: i32) {
-    let client = Client::with_uri_str(uri).await.expect("client");
-    client
-        .database("admin")
-        .run_command(doc! {
-            "configureFailPoint": "failCommand",
-            "mode": { "times": times },
-            "data": { "failCommands": [command], "blockConnection": true, "blockTimeMS": block_ms },
-        })
+/// The id of a cursor over collection `c`, opened by a `find` of one document a batch.
+async fn open_cursor(db: &Database) -> i64 {
+    let reply = db
+        .run_command(doc! { "find": "c", "batchSize": 1 })
         .await
-        .expect("configureFailPoint");
+        .expect("find");
+    reply
+        .get_document("cursor")
+        .and_then(|c| c.get_i64("id"))
+        .expect("cursor id")
 }
 
 /// A collection of `n` documents, written through a client without `timeoutMS`.
@@ -65,15 +41,6 @@ async fn collection_of(uri: &str, name: &str, n: i32) {
             .expect("create");
     } else {
         coll.insert_many(docs).await.expect("insert");
-    }
-}
-
-fn max_time_of(command: &Document) -> Option<i64> {
-    match command.get("maxTimeMS") {
-        Some(Bson::Int64(v)) => Some(*v),
-        Some(Bson::Int32(v)) => Some(i64::from(*v)),
-        Some(other) => panic!("maxTimeMS of unexpected type: {other:?}"),
-        None => None,
     }
 }
 
@@ -310,14 +277,7 @@ async fn a_run_command_get_more_honours_its_own_timeout() {
     collection_of(&server.uri, "c", 5).await;
     let (client, _) = client_with(&server.uri, None).await;
     let db = client.database("t");
-    let reply = db
-        .run_command(doc! { "find": "c", "batchSize": 1 })
-        .await
-        .expect("find");
-    let id = reply
-        .get_document("cursor")
-        .and_then(|c| c.get_i64("id"))
-        .expect("cursor id");
+    let id = open_cursor(&db).await;
     block_commands(&server.uri, "getMore", 1, 1_500).await;
     let started = Instant::now();
     let error = db
@@ -337,14 +297,7 @@ async fn the_emulator_refuses_max_time_ms_on_a_get_more_that_awaits_no_data_as_m
     collection_of(&server.uri, "c", 5).await;
     let (client, _) = client_with(&server.uri, None).await;
     let db = client.database("t");
-    let reply = db
-        .run_command(doc! { "find": "c", "batchSize": 1 })
-        .await
-        .expect("find");
-    let id = reply
-        .get_document("cursor")
-        .and_then(|c| c.get_i64("id"))
-        .expect("cursor id");
+    let id = open_cursor(&db).await;
     let error = db
         .run_command(doc! { "getMore": id, "collection": "c", "maxTimeMS": 100 })
         .await

@@ -3,46 +3,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::{Server, Started};
-use mongodb::{
-    bson::doc,
-    error::ErrorKind,
-    event::{command::CommandEvent, EventHandler},
-    options::{ClientOptions, GridFsBucketOptions},
-    Client,
-};
-
-fn ms(millis: u64) -> Duration {
-    Duration::from_millis(millis)
-}
-
-async fn client_with(uri: &str, timeout: Option<Duration>) -> (Client, Started) {
-    let mut options = ClientOptions::parse(uri).await.expect("valid uri");
-    options.timeout = timeout;
-    let started = Started::default();
-    let sink = started.clone();
-    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
-        if let CommandEvent::Started(e) = event {
-            sink.0.lock().unwrap().push(e.command);
-        }
-    }));
-    (Client::with_options(options).expect("client"), started)
-}
-
-async fn block_commands(uri: &str, command: &str, times: i32, block_ms: i32) {
-    let client = Client::with_uri_str(uri).await.expect("client");
-    client
-        .database("admin")
-        .run_command(doc! {
-            "configureFailPoint": "failCommand",
-            "mode": { "times": times },
-            "data": { "failCommands": [command], "blockConnection": true, "blockTimeMS": block_ms },
-        })
-        .await
-        .expect("configureFailPoint");
-}
+use common::{block_commands, client_with, ms, Server};
+use mongodb::{bson::doc, error::ErrorKind, options::GridFsBucketOptions, Client};
 
 async fn fresh_database(uri: &str, name: &str) {
     let client = Client::with_uri_str(uri).await.expect("client");

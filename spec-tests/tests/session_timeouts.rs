@@ -5,40 +5,19 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::{Server, Started};
+use common::{client_with, is_timeout, max_time_of, ms, Server};
 use futures::FutureExt;
 use mongodb::{
     bson::{doc, Bson, Document},
     error::{Error, ErrorKind, TRANSIENT_TRANSACTION_ERROR},
-    event::{command::CommandEvent, EventHandler},
-    options::{ClientOptions, SessionOptions},
+    options::SessionOptions,
     Client, Collection,
 };
 
-fn ms(millis: u64) -> Duration {
-    Duration::from_millis(millis)
-}
-
-fn is_timeout(error: &Error) -> bool {
-    matches!(*error.kind, ErrorKind::Timeout { .. })
-}
-
-async fn client_with(uri: &str, timeout: Option<Duration>) -> (Client, Started) {
-    let mut options = ClientOptions::parse(uri).await.expect("valid uri");
-    options.timeout = timeout;
-    let started = Started::default();
-    let sink = started.clone();
-    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
-        if let CommandEvent::Started(e) = event {
-            sink.0.lock().unwrap().push(e.command);
-        }
-    }));
-    (Client::with_options(options).expect("client"), started)
-}
-
-async fn fail_point(uri: &str, mode: Bson, data: Document) {
+/// Sets `failCommand` with `mode` and `data`.
+async fn fail_command(uri: &str, mode: Bson, data: Document) {
     let client = Client::with_uri_str(uri).await.expect("client");
     client
         .database("admin")
@@ -52,14 +31,6 @@ async fn empty_collection(uri: &str) {
     let db = client.database("t");
     db.collection::<Document>("c").drop().await.expect("drop");
     db.create_collection("c").await.expect("create");
-}
-
-fn max_time_of(command: &Document) -> Option<i64> {
-    match command.get("maxTimeMS") {
-        Some(Bson::Int64(v)) => Some(*v),
-        Some(Bson::Int32(v)) => Some(i64::from(*v)),
-        _ => None,
-    }
 }
 
 #[tokio::test]
@@ -82,7 +53,7 @@ async fn upstream_waits_out_a_blocked_commit_and_the_fork_ends_it_at_the_session
         .session(&mut session)
         .await
         .unwrap();
-    fail_point(&server.uri, doc! { "times": 1 }.into(), block.clone()).await;
+    fail_command(&server.uri, doc! { "times": 1 }.into(), block.clone()).await;
     let started = Instant::now();
     session.commit_transaction().await.expect("upstream waits");
     assert!(started.elapsed() >= ms(1_400), "{:?}", started.elapsed());
@@ -100,7 +71,7 @@ async fn upstream_waits_out_a_blocked_commit_and_the_fork_ends_it_at_the_session
         .session(&mut session)
         .await
         .expect("insert");
-    fail_point(&server.uri, doc! { "times": 1 }.into(), block).await;
+    fail_command(&server.uri, doc! { "times": 1 }.into(), block).await;
     let started = Instant::now();
     let error = session
         .commit_transaction()
@@ -118,7 +89,7 @@ async fn a_convenient_transaction_ends_at_its_timeout_with_the_last_transient_er
     empty_collection(&server.uri).await;
     // Every insert fails with a transient transaction error: without timeoutMS the loop would
     // retry for its fixed 120 seconds.
-    fail_point(
+    fail_command(
         &server.uri,
         "alwaysOn".into(),
         doc! {
@@ -146,7 +117,7 @@ async fn a_convenient_transaction_ends_at_its_timeout_with_the_last_transient_er
         .await
         .expect_err("the deadline ends the retries");
     let elapsed = started.elapsed();
-    fail_point(&server.uri, "off".into(), doc! {}).await;
+    fail_command(&server.uri, "off".into(), doc! {}).await;
     assert!(is_timeout(&error), "{error:?}");
     assert!(elapsed < ms(2_000), "{elapsed:?}");
     // The driver keeps the cause boxed; `source()` may hand out the box or the error itself.

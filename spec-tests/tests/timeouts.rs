@@ -10,22 +10,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Server, Started};
+use common::{
+    block_commands, client_with, fail_command_off, fail_point, is_timeout, max_time_of, ms, Server,
+    Started,
+};
 use mongodb::{
     bson::{doc, Bson, Document},
     error::{BulkWriteError, Error, ErrorKind, PartialBulkWriteResult, WriteFailure},
-    event::{command::CommandEvent, EventHandler},
     options::{ClientOptions, CollectionOptions, DatabaseOptions, InsertOneModel, WriteConcern},
     Client, Collection, Database, IndexModel, SearchIndexModel,
 };
-
-fn ms(millis: u64) -> Duration {
-    Duration::from_millis(millis)
-}
-
-fn is_timeout(error: &Error) -> bool {
-    matches!(*error.kind, ErrorKind::Timeout { .. })
-}
 
 /// The error's cause, as applications read it: through `std::error::Error::source`.
 fn cause(error: &Error) -> Option<&Error> {
@@ -47,63 +41,12 @@ fn server_code(error: &Error) -> Option<i32> {
 impl Started {
     /// The `maxTimeMS` of the last started command called `name` (`None` when it had none).
     fn last_max_time(&self, name: &str) -> Option<i64> {
-        let last = self.named(name).pop().expect("command was sent");
-        match last.get("maxTimeMS") {
-            Some(Bson::Int64(v)) => Some(*v),
-            Some(Bson::Int32(v)) => Some(i64::from(*v)),
-            Some(other) => panic!("maxTimeMS of unexpected type: {other:?}"),
-            None => None,
-        }
+        max_time_of(&self.named(name).pop().expect("command was sent"))
     }
 
     fn clear(&self) {
         self.0.lock().unwrap().clear();
     }
-}
-
-async fn client_with(uri: &str, timeout: Option<Duration>) -> (Client, Started) {
-    let mut options = ClientOptions::parse(uri).await.expect("valid uri");
-    options.timeout = timeout;
-    let started = Started::default();
-    let sink = started.clone();
-    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
-        if let CommandEvent::Started(e) = event {
-            sink.0.lock().unwrap().push(e.command);
-        }
-    }));
-    (Client::with_options(options).expect("client"), started)
-}
-
-/// Sets a fail point through a separate client, so that the client under test has no earlier
-/// successful attempt (whose service time would take part in its retry decisions).
-async fn fail_point(uri: &str, spec: Document) {
-    let client = Client::with_uri_str(uri).await.expect("client");
-    client
-        .database("admin")
-        .run_command(spec)
-        .await
-        .expect("configureFailPoint");
-}
-
-/// Blocks the next `times` runs of `command` for `block_ms` before they are answered.
-async fn block_commands(uri: &str, command: &str, times: i32, block_ms: i32) {
-    fail_point(
-        uri,
-        doc! {
-            "configureFailPoint": "failCommand",
-            "mode": { "times": times },
-            "data": { "failCommands": [command], "blockConnection": true, "blockTimeMS": block_ms },
-        },
-    )
-    .await;
-}
-
-async fn fail_point_off(uri: &str) {
-    fail_point(
-        uri,
-        doc! { "configureFailPoint": "failCommand", "mode": "off" },
-    )
-    .await;
 }
 
 /// `maxTimeMS` under a budget of `budget_ms` sent right away: at most the budget, and not much
@@ -207,7 +150,7 @@ async fn upstream_never_bounds_a_blocked_operation_and_the_fork_ends_it_at_the_d
     coll.find_one(doc! {})
         .await
         .expect("the next find succeeds");
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
 }
 
 #[tokio::test]
@@ -491,7 +434,7 @@ async fn ordinary_retries_go_on_while_time_remains() {
         .expect_err("two attempts fail");
     assert_eq!(server_code(&error), Some(7));
     assert_eq!(plain_sent.named("find").len(), 2);
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
 
     // With timeoutMS: retried until it succeeds.
     fail_point(&server.uri, fail_three).await;
@@ -523,7 +466,7 @@ async fn ordinary_retries_go_on_while_time_remains() {
         .await
         .expect_err("never succeeds");
     let elapsed = started.elapsed();
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
     assert!(is_timeout(&error), "{error:?}");
     assert!(
         sent.named("find").len() >= 3,
@@ -638,7 +581,7 @@ async fn a_deadline_that_ends_a_retry_keeps_the_last_attempts_error_as_cause() {
     )
     .await;
     let error = find.await.expect("task").expect_err("the retry times out");
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
     assert!(is_timeout(&error), "{error:?}");
     let cause = cause(&error).expect("the first attempt's error");
     assert!(matches!(*cause.kind, ErrorKind::Io(_)), "{cause:?}");
@@ -691,7 +634,7 @@ async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() 
     let result = mongodb::fork::test_hooks::with_pinned_jitter(1.0, coll.find_one(doc! {})).await;
     assert_eq!(result.as_ref().err().and_then(server_code), Some(462));
     assert_eq!(sent.named("find").len(), 2);
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
 }
 
 /// CSOT prose test 1: the batches of one `insert_many` share one deadline.
@@ -711,7 +654,7 @@ async fn insert_many_batches_share_one_deadline() {
         .insert_many(docs)
         .await
         .expect_err("the second batch runs out of time");
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
     assert!(is_timeout(&error), "{error:?}");
     let inserts = sent.named("insert");
     assert_eq!(inserts.len(), 2, "two batches were sent");
@@ -924,7 +867,7 @@ async fn a_shorter_per_call_timeout_ends_a_blocked_command_whatever_the_levels_a
         assert!(elapsed < ms(1_000), "{command}: ended after {elapsed:?}");
         assert_max_time_from(sent.last_max_time(command), 200, command);
     }
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
 }
 
 #[tokio::test]
@@ -971,7 +914,7 @@ async fn client_bulk_write_batches_share_one_deadline() {
         .bulk_write(models)
         .await
         .expect_err("the second batch runs out of time");
-    fail_point_off(&server.uri).await;
+    fail_command_off(&server.uri).await;
     assert!(is_timeout(&error), "{error:?}");
     let batches = sent.named("bulkWrite");
     assert_eq!(batches.len(), 2, "two batches were sent");

@@ -191,3 +191,72 @@ pub fn is_local_rejection(error: &mongodb::error::Error) -> bool {
         mongodb::error::ErrorKind::LocalOverloadRejection { .. }
     )
 }
+
+// `timeoutMS` tests: the shared client, fail point and reading helpers of `timeouts.rs`,
+// `cursor_timeouts.rs`, `session_timeouts.rs` and `gridfs_timeouts.rs`.
+
+pub fn ms(millis: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(millis)
+}
+
+/// Whether `error` is the driver's `timeoutMS` expiry.
+pub fn is_timeout(error: &mongodb::error::Error) -> bool {
+    matches!(*error.kind, mongodb::error::ErrorKind::Timeout { .. })
+}
+
+/// The `maxTimeMS` of a started command (`None` when it has none).
+pub fn max_time_of(command: &bson::Document) -> Option<i64> {
+    match command.get("maxTimeMS") {
+        Some(bson::Bson::Int64(v)) => Some(*v),
+        Some(bson::Bson::Int32(v)) => Some(i64::from(*v)),
+        Some(other) => panic!("maxTimeMS of unexpected type: {other:?}"),
+        None => None,
+    }
+}
+
+/// A fork client for `uri` with client-level `timeout`, recording every command it starts.
+pub async fn client_with(
+    uri: &str,
+    timeout: Option<std::time::Duration>,
+) -> (mongodb::Client, Started) {
+    use mongodb::event::{command::CommandEvent, EventHandler};
+    let mut options = mongodb::options::ClientOptions::parse(uri)
+        .await
+        .expect("valid uri");
+    options.timeout = timeout;
+    let started = Started::default();
+    let sink = started.clone();
+    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
+        if let CommandEvent::Started(e) = event {
+            sink.0.lock().unwrap().push(e.command);
+        }
+    }));
+    (
+        mongodb::Client::with_options(options).expect("client"),
+        started,
+    )
+}
+
+/// Configures fail point `spec` through a client of its own, so that the client under test has
+/// no earlier successful attempt (whose service time would take part in its retry decisions).
+pub async fn fail_point(uri: &str, spec: bson::Document) {
+    let client = mongodb::Client::with_uri_str(uri).await.expect("client");
+    client
+        .database("admin")
+        .run_command(spec)
+        .await
+        .expect("configureFailPoint");
+}
+
+/// Blocks the next `times` runs of `command` for `block_ms` before they are answered.
+pub async fn block_commands(uri: &str, command: &str, times: i32, block_ms: i32) {
+    fail_point(
+        uri,
+        bson::doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": times },
+            "data": { "failCommands": [command], "blockConnection": true, "blockTimeMS": block_ms },
+        },
+    )
+    .await;
+}
