@@ -37,18 +37,18 @@ async fn admission_options_parse_and_default_to_off() {
     )
     .await
     .expect("valid admission options");
-    assert_eq!(options.adaptive_throttle, Some(true));
-    assert_eq!(options.adaptive_throttle_k, Some(1.5));
+    assert_eq!(options.overload.adaptive_throttle, Some(true));
+    assert_eq!(options.overload.adaptive_throttle_k, Some(1.5));
     assert_eq!(
-        options.adaptive_throttle_window,
+        options.overload.adaptive_throttle_window,
         Some(Duration::from_secs(2))
     );
-    assert_eq!(options.adaptive_throttle_min_requests, Some(5));
-    assert_eq!(options.adaptive_concurrency, Some(true));
-    assert_eq!(options.adaptive_concurrency_min_limit, Some(3));
-    assert_eq!(options.adaptive_concurrency_tolerance, Some(1.25));
+    assert_eq!(options.overload.adaptive_throttle_min_requests, Some(5));
+    assert_eq!(options.overload.adaptive_concurrency, Some(true));
+    assert_eq!(options.overload.adaptive_concurrency_min_limit, Some(3));
+    assert_eq!(options.overload.adaptive_concurrency_tolerance, Some(1.25));
     assert_eq!(
-        options.adaptive_concurrency_probe_interval,
+        options.overload.adaptive_concurrency_probe_interval,
         Some(Duration::from_secs(5))
     );
 

@@ -203,12 +203,12 @@ async fn invalid_values_set_on_client_options_are_refused_naming_the_option() {
     let mut cases: Vec<(&str, ClientOptions)> = Vec::new();
     for percent in [-1.0, 1000.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
         let mut o = base().await.expect("parses");
-        o.retry_budget_percent = Some(percent);
+        o.overload.retry_budget_percent = Some(percent);
         cases.push(("retryBudgetPercent", o));
     }
     for per_sec in [100_001, u32::MAX] {
         let mut o = base().await.expect("parses");
-        o.retry_budget_min_per_sec = Some(per_sec);
+        o.overload.retry_budget_min_per_sec = Some(per_sec);
         cases.push(("retryBudgetMinPerSec", o));
     }
     for window in [
@@ -218,28 +218,28 @@ async fn invalid_values_set_on_client_options_are_refused_naming_the_option() {
         Duration::MAX,
     ] {
         let mut o = base().await.expect("parses");
-        o.retry_budget_window = Some(window);
+        o.overload.retry_budget_window = Some(window);
         cases.push(("retryBudgetWindowMS", o));
     }
     for k in [0.5, 11.0, f64::NAN] {
         let mut o = base().await.expect("parses");
-        o.adaptive_throttle_k = Some(k);
+        o.overload.adaptive_throttle_k = Some(k);
         cases.push(("adaptiveThrottleK", o));
     }
     for window in [Duration::ZERO, Duration::from_secs(61)] {
         let mut o = base().await.expect("parses");
-        o.adaptive_throttle_window = Some(window);
+        o.overload.adaptive_throttle_window = Some(window);
         cases.push(("adaptiveThrottleWindowMS", o));
     }
     for (min_limit, pool) in [(0, None), (11, None), (6, Some(5))] {
         let mut o = base().await.expect("parses");
-        o.adaptive_concurrency_min_limit = Some(min_limit);
+        o.overload.adaptive_concurrency_min_limit = Some(min_limit);
         o.max_pool_size = pool;
         cases.push(("adaptiveConcurrencyMinLimit", o));
     }
     for tolerance in [0.9, f64::INFINITY] {
         let mut o = base().await.expect("parses");
-        o.adaptive_concurrency_tolerance = Some(tolerance);
+        o.overload.adaptive_concurrency_tolerance = Some(tolerance);
         cases.push(("adaptiveConcurrencyTolerance", o));
     }
     for (option, options) in cases {
@@ -293,4 +293,49 @@ async fn valid_edge_values_are_accepted() {
         let uri = uri(option, value);
         assert_eq!(refusal(&uri).await, None, "{uri} is valid");
     }
+}
+
+/// Every overload option survives a round trip through the connection string: parsed, written
+/// back by `ConnectionString`'s `Display`, and parsed again, with durations in milliseconds.
+#[tokio::test]
+async fn overload_options_round_trip_through_the_connection_string() {
+    use mongodb::options::{ConnectionString, OverloadOptions};
+
+    let original = "mongodb://localhost:27017/?retryBudget=true&retryBudgetPercent=12.5\
+                    &retryBudgetMinPerSec=3&retryBudgetWindowMS=2500&adaptiveThrottle=false\
+                    &adaptiveThrottleK=2&adaptiveThrottleWindowMS=4000\
+                    &adaptiveThrottleMinRequests=7&adaptiveConcurrency=true\
+                    &adaptiveConcurrencyMinLimit=3&adaptiveConcurrencyTolerance=1.25\
+                    &adaptiveConcurrencyProbeIntervalMS=9000";
+    let parsed = ConnectionString::parse(original).expect("valid options");
+    let expected = OverloadOptions::builder()
+        .retry_budget(true)
+        .retry_budget_percent(12.5)
+        .retry_budget_min_per_sec(3)
+        .retry_budget_window(Duration::from_millis(2500))
+        .adaptive_throttle(false)
+        .adaptive_throttle_k(2.0)
+        .adaptive_throttle_window(Duration::from_millis(4000))
+        .adaptive_throttle_min_requests(7)
+        .adaptive_concurrency(true)
+        .adaptive_concurrency_min_limit(3)
+        .adaptive_concurrency_tolerance(1.25)
+        .adaptive_concurrency_probe_interval(Duration::from_millis(9000))
+        .build();
+    assert_eq!(parsed.overload, expected);
+
+    let written = parsed.to_string();
+    for option in [
+        "retryBudgetWindowMS=2500",
+        "adaptiveThrottleK=2",
+        "adaptiveConcurrency=true",
+    ] {
+        assert!(written.contains(option), "{option} missing from {written}");
+    }
+    let again = ConnectionString::parse(&written).expect("the written string parses");
+    assert_eq!(again.overload, expected);
+    assert_eq!(
+        ClientOptions::parse(&written).await.unwrap().overload,
+        expected
+    );
 }

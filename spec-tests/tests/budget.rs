@@ -83,11 +83,11 @@ async fn budget_options_parse_from_the_connection_string() {
     )
     .await
     .expect("valid budget options");
-    assert_eq!(options.retry_budget, Some(true));
-    assert_eq!(options.retry_budget_percent, Some(12.5));
-    assert_eq!(options.retry_budget_min_per_sec, Some(3));
+    assert_eq!(options.overload.retry_budget, Some(true));
+    assert_eq!(options.overload.retry_budget_percent, Some(12.5));
+    assert_eq!(options.overload.retry_budget_min_per_sec, Some(3));
     assert_eq!(
-        options.retry_budget_window,
+        options.overload.retry_budget_window,
         Some(Duration::from_millis(2000))
     );
 
@@ -95,10 +95,10 @@ async fn budget_options_parse_from_the_connection_string() {
     let unset = ClientOptions::parse("mongodb://localhost:27017/")
         .await
         .unwrap();
-    assert_eq!(unset.retry_budget, None);
-    assert_eq!(unset.retry_budget_percent, None);
-    assert_eq!(unset.retry_budget_min_per_sec, None);
-    assert_eq!(unset.retry_budget_window, None);
+    assert_eq!(unset.overload.retry_budget, None);
+    assert_eq!(unset.overload.retry_budget_percent, None);
+    assert_eq!(unset.overload.retry_budget_min_per_sec, None);
+    assert_eq!(unset.overload.retry_budget_window, None);
 
     // The range ends are accepted.
     ClientOptions::parse(
@@ -142,8 +142,8 @@ async fn invalid_budget_options_are_errors_naming_the_option() {
     let mut options = ClientOptions::parse("mongodb://localhost:27017/")
         .await
         .unwrap();
-    options.retry_budget = Some(true);
-    options.retry_budget_window = Some(Duration::from_millis(10));
+    options.overload.retry_budget = Some(true);
+    options.overload.retry_budget_window = Some(Duration::from_millis(10));
     let error = Client::with_options(options).expect_err("window below range");
     assert!(error.to_string().contains("retryBudgetWindowMS"), "{error}");
 }

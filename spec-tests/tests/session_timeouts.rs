@@ -180,3 +180,41 @@ async fn a_statement_may_not_set_its_own_timeout_inside_a_convenient_transaction
         "nothing was sent, not even an abort"
     );
 }
+
+#[tokio::test]
+async fn a_dropped_convenient_transaction_leaves_no_deadline_on_its_session() {
+    let server = Server::replica_set();
+    empty_collection(&server.uri).await;
+    let (client, _sent) = client_with(&server.uri, None).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    let mut session = client.start_session().await.expect("session");
+    // The application gives up on the call (its own deadline) while the callback still runs.
+    let run = session
+        .start_transaction()
+        .timeout(ms(300))
+        .and_run(coll.clone(), |session, coll| {
+            async move {
+                coll.insert_one(doc! { "_id": 1 })
+                    .session(&mut *session)
+                    .await?;
+                tokio::time::sleep(ms(10_000)).await;
+                Ok(())
+            }
+            .boxed()
+        });
+    tokio::time::timeout(ms(100), run)
+        .await
+        .expect_err("dropped by the application");
+    session.abort_transaction().await.expect("abort");
+
+    // Well past the dropped run's deadline, a manual transaction's statements are not bound by
+    // it, and may set their own timeout (inside a running convenient transaction they may not).
+    tokio::time::sleep(ms(400)).await;
+    session.start_transaction().await.expect("start");
+    coll.insert_one(doc! { "_id": 2 })
+        .session(&mut session)
+        .timeout(ms(5_000))
+        .await
+        .expect("no limit left from the dropped run");
+    session.commit_transaction().await.expect("commit");
+}
