@@ -1,0 +1,679 @@
+//! The event loop: arrivals, each client's controller, the server, replies, deadlines.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use overload::control::{
+    Attempt, AttemptEnd, AttemptKind, Controller, RetryAnswer, RetryQuestion, SlotRequest,
+    StartAnswer,
+};
+use overload::cursor::ServerTimeLimit;
+use overload::deadline::Deadline;
+use overload::labels::Overload;
+use overload::retry::{Failure, RetryState};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::clock::{self, Nanos};
+use crate::queue::{Handle, Queue, Slab};
+use crate::report::{Outcome, Report};
+use crate::scenario::{Scenario, MIX};
+use crate::server::{OpKind, Reply, Request, Server, ServerConfig, Tag};
+use crate::variant::{MaxTime, OnDeadline, Variant};
+
+/// The most clients a run may have.
+pub const MAX_CLIENTS: u32 = 1_000_000;
+
+/// The key of the one server every client talks to.
+const SERVER: u32 = 0;
+
+/// Salts that split the one seed into independent streams, so that every variant meets the same
+/// arrivals whatever its policies draw.
+const ARRIVAL_SALT: u64 = 0x243f_6a88_85a3_08d3;
+const POLICY_SALT: u64 = 0x1319_8a2e_0370_7344;
+const SERVER_SALT: u64 = 0xa409_3822_299f_31d0;
+
+/// Everything one run needs.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub scenario: Scenario,
+    pub variant: Variant,
+    /// Clients (application instances), each with its own controller; the load is split
+    /// equally among them (each arrival goes to a client drawn uniformly).
+    pub clients: u32,
+    pub seed: u64,
+    /// The application's deadline per request (the lab's `--deadline-ms`, 100).
+    pub deadline: Duration,
+    /// The network round trip.
+    pub rtt: Duration,
+    /// 100 % load (ops/s); `None`: the server's nominal capacity for the mix.
+    pub capacity: Option<f64>,
+    /// The ingress limiter's rate as a share of capacity (the lab's 0.9; 0: no limiter).
+    pub limiter_share: f64,
+    /// The server's settings; the scenario's cores and rejection cost replace the defaults.
+    pub server: ServerConfig,
+    /// How long after the schedule the loop runs on for requests to end (virtual time).
+    pub drain: Duration,
+}
+
+impl RunConfig {
+    /// The lab's settings for `scenario`, `variant` and `clients`.
+    pub fn new(scenario: Scenario, variant: Variant, clients: u32, seed: u64) -> Self {
+        Self {
+            scenario,
+            variant,
+            clients,
+            seed,
+            deadline: Duration::from_millis(100),
+            rtt: Duration::from_micros(200),
+            capacity: None,
+            limiter_share: 0.9,
+            server: ServerConfig::default(),
+            drain: Duration::from_secs(30),
+        }
+    }
+
+    /// The server's configuration for this run.
+    pub fn server_config(&self) -> ServerConfig {
+        let mut s = self.server.clone();
+        s.cores = self.scenario.cores;
+        s.rejection_ms = self.scenario.rejection_ms;
+        s.half_rtt = clock::nanos(self.rtt) / 2;
+        let cap = self.effective_capacity(&s);
+        s.limiter_rate = (self.limiter_share > 0.0).then_some(self.limiter_share * cap);
+        s
+    }
+
+    /// 100 % load: the given capacity, else cores × 1000 ÷ the mix's mean cost in ms.
+    pub fn effective_capacity(&self, s: &ServerConfig) -> f64 {
+        self.capacity.unwrap_or_else(|| {
+            let mean: f64 = MIX.iter().map(|&(k, w)| w * s.cost_ms(k)).sum();
+            f64::from(s.cores) * 1000.0 / mean
+        })
+    }
+
+    /// Checks every setting.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the setting out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_CLIENTS).contains(&self.clients) {
+            return Err(format!(
+                "clients: {} is not from 1 to {MAX_CLIENTS}",
+                self.clients
+            ));
+        }
+        if self.deadline.is_zero() || self.deadline > Duration::from_secs(3600) {
+            return Err("deadline: must be above 0 and at most an hour".into());
+        }
+        if self.rtt > Duration::from_secs(10) {
+            return Err("rtt: at most 10 s".into());
+        }
+        if let Some(c) = self.capacity {
+            if !(c.is_finite() && c > 0.0 && c <= 1e7) {
+                return Err(format!("capacity: {c} is not from 0 to 10,000,000 ops/s"));
+            }
+        }
+        if !(self.limiter_share.is_finite() && (0.0..=10.0).contains(&self.limiter_share)) {
+            return Err("limiter share: must be from 0 to 10".into());
+        }
+        if self.drain > Duration::from_secs(3600) {
+            return Err("drain: at most an hour".into());
+        }
+        self.scenario.validate()?;
+        let s = self.server_config();
+        s.validate()?;
+        let cap = self.effective_capacity(&s);
+        let peak = self
+            .scenario
+            .phases
+            .iter()
+            .map(|p| p.load)
+            .fold(0.0, f64::max)
+            * cap;
+        if peak * self.scenario.secs() > 2e9 {
+            return Err("the schedule asks for more than 2e9 requests".into());
+        }
+        Ok(())
+    }
+}
+
+/// The events of the loop.
+#[derive(Debug)]
+pub enum Event {
+    /// The next arrival of the open-loop schedule.
+    Arrival,
+    /// The schedule ended: the server's counters are read for the utilisation.
+    ScheduleEnd,
+    /// The application's deadline of an operation.
+    AppDeadline { op: Handle },
+    /// An operation waiting for a concurrency slot looks again (`wait` names the wait).
+    SlotPoll { op: Handle, wait: u32 },
+    /// An operation's backoff ended: send the retry.
+    RetryDue { op: Handle, wait: u32 },
+    /// An attempt reaches the server.
+    ServerArrive(Request),
+    /// A slice of a server job ended.
+    SliceEnd { job: Handle },
+    /// A ticket wait reached its request's deadline.
+    TicketTimeout { job: Handle, wait: u32 },
+    /// The server's reply reaches the client.
+    Reply { tag: Tag, reply: Reply },
+}
+
+enum Stage<'c> {
+    /// Asking for a concurrency slot (only with adaptive concurrency).
+    Slot(SlotRequest<'c, 'static, u32, ()>),
+    /// An attempt is at the server.
+    InFlight {
+        attempt: Attempt<'c, u32, ()>,
+        sent: Nanos,
+    },
+    /// Sleeping the backoff before a retry.
+    Backoff(Duration),
+    /// Between two steps of one event (never seen by another event).
+    Idle,
+}
+
+struct Op<'c> {
+    client: u32,
+    kind: OpKind,
+    arrival: Nanos,
+    app_deadline: Nanos,
+    phase: usize,
+    /// The application still waits for it.
+    app_waiting: bool,
+    retry: RetryState,
+    deadline: Option<Deadline>,
+    stage: Stage<'c>,
+    /// Attempts sent so far; the number of the one in flight.
+    attempts: u32,
+    /// Names the current wait (slot or backoff), so that stale wake-ups are ignored.
+    wait: u32,
+}
+
+struct Sim<'c> {
+    cfg: &'c RunConfig,
+    controllers: &'c [Controller<u32>],
+    ops: Slab<Op<'c>>,
+    server: Server,
+    q: Queue<Event>,
+    arrivals: StdRng,
+    policy: StdRng,
+    server_rng: StdRng,
+    /// Per client, operations waiting for a slot (woken one per release).
+    slot_waiters: Vec<VecDeque<(Handle, u32)>>,
+    /// Phase boundaries (ns) and arrival rates (per ns).
+    phase_ends: Vec<Nanos>,
+    rates: Vec<f64>,
+    report: Report,
+    latency: Histogram<u64>,
+    max_time: MaxTime,
+    on_deadline: OnDeadline,
+    min_rtt: Duration,
+}
+
+/// Runs one simulation.
+///
+/// # Errors
+///
+/// A message when the configuration is out of range.
+pub fn run(cfg: &RunConfig) -> Result<Report, String> {
+    cfg.validate()?;
+    let started = Instant::now();
+    clock::set(0);
+    let settings = cfg.variant.settings(cfg.deadline);
+    let controllers = (0..cfg.clients)
+        .map(|_| Controller::<u32>::new(settings.clone(), clock::now))
+        .collect::<Result<Vec<_>, _>>()?;
+    let server_cfg = cfg.server_config();
+    let capacity = cfg.effective_capacity(&server_cfg);
+    let mut phase_ends = Vec::new();
+    let mut rates = Vec::new();
+    let mut end = 0.0;
+    for p in &cfg.scenario.phases {
+        end += p.secs;
+        phase_ends.push(clock::ms(end * 1000.0));
+        rates.push(p.load * capacity / 1e9);
+    }
+    let latency = Histogram::new_with_bounds(1, 3_600_000_000, 3)
+        .map_err(|e| format!("latency histogram: {e}"))?;
+    let mut sim = Sim {
+        cfg,
+        controllers: &controllers,
+        ops: Slab::default(),
+        server: Server::new(server_cfg),
+        q: Queue::default(),
+        arrivals: StdRng::seed_from_u64(cfg.seed ^ ARRIVAL_SALT),
+        policy: StdRng::seed_from_u64(cfg.seed ^ POLICY_SALT),
+        server_rng: StdRng::seed_from_u64(cfg.seed ^ SERVER_SALT),
+        slot_waiters: (0..cfg.clients).map(|_| VecDeque::new()).collect(),
+        phase_ends,
+        rates,
+        report: Report::new(cfg, capacity),
+        latency,
+        max_time: cfg.variant.max_time(),
+        on_deadline: cfg.variant.on_deadline(),
+        min_rtt: cfg.rtt,
+    };
+    sim.report.setup_secs = started.elapsed().as_secs_f64();
+    sim.run();
+    sim.report.real_secs = started.elapsed().as_secs_f64();
+    Ok(sim.report)
+}
+
+impl<'c> Sim<'c> {
+    fn run(&mut self) {
+        let schedule_end = self.phase_ends.last().copied().unwrap_or(0);
+        let stop = schedule_end.saturating_add(clock::nanos(self.cfg.drain));
+        if let Some(first) = self.next_arrival(0) {
+            self.q.push(first, Event::Arrival);
+        }
+        self.q.push(schedule_end, Event::ScheduleEnd);
+        // Bounded: arrivals stop at the schedule's end, every operation ends by its deadline or
+        // its last retry, and the loop stops at `stop` whatever is left.
+        while let Some((now, event)) = self.q.pop() {
+            if now > stop {
+                break;
+            }
+            clock::set(now);
+            self.report.events += 1;
+            self.handle(now, event);
+        }
+        self.report.peak_events = self.q.peak() as u64;
+        self.report.unfinished = self.ops.len() as u64;
+        self.report.server = self.server.stats.clone();
+        let hist = &self.latency;
+        if !hist.is_empty() {
+            self.report.p50_ms = hist.value_at_quantile(0.5) as f64 / 1000.0;
+            self.report.p99_ms = hist.value_at_quantile(0.99) as f64 / 1000.0;
+        }
+    }
+
+    fn handle(&mut self, now: Nanos, event: Event) {
+        match event {
+            Event::Arrival => {
+                self.arrive(now);
+                if let Some(next) = self.next_arrival(now) {
+                    self.q.push(next, Event::Arrival);
+                }
+            }
+            Event::ScheduleEnd => {
+                self.report.busy_in_schedule_ns = self.server.stats.busy_ns;
+            }
+            Event::AppDeadline { op } => self.app_deadline(now, op),
+            Event::SlotPoll { op, wait } => {
+                if self.ops.get(op).is_some_and(|o| o.wait == wait) {
+                    self.poll(now, op);
+                }
+            }
+            Event::RetryDue { op, wait } => self.retry_due(now, op, wait),
+            Event::ServerArrive(req) => {
+                self.server
+                    .arrive(now, req, &mut self.q, &mut self.server_rng);
+            }
+            Event::SliceEnd { job } => {
+                self.server
+                    .slice_end(now, job, &mut self.q, &mut self.server_rng);
+            }
+            Event::TicketTimeout { job, wait } => {
+                self.server.ticket_timeout(now, job, wait, &mut self.q);
+            }
+            Event::Reply { tag, reply } => self.reply(now, tag, reply),
+        }
+    }
+
+    /// The instant of the next arrival after `now`, or `None` past the schedule. Exponential
+    /// gaps at the phase's rate; a gap that crosses into the next phase is drawn again from the
+    /// boundary at the new rate (the process is memoryless).
+    fn next_arrival(&mut self, now: Nanos) -> Option<Nanos> {
+        let mut t = now;
+        for (i, &end) in self.phase_ends.iter().enumerate() {
+            if t >= end {
+                continue;
+            }
+            let rate = self.rates[i];
+            if rate <= 0.0 {
+                t = end;
+                continue;
+            }
+            let u: f64 = self.arrivals.random();
+            let gap = -(1.0 - u).ln() / rate;
+            let at = t as f64 + gap;
+            if at < end as f64 {
+                return Some(at as Nanos);
+            }
+            t = end;
+        }
+        None
+    }
+
+    fn phase_of(&self, t: Nanos) -> usize {
+        self.phase_ends
+            .iter()
+            .position(|&end| t < end)
+            .unwrap_or(self.phase_ends.len().saturating_sub(1))
+    }
+
+    fn arrive(&mut self, now: Nanos) {
+        let client = self.arrivals.random_range(0..self.cfg.clients);
+        let draw: f64 = self.arrivals.random();
+        let mut kind = MIX[MIX.len() - 1].0;
+        let mut acc = 0.0;
+        for &(k, w) in &MIX {
+            acc += w;
+            if draw < acc {
+                kind = k;
+                break;
+            }
+        }
+        let phase = self.phase_of(now);
+        self.report.requests += 1;
+        self.report.phase_requests[phase] += 1;
+        let ctl = &self.controllers[client as usize];
+        let at = clock::instant(now);
+        let deadline = ctl.deadline(kind.command(), Default::default(), at);
+        ctl.deposit(at);
+        let app_deadline = now + clock::nanos(self.cfg.deadline);
+        let op = self.ops.insert(Op {
+            client,
+            kind,
+            arrival: now,
+            app_deadline,
+            phase,
+            app_waiting: true,
+            retry: ctl.retry_state(),
+            deadline,
+            stage: Stage::Idle,
+            attempts: 0,
+            wait: 0,
+        });
+        self.report.peak_ops = self.report.peak_ops.max(self.ops.len() as u64);
+        self.q.push(app_deadline, Event::AppDeadline { op });
+        self.start_attempt(now, op, AttemptKind::First);
+    }
+
+    fn start_attempt(&mut self, now: Nanos, op: Handle, kind: AttemptKind) {
+        let controllers = self.controllers;
+        let Some(o) = self.ops.get_mut(op) else {
+            return;
+        };
+        let ctl = &controllers[o.client as usize];
+        let request = ctl.start_attempt(
+            o.kind.command(),
+            &SERVER,
+            kind,
+            o.deadline,
+            clock::instant(now),
+        );
+        o.stage = Stage::Slot(request);
+        self.poll(now, op);
+    }
+
+    /// Asks the slot request of `op` again.
+    fn poll(&mut self, now: Nanos, op: Handle) {
+        let controllers = self.controllers;
+        let rng = &mut self.policy;
+        let Some(o) = self.ops.get_mut(op) else {
+            return;
+        };
+        let Stage::Slot(ref mut request) = o.stage else {
+            return;
+        };
+        let mut jitter = || rng.random::<f64>();
+        let answer = request.poll(clock::instant(now), &mut jitter);
+        match answer {
+            StartAnswer::Send(attempt) => {
+                let ctl = &controllers[o.client as usize];
+                let max_time = match self.max_time {
+                    MaxTime::None => None,
+                    MaxTime::AppOnReads => {
+                        o.kind.is_read().then(|| clock::nanos(self.cfg.deadline))
+                    }
+                    MaxTime::Driver => match o.deadline {
+                        None => None,
+                        Some(d) => match ctl.max_time(
+                            d,
+                            ServerTimeLimit::Remaining,
+                            self.min_rtt,
+                            clock::instant(now),
+                        ) {
+                            Ok(t) => t.map(clock::nanos),
+                            Err(_) => {
+                                // Time out without sending.
+                                attempt.finish(
+                                    AttemptEnd::Failed {
+                                        overload: Overload::None,
+                                        replied: false,
+                                    },
+                                    None,
+                                    clock::instant(now),
+                                );
+                                o.stage = Stage::Idle;
+                                self.wake_slot_waiter(now, op);
+                                self.driver_end(now, op, Outcome::Deadline);
+                                return;
+                            }
+                        },
+                    },
+                };
+                o.attempts += 1;
+                if o.attempts == 1 {
+                    self.report.first_attempts += 1;
+                } else {
+                    self.report.retries += 1;
+                }
+                let tag = Tag {
+                    op,
+                    attempt: o.attempts,
+                };
+                let req = Request {
+                    tag,
+                    kind: o.kind,
+                    max_time,
+                    client_deadline: o.app_deadline,
+                };
+                o.stage = Stage::InFlight { attempt, sent: now };
+                self.q.push(
+                    now + self.cfg.server_config_half_rtt(),
+                    Event::ServerArrive(req),
+                );
+            }
+            StartAnswer::WaitUntil(until) => {
+                o.wait = o.wait.wrapping_add(1);
+                let wait = o.wait;
+                let client = o.client as usize;
+                let at = clock::nanos(until.saturating_duration_since(clock::origin())).max(now);
+                self.q.push(at, Event::SlotPoll { op, wait });
+                if let Some(waiters) = self.slot_waiters.get_mut(client) {
+                    waiters.push_back((op, wait));
+                }
+                self.report.slot_waits += 1;
+            }
+            StartAnswer::RejectLocally(_) => {
+                o.stage = Stage::Idle;
+                self.report.local_rejections += 1;
+                self.driver_end(now, op, Outcome::LocalRejection);
+            }
+            StartAnswer::TimedOut(_) => {
+                o.stage = Stage::Idle;
+                self.driver_end(now, op, Outcome::Deadline);
+            }
+        }
+    }
+
+    /// A slot of `op`'s client was released: the first operation of that client still waiting
+    /// looks again now.
+    fn wake_slot_waiter(&mut self, now: Nanos, op: Handle) {
+        if self.cfg.variant != Variant::ForkControls {
+            return;
+        }
+        let Some(client) = self.ops.get(op).map(|o| o.client as usize) else {
+            return;
+        };
+        let Some(waiters) = self.slot_waiters.get_mut(client) else {
+            return;
+        };
+        // Bounded by the queue's length; stale entries (ended or re-polled waits) are skipped.
+        while let Some((waiter, wait)) = waiters.pop_front() {
+            if self.ops.get(waiter).is_some_and(|o| o.wait == wait) {
+                self.q.push(now, Event::SlotPoll { op: waiter, wait });
+                break;
+            }
+        }
+    }
+
+    fn reply(&mut self, now: Nanos, tag: Tag, reply: Reply) {
+        let controllers = self.controllers;
+        let Some(o) = self.ops.get_mut(tag.op) else {
+            return;
+        };
+        if o.attempts != tag.attempt || !matches!(o.stage, Stage::InFlight { .. }) {
+            return;
+        }
+        let Stage::InFlight { attempt, sent } = std::mem::replace(&mut o.stage, Stage::Idle) else {
+            return;
+        };
+        let at = clock::instant(now);
+        let ctl = &controllers[o.client as usize];
+        match reply {
+            Reply::Ok => {
+                attempt.finish(AttemptEnd::Succeeded, Some(clock::instant(sent)), at);
+                if o.attempts > 1 {
+                    ctl.succeeded(&o.retry, at);
+                }
+                self.wake_slot_waiter(now, tag.op);
+                self.driver_end(now, tag.op, Outcome::Success);
+            }
+            Reply::Expired => {
+                attempt.finish(
+                    AttemptEnd::Failed {
+                        overload: Overload::None,
+                        replied: true,
+                    },
+                    Some(clock::instant(sent)),
+                    at,
+                );
+                self.wake_slot_waiter(now, tag.op);
+                self.driver_end(now, tag.op, Outcome::Deadline);
+            }
+            Reply::Overloaded => {
+                attempt.finish(
+                    AttemptEnd::Failed {
+                        overload: Overload::Retryable,
+                        replied: true,
+                    },
+                    Some(clock::instant(sent)),
+                    at,
+                );
+                let failure = Failure::new(Overload::Retryable, None);
+                ctl.failure(failure, Some(462));
+                o.retry.record_failure(failure);
+                let question = RetryQuestion {
+                    operation: o.kind.command(),
+                    server: Some(&SERVER),
+                    deadline: o.deadline,
+                };
+                let rng = &mut self.policy;
+                let mut jitter = || rng.random::<f64>();
+                let answer = ctl.may_retry(&mut o.retry, question, at, &mut jitter);
+                match answer {
+                    RetryAnswer::RetryAfter(delay) => {
+                        o.wait = o.wait.wrapping_add(1);
+                        let wait = o.wait;
+                        o.stage = Stage::Backoff(delay);
+                        self.q.push(
+                            now.saturating_add(clock::nanos(delay)),
+                            Event::RetryDue { op: tag.op, wait },
+                        );
+                        self.wake_slot_waiter(now, tag.op);
+                    }
+                    RetryAnswer::ReturnLastError(_) => {
+                        self.wake_slot_waiter(now, tag.op);
+                        self.driver_end(now, tag.op, Outcome::Rejected);
+                    }
+                    RetryAnswer::TimedOut => {
+                        self.wake_slot_waiter(now, tag.op);
+                        self.driver_end(now, tag.op, Outcome::Deadline);
+                    }
+                }
+            }
+        }
+    }
+
+    fn retry_due(&mut self, now: Nanos, op: Handle, wait: u32) {
+        let controllers = self.controllers;
+        let Some(o) = self.ops.get_mut(op) else {
+            return;
+        };
+        if o.wait != wait {
+            return;
+        }
+        let Stage::Backoff(delay) = o.stage else {
+            return;
+        };
+        o.stage = Stage::Idle;
+        let ctl = &controllers[o.client as usize];
+        if ctl.send_retry(
+            &mut o.retry,
+            o.kind.command(),
+            Some(delay),
+            clock::instant(now),
+        ) {
+            self.start_attempt(now, op, AttemptKind::Retry);
+        } else {
+            self.report.budget_refusals += 1;
+            self.driver_end(now, op, Outcome::Rejected);
+        }
+    }
+
+    fn app_deadline(&mut self, now: Nanos, op: Handle) {
+        let Some(o) = self.ops.get_mut(op) else {
+            return;
+        };
+        if !o.app_waiting {
+            return;
+        }
+        o.app_waiting = false;
+        let (arrival, phase) = (o.arrival, o.phase);
+        if self.on_deadline == OnDeadline::Drop {
+            // The driver's future is dropped (or the driver returns at its own deadline): a
+            // slot or an attempt in flight is given back as abandoned, a backoff ends.
+            let released = matches!(o.stage, Stage::InFlight { .. } | Stage::Slot(_));
+            o.stage = Stage::Idle;
+            if released {
+                self.wake_slot_waiter(now, op);
+            }
+            self.ops.remove(op);
+        }
+        self.record(now, arrival, phase, Outcome::Deadline);
+    }
+
+    /// The driver's operation ended with `outcome`; the application hears of it if it still
+    /// waits.
+    fn driver_end(&mut self, now: Nanos, op: Handle, outcome: Outcome) {
+        let Some(o) = self.ops.remove(op) else {
+            return;
+        };
+        if o.app_waiting {
+            self.record(now, o.arrival, o.phase, outcome);
+        } else {
+            self.report.late_driver_ends += 1;
+        }
+    }
+
+    fn record(&mut self, now: Nanos, arrival: Nanos, phase: usize, outcome: Outcome) {
+        self.report.count(outcome, phase);
+        let micros = now.saturating_sub(arrival) / 1000;
+        // Within the histogram's bounds by construction (an hour at most).
+        let _ = self.latency.record(micros.clamp(1, 3_600_000_000));
+    }
+}
+
+impl RunConfig {
+    fn server_config_half_rtt(&self) -> Nanos {
+        clock::nanos(self.rtt) / 2
+    }
+}

@@ -1,0 +1,239 @@
+//! What one run measured, and the markdown table of a grid.
+
+use std::fmt::Write;
+
+use crate::engine::RunConfig;
+use crate::server::ServerStats;
+use crate::variant::Variant;
+
+/// How a request ended, as its application saw it: exactly one per request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The driver returned a result before the deadline.
+    Success,
+    /// The driver returned the server's overload error (retries exhausted or refused).
+    Rejected,
+    /// The client's throttle (or its slot wait) rejected it without sending.
+    LocalRejection,
+    /// The deadline passed first: the application's, the driver's `timeoutMS`, or the server's
+    /// `maxTimeMS`.
+    Deadline,
+}
+
+/// The figures of one run.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub scenario: String,
+    pub variant: Variant,
+    pub clients: u32,
+    pub seed: u64,
+    /// 100 % load (ops/s).
+    pub capacity: f64,
+    pub cores: u32,
+    pub phase_secs: Vec<f64>,
+    pub burst: Option<usize>,
+    /// Requests that arrived, and how they ended.
+    pub requests: u64,
+    pub success: u64,
+    pub rejected: u64,
+    pub local: u64,
+    pub deadline: u64,
+    pub phase_requests: Vec<u64>,
+    pub phase_success: Vec<u64>,
+    /// Attempts sent to the server: first attempts and retries.
+    pub first_attempts: u64,
+    pub retries: u64,
+    /// First attempts rejected locally (the throttle or a slot wait).
+    pub local_rejections: u64,
+    /// Retries the budget refused when they were due.
+    pub budget_refusals: u64,
+    pub slot_waits: u64,
+    /// Driver operations that ended after their application stopped waiting.
+    pub late_driver_ends: u64,
+    /// Operations still alive when the loop stopped (0 in a complete run).
+    pub unfinished: u64,
+    pub server: ServerStats,
+    pub busy_in_schedule_ns: u64,
+    /// Latency of every request as its application saw it (until its outcome).
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub events: u64,
+    pub peak_events: u64,
+    pub peak_ops: u64,
+    /// Real time of the run (s), and of building its controllers.
+    pub real_secs: f64,
+    pub setup_secs: f64,
+}
+
+impl Report {
+    pub(crate) fn new(cfg: &RunConfig, capacity: f64) -> Self {
+        let phases = cfg.scenario.phases.len();
+        Self {
+            scenario: cfg.scenario.name.name().to_owned(),
+            variant: cfg.variant,
+            clients: cfg.clients,
+            seed: cfg.seed,
+            capacity,
+            cores: cfg.scenario.cores,
+            phase_secs: cfg.scenario.phases.iter().map(|p| p.secs).collect(),
+            burst: cfg.scenario.burst,
+            requests: 0,
+            success: 0,
+            rejected: 0,
+            local: 0,
+            deadline: 0,
+            phase_requests: vec![0; phases],
+            phase_success: vec![0; phases],
+            first_attempts: 0,
+            retries: 0,
+            local_rejections: 0,
+            budget_refusals: 0,
+            slot_waits: 0,
+            late_driver_ends: 0,
+            unfinished: 0,
+            server: ServerStats::default(),
+            busy_in_schedule_ns: 0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            events: 0,
+            peak_events: 0,
+            peak_ops: 0,
+            real_secs: 0.0,
+            setup_secs: 0.0,
+        }
+    }
+
+    pub(crate) fn count(&mut self, outcome: Outcome, phase: usize) {
+        match outcome {
+            Outcome::Success => {
+                self.success += 1;
+                if let Some(p) = self.phase_success.get_mut(phase) {
+                    *p += 1;
+                }
+            }
+            Outcome::Rejected => self.rejected += 1,
+            Outcome::LocalRejection => self.local += 1,
+            Outcome::Deadline => self.deadline += 1,
+        }
+    }
+
+    /// The schedule's length (s).
+    pub fn secs(&self) -> f64 {
+        self.phase_secs.iter().sum()
+    }
+
+    /// Requests that ended, by any outcome.
+    pub fn ended(&self) -> u64 {
+        self.success + self.rejected + self.local + self.deadline
+    }
+
+    /// Successes within the deadline per second of the schedule.
+    pub fn goodput(&self) -> f64 {
+        ratio(self.success as f64, self.secs())
+    }
+
+    /// Goodput ÷ capacity.
+    pub fn goodput_share(&self) -> f64 {
+        ratio(self.goodput(), self.capacity)
+    }
+
+    /// Goodput of the requests that arrived in the burst phase ÷ capacity.
+    pub fn burst_share(&self) -> Option<f64> {
+        let b = self.burst?;
+        let secs = *self.phase_secs.get(b)?;
+        Some(ratio(
+            ratio(*self.phase_success.get(b)? as f64, secs),
+            self.capacity,
+        ))
+    }
+
+    /// Successes ÷ requests.
+    pub fn success_share(&self) -> f64 {
+        ratio(self.success as f64, self.requests as f64)
+    }
+
+    /// Attempts sent ÷ requests (locally rejected requests sent none, as in the lab).
+    pub fn attempts_per_request(&self) -> f64 {
+        ratio(
+            (self.first_attempts + self.retries) as f64,
+            self.requests as f64,
+        )
+    }
+
+    /// Retries ÷ first attempts sent.
+    pub fn retries_per_first(&self) -> f64 {
+        ratio(self.retries as f64, self.first_attempts as f64)
+    }
+
+    /// Attempts the server rejected (462) ÷ attempts it received.
+    pub fn rejected_share(&self) -> f64 {
+        ratio(self.server.rejected as f64, self.server.attempts as f64)
+    }
+
+    /// Local rejections ÷ requests.
+    pub fn local_share(&self) -> f64 {
+        ratio(self.local_rejections as f64, self.requests as f64)
+    }
+
+    /// Core time used during the schedule ÷ the cores' time.
+    pub fn utilization(&self) -> f64 {
+        ratio(
+            self.busy_in_schedule_ns as f64,
+            f64::from(self.cores) * self.secs() * 1e9,
+        )
+    }
+
+    /// Core time spent rejecting ÷ all core time (the lab's `rejecting %`).
+    pub fn rejecting_share(&self) -> f64 {
+        ratio(self.server.rejection_ns as f64, self.server.busy_ns as f64)
+    }
+
+    /// Wasted core time ÷ all core time (the lab's `wasted %`).
+    pub fn wasted_share(&self) -> f64 {
+        ratio(self.server.wasted_ns as f64, self.server.busy_ns as f64)
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+/// The header of [`table`].
+pub const HEADER: &str = "| scenario | variant | clients | goodput ops/s | goodput ÷ cap | burst ÷ cap | success % | attempts/req | retries/first | server-rejected % of attempts | local rej./req | p50 ms | p99 ms | utilization % | rejecting % (core) | wasted % (core) | real s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+
+/// One row of [`table`].
+pub fn row(r: &Report) -> String {
+    format!(
+        "| {} | {} | {} | {:.0} | {:.3} | {} | {:.2} | {:.3} | {:.3} | {:.1} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
+        r.scenario,
+        r.variant.name(),
+        r.clients,
+        r.goodput(),
+        r.goodput_share(),
+        r.burst_share().map_or("–".to_owned(), |b| format!("{b:.3}")),
+        100.0 * r.success_share(),
+        r.attempts_per_request(),
+        r.retries_per_first(),
+        100.0 * r.rejected_share(),
+        r.local_share(),
+        r.p50_ms,
+        r.p99_ms,
+        100.0 * r.utilization(),
+        100.0 * r.rejecting_share(),
+        100.0 * r.wasted_share(),
+        r.real_secs,
+    )
+}
+
+/// The markdown table of `reports`, one row each.
+pub fn table(reports: &[Report]) -> String {
+    let mut out = String::from(HEADER);
+    for r in reports {
+        let _ = write!(out, "{}", row(r));
+    }
+    out
+}

@@ -1,0 +1,535 @@
+//! The server: a queueing model of one mongod under overload, mirroring the lab's emulator model
+//! (`emulator/src/model`) step by step, in virtual time.
+//!
+//! 1. **Ingress limiter**: a token bucket of `rate_per_sec` holding `rate × burst_secs` tokens,
+//!    no queue (the lab's `maxQueueDepth` 0): a request without a token is rejected with 462
+//!    (`SystemOverloadedError` + `RetryableError`) after `rejection_ms` of core time.
+//! 2. **Tickets**: reads take a read ticket, writes a write ticket (8 each). Waiters wait until
+//!    their `maxTimeMS` (else the safety limit), an interrupt point: there they stop, which costs
+//!    `expiry_ms` of core time (→ 50 `MaxTimeMSExpired`). A released ticket goes to a waiter
+//!    drawn at random (the emulator's `wakeup: random`).
+//! 3. **Cores**: a FIFO run queue over `cores` cores; a request runs `quantum_ms` slices and
+//!    queues again, round robin. After `yield_period_ms` of work it reaches an interrupt point:
+//!    stop if past its deadline, else give the ticket back and queue for it again. Waiting for
+//!    a core is not an interrupt point, so a request that holds a ticket finishes its work.
+//!
+//! Work of requests that complete after their application stopped waiting, of expired requests
+//! and of rejections is wasted, as the emulator counts it.
+
+use std::collections::VecDeque;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use crate::clock::{self, Nanos};
+use crate::engine::Event;
+use crate::queue::{Handle, Queue, Slab};
+
+/// The kind of one operation, as the lab's mix has them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// `find {_id: k}`: a read ticket, `point_read_ms`.
+    PointRead,
+    /// `find {_id: {$gte: k, $lt: k + 20}}`: a read ticket, `range_read_ms`.
+    RangeRead,
+    /// An insert: a write ticket, `write_ms`.
+    Insert,
+    /// An update by `_id`: a write ticket, `write_ms`.
+    Update,
+}
+
+impl OpKind {
+    /// Whether the kind reads (read ticket; upstream 3.9.1 accepts `maxTimeMS` on it).
+    pub fn is_read(self) -> bool {
+        matches!(self, OpKind::PointRead | OpKind::RangeRead)
+    }
+
+    /// The command name, for the controller (throttle exemptions and logs).
+    pub fn command(self) -> &'static str {
+        match self {
+            OpKind::PointRead | OpKind::RangeRead => "find",
+            OpKind::Insert => "insert",
+            OpKind::Update => "update",
+        }
+    }
+}
+
+/// The server model's parameters; [`Default`] is the lab's server (`docs/lab.md`, "What runs").
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerConfig {
+    /// Virtual cores (lab: 2; `flood`: 1).
+    pub cores: u32,
+    /// Core time of a point read, range read and write (ms; lab: 2, 5, 3).
+    pub point_read_ms: f64,
+    pub range_read_ms: f64,
+    pub write_ms: f64,
+    /// Core time to reject a request at the limiter (ms; lab: 0.3).
+    pub rejection_ms: f64,
+    /// Core time to stop an expired request at an interrupt point (ms; lab: 0.5).
+    pub expiry_ms: f64,
+    /// The ingress limiter's rate (requests/s); `None`: no limiter.
+    pub limiter_rate: Option<f64>,
+    /// Seconds of the rate the bucket holds (lab: 0.25).
+    pub burst_secs: f64,
+    /// Read and write tickets (lab: 8 and 8).
+    pub read_tickets: u32,
+    pub write_tickets: u32,
+    /// Length of one slice on a core (ms; lab: 1).
+    pub quantum_ms: f64,
+    /// Work between interrupt points (ms; lab: 10).
+    pub yield_period_ms: f64,
+    /// The time limit of requests without `maxTimeMS` (ms; lab: 600,000).
+    pub safety_limit_ms: f64,
+    /// Half the network round trip: a request reaches the server and its reply the client this
+    /// long after being sent.
+    pub half_rtt: Nanos,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            cores: 2,
+            point_read_ms: 2.0,
+            range_read_ms: 5.0,
+            write_ms: 3.0,
+            rejection_ms: 0.3,
+            expiry_ms: 0.5,
+            limiter_rate: None,
+            burst_secs: 0.25,
+            read_tickets: 8,
+            write_tickets: 8,
+            quantum_ms: 1.0,
+            yield_period_ms: 10.0,
+            safety_limit_ms: 600_000.0,
+            half_rtt: 100_000,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Core time of one request of `kind` (ms).
+    pub fn cost_ms(&self, kind: OpKind) -> f64 {
+        match kind {
+            OpKind::PointRead => self.point_read_ms,
+            OpKind::RangeRead => self.range_read_ms,
+            OpKind::Insert | OpKind::Update => self.write_ms,
+        }
+    }
+
+    /// Checks every parameter, naming the first one out of range.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the parameter and its range.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("point read cost", self.point_read_ms),
+            ("range read cost", self.range_read_ms),
+            ("write cost", self.write_ms),
+            ("quantum", self.quantum_ms),
+            ("yield period", self.yield_period_ms),
+            ("safety limit", self.safety_limit_ms),
+        ];
+        for (name, value) in positive {
+            if !(value.is_finite() && value > 0.0 && value <= 3_600_000.0) {
+                return Err(format!("{name}: {value} is not a number of ms above 0"));
+            }
+        }
+        for (name, value) in [
+            ("rejection cost", self.rejection_ms),
+            ("expiry cost", self.expiry_ms),
+        ] {
+            if !(value.is_finite() && (0.0..=60_000.0).contains(&value)) {
+                return Err(format!(
+                    "{name}: {value} is not a number of ms from 0 to 60000"
+                ));
+            }
+        }
+        if !(1..=1024).contains(&self.cores) {
+            return Err(format!("cores: {} is not from 1 to 1024", self.cores));
+        }
+        if !(1..=100_000).contains(&self.read_tickets)
+            || !(1..=100_000).contains(&self.write_tickets)
+        {
+            return Err("tickets: each pool needs 1 to 100000".into());
+        }
+        if let Some(rate) = self.limiter_rate {
+            if !(rate.is_finite() && rate > 0.0 && rate <= 1e9) {
+                return Err(format!("limiter rate: {rate} is not a rate above 0"));
+            }
+        }
+        if !(self.burst_secs.is_finite() && self.burst_secs >= 0.0 && self.burst_secs <= 60.0) {
+            return Err(format!(
+                "limiter burst: {} s is not from 0 to 60",
+                self.burst_secs
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Which attempt of which operation a request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tag {
+    pub op: Handle,
+    pub attempt: u32,
+}
+
+/// One attempt as it reaches the server.
+#[derive(Clone, Copy, Debug)]
+pub struct Request {
+    pub tag: Tag,
+    pub kind: OpKind,
+    /// `maxTimeMS`, counted from arrival at the server.
+    pub max_time: Option<Nanos>,
+    /// When the application stops waiting (the lab's `labDeadlineMs` oracle): work completed
+    /// later is wasted.
+    pub client_deadline: Nanos,
+}
+
+/// The server's answer to one attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The command succeeded.
+    Ok,
+    /// 462 with `SystemOverloadedError` and `RetryableError`.
+    Overloaded,
+    /// 50 `MaxTimeMSExpired`.
+    Expired,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Waiting for a ticket (the number identifies this wait for its timeout event).
+    TicketWait(u32),
+    /// In the run queue or on a core.
+    Runnable,
+}
+
+#[derive(Debug)]
+struct Job {
+    tag: Tag,
+    /// `None`: work outside a request (a rejection or the stop of an expired request), which
+    /// replies `reply` when done.
+    request: Option<(OpKind, usize)>,
+    reply: Reply,
+    remaining: Nanos,
+    slice: Nanos,
+    work: Nanos,
+    since_check: Nanos,
+    deadline: Nanos,
+    client_deadline: Nanos,
+    has_ticket: bool,
+    stage: Stage,
+    waits: u32,
+}
+
+#[derive(Debug)]
+struct Pool {
+    total: u32,
+    in_use: u32,
+    waiters: Vec<Handle>,
+}
+
+/// Counters of one run; times in ns.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    pub attempts: u64,
+    pub admitted: u64,
+    pub rejected: u64,
+    pub completed: u64,
+    pub expired: u64,
+    pub abandoned: u64,
+    pub busy_ns: u64,
+    pub useful_ns: u64,
+    pub wasted_ns: u64,
+    pub rejection_ns: u64,
+    pub expiry_ns: u64,
+    /// Most jobs (requests and rejections) held at once.
+    pub peak_jobs: u64,
+}
+
+/// One server's state.
+pub struct Server {
+    cfg: ServerConfig,
+    tokens: f64,
+    last_refill: Nanos,
+    pools: [Pool; 2],
+    free_cores: u32,
+    run_queue: VecDeque<Handle>,
+    jobs: Slab<Job>,
+    quantum: Nanos,
+    yield_period: Nanos,
+    pub stats: ServerStats,
+}
+
+impl Server {
+    /// A server with a validated configuration, its bucket full.
+    pub fn new(cfg: ServerConfig) -> Self {
+        let tokens = cfg
+            .limiter_rate
+            .map_or(0.0, |rate| bucket_cap(rate, cfg.burst_secs));
+        Self {
+            tokens,
+            last_refill: 0,
+            pools: [
+                Pool {
+                    total: cfg.read_tickets,
+                    in_use: 0,
+                    waiters: Vec::new(),
+                },
+                Pool {
+                    total: cfg.write_tickets,
+                    in_use: 0,
+                    waiters: Vec::new(),
+                },
+            ],
+            free_cores: cfg.cores,
+            run_queue: VecDeque::new(),
+            jobs: Slab::default(),
+            quantum: clock::ms(cfg.quantum_ms).max(1),
+            yield_period: clock::ms(cfg.yield_period_ms).max(1),
+            stats: ServerStats::default(),
+            cfg,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.cfg
+    }
+
+    /// Requests and rejections the server holds now.
+    pub fn jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// An attempt arrives at `now`.
+    pub fn arrive(&mut self, now: Nanos, req: Request, q: &mut Queue<Event>, rng: &mut StdRng) {
+        self.stats.attempts += 1;
+        let deadline = now.saturating_add(
+            req.max_time
+                .unwrap_or_else(|| clock::ms(self.cfg.safety_limit_ms)),
+        );
+        if let Some(rate) = self.cfg.limiter_rate {
+            let cap = bucket_cap(rate, self.cfg.burst_secs);
+            let dt = now.saturating_sub(self.last_refill) as f64 / 1e9;
+            self.last_refill = self.last_refill.max(now);
+            self.tokens = (self.tokens + dt * rate).min(cap);
+            if self.tokens >= 1.0 {
+                self.tokens -= 1.0;
+            } else {
+                self.stats.rejected += 1;
+                self.burn(now, req.tag, Reply::Overloaded, self.cfg.rejection_ms, q);
+                return;
+            }
+        }
+        self.stats.admitted += 1;
+        let pool = usize::from(!req.kind.is_read());
+        let job = self.jobs.insert(Job {
+            tag: req.tag,
+            request: Some((req.kind, pool)),
+            reply: Reply::Ok,
+            remaining: clock::ms(self.cfg.cost_ms(req.kind)).max(1),
+            slice: 0,
+            work: 0,
+            since_check: 0,
+            deadline,
+            client_deadline: req.client_deadline,
+            has_ticket: false,
+            stage: Stage::Runnable,
+            waits: 0,
+        });
+        self.stats.peak_jobs = self.stats.peak_jobs.max(self.jobs.len() as u64);
+        self.acquire_ticket(now, job, q, rng);
+    }
+
+    /// Work outside a request: `ms` of core time, then `reply`.
+    fn burn(&mut self, now: Nanos, tag: Tag, reply: Reply, ms: f64, q: &mut Queue<Event>) {
+        let remaining = clock::ms(ms);
+        if remaining == 0 {
+            q.push(now + self.cfg.half_rtt, Event::Reply { tag, reply });
+            return;
+        }
+        let job = self.jobs.insert(Job {
+            tag,
+            request: None,
+            reply,
+            remaining,
+            slice: 0,
+            work: 0,
+            since_check: 0,
+            deadline: Nanos::MAX,
+            client_deadline: Nanos::MAX,
+            has_ticket: false,
+            stage: Stage::Runnable,
+            waits: 0,
+        });
+        self.stats.peak_jobs = self.stats.peak_jobs.max(self.jobs.len() as u64);
+        self.run(now, job, q);
+    }
+
+    fn acquire_ticket(&mut self, now: Nanos, job: Handle, q: &mut Queue<Event>, _rng: &mut StdRng) {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        let Some((_, pool)) = j.request else {
+            return;
+        };
+        let p = &mut self.pools[pool];
+        if p.in_use < p.total {
+            p.in_use += 1;
+            j.has_ticket = true;
+            self.run(now, job, q);
+        } else {
+            j.waits = j.waits.wrapping_add(1);
+            j.stage = Stage::TicketWait(j.waits);
+            p.waiters.push(job);
+            q.push(
+                j.deadline.max(now),
+                Event::TicketTimeout { job, wait: j.waits },
+            );
+        }
+    }
+
+    fn release_ticket(&mut self, now: Nanos, pool: usize, q: &mut Queue<Event>, rng: &mut StdRng) {
+        let p = &mut self.pools[pool];
+        p.in_use = p.in_use.saturating_sub(1);
+        if p.waiters.is_empty() {
+            return;
+        }
+        let pick = rng.random_range(0..p.waiters.len());
+        let next = p.waiters.swap_remove(pick);
+        p.in_use += 1;
+        if let Some(j) = self.jobs.get_mut(next) {
+            j.has_ticket = true;
+            j.stage = Stage::Runnable;
+            self.run(now, next, q);
+        }
+    }
+
+    /// Puts `job` in the run queue and starts what the free cores can take.
+    fn run(&mut self, now: Nanos, job: Handle, q: &mut Queue<Event>) {
+        if let Some(j) = self.jobs.get_mut(job) {
+            j.stage = Stage::Runnable;
+        }
+        self.run_queue.push_back(job);
+        self.dispatch(now, q);
+    }
+
+    fn dispatch(&mut self, now: Nanos, q: &mut Queue<Event>) {
+        // Bounded: each pass takes one job off the queue.
+        while self.free_cores > 0 {
+            let Some(job) = self.run_queue.pop_front() else {
+                break;
+            };
+            let Some(j) = self.jobs.get_mut(job) else {
+                continue;
+            };
+            let mut slice = j.remaining.min(self.quantum);
+            if j.request.is_some() {
+                let to_check = self.yield_period.saturating_sub(j.since_check);
+                if to_check > 0 {
+                    slice = slice.min(to_check);
+                }
+            }
+            j.slice = slice.max(1);
+            self.free_cores -= 1;
+            q.push(now + j.slice, Event::SliceEnd { job });
+        }
+    }
+
+    /// A slice of `job` ended at `now`.
+    pub fn slice_end(&mut self, now: Nanos, job: Handle, q: &mut Queue<Event>, rng: &mut StdRng) {
+        self.free_cores += 1;
+        let Some(j) = self.jobs.get_mut(job) else {
+            self.dispatch(now, q);
+            return;
+        };
+        let slice = j.slice.min(j.remaining);
+        j.remaining -= slice;
+        j.work += slice;
+        j.since_check += slice;
+        self.stats.busy_ns += slice;
+        match j.request {
+            None => {
+                if j.remaining == 0 {
+                    let (tag, reply, work) = (j.tag, j.reply, j.work);
+                    self.jobs.remove(job);
+                    self.stats.wasted_ns += work;
+                    match reply {
+                        Reply::Overloaded => self.stats.rejection_ns += work,
+                        _ => self.stats.expiry_ns += work,
+                    }
+                    q.push(now + self.cfg.half_rtt, Event::Reply { tag, reply });
+                } else {
+                    self.run_queue.push_back(job);
+                }
+            }
+            Some((_, pool)) => {
+                if j.remaining == 0 {
+                    let (tag, work, late) = (j.tag, j.work, now > j.client_deadline);
+                    self.jobs.remove(job);
+                    self.stats.completed += 1;
+                    if late {
+                        self.stats.abandoned += 1;
+                        self.stats.wasted_ns += work;
+                    } else {
+                        self.stats.useful_ns += work;
+                    }
+                    self.release_ticket(now, pool, q, rng);
+                    q.push(
+                        now + self.cfg.half_rtt,
+                        Event::Reply {
+                            tag,
+                            reply: Reply::Ok,
+                        },
+                    );
+                } else if j.since_check >= self.yield_period {
+                    // An interrupt point, where mongod also yields: the ticket goes back, and
+                    // the request stops if past its deadline, else queues for a ticket again.
+                    j.since_check = 0;
+                    j.has_ticket = false;
+                    let expired = now >= j.deadline;
+                    self.release_ticket(now, pool, q, rng);
+                    if expired {
+                        self.expire(now, job, q);
+                    } else {
+                        self.acquire_ticket(now, job, q, rng);
+                    }
+                } else {
+                    self.run_queue.push_back(job);
+                }
+            }
+        }
+        self.dispatch(now, q);
+    }
+
+    /// The ticket wait `wait` of `job` reached its deadline at `now`.
+    pub fn ticket_timeout(&mut self, now: Nanos, job: Handle, wait: u32, q: &mut Queue<Event>) {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        if j.stage != Stage::TicketWait(wait) {
+            return;
+        }
+        if let Some((_, pool)) = j.request {
+            self.pools[pool].waiters.retain(|&w| w != job);
+        }
+        self.expire(now, job, q);
+    }
+
+    /// Stops `job` past its deadline: its work is wasted, and stopping costs `expiry_ms`.
+    fn expire(&mut self, now: Nanos, job: Handle, q: &mut Queue<Event>) {
+        let Some(j) = self.jobs.remove(job) else {
+            return;
+        };
+        self.stats.expired += 1;
+        self.stats.wasted_ns += j.work;
+        self.burn(now, j.tag, Reply::Expired, self.cfg.expiry_ms, q);
+    }
+}
+
+fn bucket_cap(rate: f64, burst_secs: f64) -> f64 {
+    (rate * burst_secs).max(1.0)
+}
