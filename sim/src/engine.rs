@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use overload::control::{
-    Attempt, AttemptEnd, AttemptKind, Controller, RetryAnswer, RetryQuestion, SlotRequest,
+    Attempt, AttemptEnd, AttemptKind, Controller, Refusal, RetryAnswer, RetryQuestion, SlotRequest,
     StartAnswer,
 };
 use overload::cursor::ServerTimeLimit;
@@ -590,7 +590,10 @@ impl<'c> Sim<'c> {
                         );
                         self.wake_slot_waiter(now, tag.op);
                     }
-                    RetryAnswer::ReturnLastError(_) => {
+                    RetryAnswer::ReturnLastError(reason) => {
+                        if reason == Refusal::Budget {
+                            self.report.budget_refusals += 1;
+                        }
                         self.wake_slot_waiter(now, tag.op);
                         self.driver_end(now, tag.op, Outcome::Rejected);
                     }
@@ -646,7 +649,11 @@ impl<'c> Sim<'c> {
             if released {
                 self.wake_slot_waiter(now, op);
             }
-            self.ops.remove(op);
+            if let Some(o) = self.ops.remove(op) {
+                if o.attempts == 0 {
+                    self.report.unsent += 1;
+                }
+            }
         }
         self.record(now, arrival, phase, Outcome::Deadline);
     }
@@ -657,6 +664,9 @@ impl<'c> Sim<'c> {
         let Some(o) = self.ops.remove(op) else {
             return;
         };
+        if o.attempts == 0 {
+            self.report.unsent += 1;
+        }
         if o.app_waiting {
             self.record(now, o.arrival, o.phase, outcome);
         } else {

@@ -45,9 +45,12 @@ pub struct Report {
     pub retries: u64,
     /// First attempts rejected locally (the throttle or a slot wait).
     pub local_rejections: u64,
-    /// Retries the budget refused when they were due.
+    /// Retries the budget refused (when asked, or when they were due after their backoff).
     pub budget_refusals: u64,
     pub slot_waits: u64,
+    /// Requests that ended without an attempt sent: rejected locally, or out of time while
+    /// waiting for a concurrency slot.
+    pub unsent: u64,
     /// Driver operations that ended after their application stopped waiting.
     pub late_driver_ends: u64,
     /// Operations still alive when the loop stopped (0 in a complete run).
@@ -89,6 +92,7 @@ impl Report {
             local_rejections: 0,
             budget_refusals: 0,
             slot_waits: 0,
+            unsent: 0,
             late_driver_ends: 0,
             unfinished: 0,
             server: ServerStats::default(),
@@ -173,6 +177,11 @@ impl Report {
     /// Local rejections ÷ requests.
     pub fn local_share(&self) -> f64 {
         ratio(self.local_rejections as f64, self.requests as f64)
+    }
+
+    /// Requests that ended without an attempt sent ÷ requests.
+    pub fn unsent_share(&self) -> f64 {
+        ratio(self.unsent as f64, self.requests as f64)
     }
 
     /// Core time used during the schedule ÷ the cores' time.

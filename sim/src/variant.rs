@@ -49,6 +49,8 @@ pub enum Variant {
     UpstreamBestNoRetries,
     /// The fork with `retryBudget=true` only; the application of `upstream-default`.
     ForkBudget,
+    /// The fork with `timeoutMS={deadline}` only: the recommended settings without the budget.
+    ForkTimeout,
     /// The fork's recommended settings: `retryBudget=true&timeoutMS={deadline}`.
     #[value(alias = "recommended")]
     ForkBudgetTimeout,
@@ -58,11 +60,12 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, in the report's order.
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 7] = [
         Variant::UpstreamDefault,
         Variant::UpstreamBest,
         Variant::UpstreamBestNoRetries,
         Variant::ForkBudget,
+        Variant::ForkTimeout,
         Variant::ForkBudgetTimeout,
         Variant::ForkControls,
     ];
@@ -74,6 +77,7 @@ impl Variant {
             Variant::UpstreamBest => "upstream-best",
             Variant::UpstreamBestNoRetries => "upstream-best-no-retries",
             Variant::ForkBudget => "fork-budget",
+            Variant::ForkTimeout => "fork-timeout",
             Variant::ForkBudgetTimeout => "fork-budget-timeout",
             Variant::ForkControls => "fork-controls",
         }
@@ -84,7 +88,10 @@ impl Variant {
     pub fn is_fork(self) -> bool {
         matches!(
             self,
-            Variant::ForkBudget | Variant::ForkBudgetTimeout | Variant::ForkControls
+            Variant::ForkBudget
+                | Variant::ForkTimeout
+                | Variant::ForkBudgetTimeout
+                | Variant::ForkControls
         )
     }
 
@@ -93,7 +100,9 @@ impl Variant {
         match self {
             Variant::UpstreamDefault | Variant::ForkBudget => MaxTime::None,
             Variant::UpstreamBest | Variant::UpstreamBestNoRetries => MaxTime::AppOnReads,
-            Variant::ForkBudgetTimeout | Variant::ForkControls => MaxTime::Driver,
+            Variant::ForkTimeout | Variant::ForkBudgetTimeout | Variant::ForkControls => {
+                MaxTime::Driver
+            }
         }
     }
 
@@ -109,7 +118,8 @@ impl Variant {
     /// driver builds them from the variant's connection string.
     pub fn settings(self, deadline: Duration) -> Settings {
         let timeout = (self.max_time() == MaxTime::Driver).then_some(deadline);
-        let budget = self.is_fork().then(RetryBudgetConfig::default);
+        let budget =
+            (self.is_fork() && self != Variant::ForkTimeout).then(RetryBudgetConfig::default);
         let controls = self == Variant::ForkControls;
         Settings {
             max_adaptive_retries: Some(if self == Variant::UpstreamBestNoRetries {

@@ -1,0 +1,186 @@
+//! Properties of the simulator that could fail: determinism, conservation, the low-load and
+//! overload regimes, and what happens to the controls as the number of clients grows.
+
+use sim::report::Report;
+use sim::{Length, RunConfig, Scenario, ScenarioName, Variant};
+
+fn run(scenario: Scenario, variant: Variant, clients: u32, seed: u64) -> Report {
+    sim::run(&RunConfig::new(scenario, variant, clients, seed)).expect("valid configuration")
+}
+
+/// 200 % of capacity for `secs`.
+fn sustained(secs: f64) -> Scenario {
+    ScenarioName::Sustained.build(Length::Suite, Some(secs))
+}
+
+/// The figures two runs must share to be the same run.
+fn fingerprint(r: &Report) -> Vec<u64> {
+    vec![
+        r.requests,
+        r.success,
+        r.rejected,
+        r.local,
+        r.deadline,
+        r.first_attempts,
+        r.retries,
+        r.local_rejections,
+        r.budget_refusals,
+        r.server.attempts,
+        r.server.rejected,
+        r.server.expired,
+        r.server.busy_ns,
+        r.server.wasted_ns,
+        r.events,
+        (r.p99_ms * 1000.0) as u64,
+    ]
+}
+
+#[test]
+fn a_seed_fixes_the_run_and_every_variant_meets_the_same_arrivals() {
+    let a = run(sustained(3.0), Variant::ForkControls, 16, 7);
+    let b = run(sustained(3.0), Variant::ForkControls, 16, 7);
+    assert_eq!(fingerprint(&a), fingerprint(&b));
+    let c = run(sustained(3.0), Variant::ForkControls, 16, 8);
+    assert_ne!(
+        fingerprint(&a),
+        fingerprint(&c),
+        "another seed, another run"
+    );
+    // The arrival stream is independent of what the policies draw.
+    for v in Variant::ALL {
+        let r = run(sustained(3.0), v, 16, 7);
+        assert_eq!(r.requests, a.requests, "{}", v.name());
+        assert_eq!(r.phase_requests, a.phase_requests, "{}", v.name());
+    }
+}
+
+#[test]
+fn every_request_ends_exactly_once() {
+    for scenario in ScenarioName::ALL {
+        for v in Variant::ALL {
+            let r = run(scenario.build(Length::Suite, Some(3.0)), v, 8, 1);
+            let name = format!("{} {}", scenario.name(), v.name());
+            assert!(r.requests > 0, "{name}");
+            assert_eq!(
+                r.unfinished, 0,
+                "{name}: operations left when the loop stopped"
+            );
+            assert_eq!(r.ended(), r.requests, "{name}: {r:?}");
+            // Every attempt sent reached the server, which answered it.
+            assert_eq!(r.server.attempts, r.first_attempts + r.retries, "{name}");
+            assert_eq!(
+                r.server.attempts,
+                r.server.rejected + r.server.completed + r.server.expired,
+                "{name}"
+            );
+            // A request sent its first attempt, or nothing at all (rejected locally, or out of
+            // time waiting for a concurrency slot).
+            assert_eq!(r.first_attempts + r.unsent, r.requests, "{name}");
+            assert!(r.unsent >= r.local_rejections, "{name}");
+            assert!(r.server.busy_ns >= r.server.wasted_ns, "{name}");
+        }
+    }
+}
+
+#[test]
+fn at_low_load_every_request_succeeds_at_once() {
+    for v in Variant::ALL {
+        let r = run(Scenario::steady(0.3, 10.0), v, 16, 3);
+        let name = v.name();
+        assert_eq!(r.success, r.requests, "{name}: {r:?}");
+        assert_eq!(r.retries, 0, "{name}");
+        assert_eq!(r.server.rejected, 0, "{name}");
+        assert_eq!(r.local_rejections, 0, "{name}");
+        // Goodput is the offered load: 0.3 × capacity, within Poisson noise (about 1.2 % at
+        // 2,500 requests; 5 % is four standard deviations).
+        let offered = 0.3 * r.capacity;
+        assert!((r.goodput() - offered).abs() < 0.05 * offered, "{name}");
+        assert!(r.p99_ms < 20.0, "{name}: p99 {} ms", r.p99_ms);
+        assert!((r.utilization() - 0.3).abs() < 0.03, "{name}");
+    }
+}
+
+#[test]
+fn under_sustained_overload_upstream_sends_more_attempts_than_the_budget() {
+    let upstream = run(sustained(10.0), Variant::UpstreamBest, 4, 2);
+    let budget = run(sustained(10.0), Variant::ForkBudgetTimeout, 4, 2);
+    let defaults = run(sustained(10.0), Variant::UpstreamDefault, 4, 2);
+    assert!(
+        upstream.attempts_per_request() > budget.attempts_per_request() + 0.1,
+        "upstream-best {} vs fork-budget-timeout {}",
+        upstream.attempts_per_request(),
+        budget.attempts_per_request()
+    );
+    // The call that goes on after the deadline makes both retries: about 2.4 attempts.
+    assert!(defaults.attempts_per_request() > 2.0);
+    // The budget holds retries near its 9 % share (plus its floor of 4 clients × 1 a second).
+    assert!(
+        budget.retries_per_first() < 0.13,
+        "{}",
+        budget.retries_per_first()
+    );
+    assert!(budget.budget_refusals > 0);
+    assert!(budget.goodput() > upstream.goodput());
+}
+
+#[test]
+fn the_budget_floor_multiplies_with_the_clients() {
+    // Same total load, split over more clients: each client's budget has its own floor (1 retry
+    // a second, 10 in reserve), so the fleet's floor grows with the fleet and the budget stops
+    // binding. At 4,000 clients the floor (4,000 retries a second) exceeds every retry the
+    // overload calls for, and the recommended settings retry as much as `timeoutMS` alone.
+    let scenario = || sustained(10.0);
+    let few = run(scenario(), Variant::ForkBudgetTimeout, 4, 5);
+    let many = run(scenario(), Variant::ForkBudgetTimeout, 1_000, 5);
+    let fleet = run(scenario(), Variant::ForkBudgetTimeout, 4_000, 5);
+    let unbudgeted = run(scenario(), Variant::ForkTimeout, 4_000, 5);
+    let (a, b, c) = (
+        few.retries_per_first(),
+        many.retries_per_first(),
+        fleet.retries_per_first(),
+    );
+    assert!(a < 0.13, "4 clients: {a}");
+    assert!(b > 1.5 * a, "1,000 clients: {b} against {a} at 4");
+    assert!(c > b, "4,000 clients: {c} against {b} at 1,000");
+    assert!(few.budget_refusals > 0);
+    assert_eq!(fleet.budget_refusals, 0, "the floor covers every retry");
+    assert!(
+        (c - unbudgeted.retries_per_first()).abs() < 0.01,
+        "{c} against {} without a budget",
+        unbudgeted.retries_per_first()
+    );
+    assert!(fleet.goodput() < few.goodput());
+}
+
+#[test]
+fn the_throttle_never_engages_when_each_client_sees_few_requests() {
+    // `adaptiveThrottleMinRequests` (20 per 10 s window): at 4 clients each sees about 500
+    // requests a second and throttles the flood; at 10,000 clients each sees 0.2 a second,
+    // never reaches the minimum, and the fleet floods the server unthrottled. The concurrency
+    // limit per client, which holds back most of the 4 clients' flood, cannot either: each of
+    // the 10,000 clients has at most one or two operations in flight.
+    let flood = || ScenarioName::Flood.build(Length::Suite, Some(5.0));
+    let few = run(flood(), Variant::ForkControls, 4, 6);
+    let fleet = run(flood(), Variant::ForkControls, 10_000, 6);
+    assert!(few.local_share() > 0.1, "{}", few.local_share());
+    assert!(few.unsent_share() > 0.5, "{}", few.unsent_share());
+    assert_eq!(fleet.local_rejections, 0);
+    assert!(fleet.unsent_share() < 0.01, "{}", fleet.unsent_share());
+    assert!(fleet.rejecting_share() > 2.0 * few.rejecting_share());
+    assert!(fleet.goodput() < 0.5 * few.goodput());
+}
+
+#[test]
+fn invalid_configurations_are_refused_with_a_message() {
+    let mut cfg = RunConfig::new(sustained(1.0), Variant::UpstreamBest, 0, 1);
+    assert!(sim::run(&cfg).unwrap_err().contains("clients"));
+    cfg.clients = 4;
+    cfg.capacity = Some(f64::NAN);
+    assert!(sim::run(&cfg).unwrap_err().contains("capacity"));
+    cfg.capacity = None;
+    cfg.scenario.phases[0].load = -1.0;
+    assert!(sim::run(&cfg).unwrap_err().contains("load"));
+    cfg.scenario.phases[0].load = 1.0;
+    cfg.scenario.phases[0].secs = f64::INFINITY;
+    assert!(sim::run(&cfg).is_err());
+}
