@@ -1173,3 +1173,72 @@ mod fake_server {
         stream.write_all(&message).await
     }
 }
+
+/// A fork client for `uri` (with its options) that records the reasons of its failed checkouts.
+async fn client_recording_checkout_failures(
+    uri: &str,
+) -> (Client, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use mongodb::event::{cmap::CmapEvent, EventHandler};
+    let mut options = ClientOptions::parse(uri).await.expect("valid uri");
+    let failures = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = failures.clone();
+    options.cmap_event_handler = Some(EventHandler::callback(move |event: CmapEvent| {
+        if let CmapEvent::ConnectionCheckoutFailed(failed) = event {
+            sink.lock().unwrap().push(format!("{:?}", failed.reason));
+        }
+    }));
+    (Client::with_options(options).expect("client"), failures)
+}
+
+#[tokio::test]
+async fn a_checkout_ends_at_server_selection_timeout_or_the_deadline_and_reports_a_timeout() {
+    let server = Server::standalone();
+    // One connection, held by a ping blocked for 1.5 s.
+    let uri = server.uri_with("maxPoolSize=1&serverSelectionTimeoutMS=300&appName=checkout");
+    let (client, failures) = client_recording_checkout_failures(&uri).await;
+    let db = client.database("t");
+    db.run_command(doc! { "ping": 1 }).await.expect("warm");
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand", "mode": { "times": 1 },
+            "data": { "failCommands": ["ping"], "blockConnection": true, "blockTimeMS": 1_500,
+                      "appName": "checkout" },
+        },
+    )
+    .await;
+    let holder = tokio::spawn({
+        let db = db.clone();
+        async move { db.run_command(doc! { "ping": 1 }).await }
+    });
+    tokio::time::sleep(ms(100)).await;
+
+    // timeoutMS (2 s) leaves more than serverSelectionTimeoutMS (300 ms): the checkout ends at
+    // the latter, counted from the start of selection, long before the holder lets go.
+    let started = Instant::now();
+    let error = db
+        .run_command(doc! { "hello": 1 })
+        .timeout(ms(2_000))
+        .await
+        .expect_err("no connection within serverSelectionTimeoutMS");
+    let elapsed = started.elapsed();
+    assert!(is_timeout(&error), "{error:?}");
+    assert!(elapsed < ms(1_000), "{elapsed:?}");
+
+    // A deadline shorter than serverSelectionTimeoutMS ends the checkout at the deadline.
+    let started = Instant::now();
+    let error = db
+        .run_command(doc! { "hello": 1 })
+        .timeout(ms(150))
+        .await
+        .expect_err("no connection within the deadline");
+    let elapsed = started.elapsed();
+    assert!(is_timeout(&error), "{error:?}");
+    assert!(elapsed < ms(280), "{elapsed:?}");
+
+    holder.await.unwrap().expect("the holder's ping");
+    // Each cut checkout was reported to the pool's listeners, as timed out.
+    assert_eq!(*failures.lock().unwrap(), ["Timeout", "Timeout"]);
+    // Without timeoutMS the checkout waits as upstream's does.
+    db.run_command(doc! { "ping": 1 }).await.expect("a free connection");
+}

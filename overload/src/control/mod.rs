@@ -302,6 +302,9 @@ impl<K> Copy for RetryQuestion<'_, K> {}
 pub struct Controller<K, S = ()> {
     max_adaptive_retries: Option<u32>,
     client_timeout: Option<Duration>,
+    /// The client's `serverSelectionTimeoutMS` (`Settings::slot_wait`), which also bounds a
+    /// checkout under `timeoutMS`.
+    server_selection_timeout: Duration,
     stats: Arc<OverloadStatsRecorder>,
     budget: Option<RetryBudgetHandle>,
     /// With the budget: how much of what the client sent its servers accepted, which decides
@@ -363,6 +366,7 @@ where
         Ok(Self {
             max_adaptive_retries: settings.max_adaptive_retries,
             client_timeout: settings.client_timeout,
+            server_selection_timeout: settings.slot_wait,
             stats,
             budget,
             acceptance,
@@ -443,6 +447,19 @@ where
             .operation
             .or(timeouts.target)
             .or(self.client_timeout)
+    }
+
+    /// Until when an attempt under `deadline` whose server selection started at
+    /// `selection_started` may wait for its connection checkout, establishing a new connection
+    /// included: the CSOT specification's `min(serverSelectionTimeoutMS, remaining timeoutMS)`,
+    /// both counted from the start of selection, so that selection and checkout together never
+    /// outlast `serverSelectionTimeoutMS` either. Past it the checkout ends with the timeout
+    /// error.
+    pub fn checkout_deadline(&self, deadline: Deadline, selection_started: Instant) -> Deadline {
+        deadline.min(Deadline::start(
+            selection_started,
+            self.server_selection_timeout,
+        ))
     }
 
     /// Whether a command under `deadline` needs its server's minimum round-trip time for

@@ -1042,3 +1042,40 @@ fn service_times_stay_bounded_and_per_server() {
     assert_eq!(ctl.typical_service(&last, at(300)), ms(1 + 199 % 7));
     assert_eq!(ctl.typical_service(&server(), at(300)), Duration::ZERO);
 }
+
+#[test]
+fn a_checkout_ends_at_the_deadline_or_at_server_selection_timeout_whichever_is_first() {
+    let ctl = controller(Settings {
+        slot_wait: ms(1_000),
+        ..settings()
+    });
+    let selection_started = t0() + ms(100);
+    // A deadline well past serverSelectionTimeoutMS: selection and checkout share the latter.
+    let far = Deadline::start(t0(), ms(10_000));
+    assert_eq!(
+        ctl.checkout_deadline(far, selection_started).instant(),
+        Some(t0() + ms(1_100))
+    );
+    // A deadline that comes first is kept.
+    let near = Deadline::start(t0(), ms(500));
+    assert_eq!(ctl.checkout_deadline(near, selection_started), near);
+    // An unlimited deadline (timeoutMS=0) leaves serverSelectionTimeoutMS.
+    assert_eq!(
+        ctl.checkout_deadline(Deadline::unlimited(), selection_started)
+            .instant(),
+        Some(t0() + ms(1_100))
+    );
+}
+
+#[test]
+fn a_huge_server_selection_timeout_leaves_the_checkout_to_the_deadline() {
+    let ctl = controller(Settings {
+        slot_wait: Duration::MAX,
+        ..settings()
+    });
+    let deadline = Deadline::start(t0(), ms(500));
+    assert_eq!(ctl.checkout_deadline(deadline, t0()), deadline);
+    assert!(ctl
+        .checkout_deadline(Deadline::unlimited(), t0())
+        .is_unlimited());
+}
