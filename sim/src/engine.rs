@@ -20,7 +20,7 @@ use crate::queue::{Handle, Queue, Slab};
 use crate::report::{Outcome, Report};
 use crate::scenario::{Scenario, MIX};
 use crate::server::{OpKind, Reply, Request, Server, ServerConfig, Tag};
-use crate::variant::{MaxTime, OnDeadline, Variant};
+use crate::variant::{MaxTime, OnDeadline, Overrides, Variant};
 
 /// The most clients a run may have.
 pub const MAX_CLIENTS: u32 = 1_000_000;
@@ -55,6 +55,8 @@ pub struct RunConfig {
     pub server: ServerConfig,
     /// How long after the schedule the loop runs on for requests to end (virtual time).
     pub drain: Duration,
+    /// Options set on every variant that has the control.
+    pub overrides: Overrides,
 }
 
 impl RunConfig {
@@ -71,6 +73,7 @@ impl RunConfig {
             limiter_share: 0.9,
             server: ServerConfig::default(),
             drain: Duration::from_secs(30),
+            overrides: Overrides::default(),
         }
     }
 
@@ -123,6 +126,10 @@ impl RunConfig {
             return Err("drain: at most an hour".into());
         }
         self.scenario.validate()?;
+        Controller::<u32>::new(
+            self.variant.settings(self.deadline, self.overrides),
+            clock::now,
+        )?;
         let s = self.server_config();
         s.validate()?;
         let cap = self.effective_capacity(&s);
@@ -224,7 +231,7 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
     cfg.validate()?;
     let started = Instant::now();
     clock::set(0);
-    let settings = cfg.variant.settings(cfg.deadline);
+    let settings = cfg.variant.settings(cfg.deadline, cfg.overrides);
     let controllers = (0..cfg.clients)
         .map(|_| Controller::<u32>::new(settings.clone(), clock::now))
         .collect::<Result<Vec<_>, _>>()?;

@@ -12,6 +12,7 @@
 
 pub mod clock;
 pub mod engine;
+pub mod lab;
 pub mod queue;
 pub mod report;
 pub mod scenario;

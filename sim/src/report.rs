@@ -212,12 +212,12 @@ fn ratio(a: f64, b: f64) -> f64 {
 }
 
 /// The header of [`table`].
-pub const HEADER: &str = "| scenario | variant | clients | goodput ops/s | goodput ÷ cap | burst ÷ cap | success % | attempts/req | retries/first | server-rejected % of attempts | local rej./req | p50 ms | p99 ms | utilization % | rejecting % (core) | wasted % (core) | real s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+pub const HEADER: &str = "| scenario | variant | clients | goodput ops/s | goodput ÷ cap | burst ÷ cap | success % | attempts/req | retries/first | server-rejected % of attempts | local rej./req | unsent/req | p50 ms | p99 ms | utilization % | rejecting % (core) | wasted % (core) | real s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 /// One row of [`table`].
 pub fn row(r: &Report) -> String {
     format!(
-        "| {} | {} | {} | {:.0} | {:.3} | {} | {:.2} | {:.3} | {:.3} | {:.1} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
+        "| {} | {} | {} | {:.0} | {:.3} | {} | {:.2} | {:.3} | {:.3} | {:.1} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
         r.scenario,
         r.variant.name(),
         r.clients,
@@ -229,6 +229,7 @@ pub fn row(r: &Report) -> String {
         r.retries_per_first(),
         100.0 * r.rejected_share(),
         r.local_share(),
+        r.unsent_share(),
         r.p50_ms,
         r.p99_ms,
         100.0 * r.utilization(),

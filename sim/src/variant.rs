@@ -36,12 +36,29 @@ pub enum MaxTime {
     Driver,
 }
 
+/// Options a run may set on every variant that has the control (the connection-string options
+/// of the same names; unset: the variant's own, the fork's defaults).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Overrides {
+    /// `retryBudgetMinPerSec`.
+    pub budget_min_per_sec: Option<u32>,
+    /// `retryBudgetPercent`.
+    pub budget_percent: Option<f64>,
+    /// `adaptiveThrottleMinRequests`.
+    pub throttle_min_requests: Option<u32>,
+}
+
 /// A named client configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Variant {
     /// Upstream's defaults: spec retries (`maxAdaptiveRetries` 2, full-jitter backoff base
     /// 100 ms, cap 10 s), no `maxTimeMS`, the call goes on after the deadline.
+    #[value(alias = "upstream")]
     UpstreamDefault,
+    /// As `upstream-default` with `maxAdaptiveRetries=0`.
+    UpstreamNoRetries,
+    /// Upstream with `maxTimeMS` = deadline on finds; the call goes on after the deadline.
+    UpstreamMaxtime,
     /// Upstream's best practice: `maxTimeMS` = deadline on finds, the call dropped at the
     /// deadline; default retries.
     UpstreamBest,
@@ -60,8 +77,10 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, in the report's order.
-    pub const ALL: [Variant; 7] = [
+    pub const ALL: [Variant; 9] = [
         Variant::UpstreamDefault,
+        Variant::UpstreamNoRetries,
+        Variant::UpstreamMaxtime,
         Variant::UpstreamBest,
         Variant::UpstreamBestNoRetries,
         Variant::ForkBudget,
@@ -74,6 +93,8 @@ impl Variant {
     pub fn name(self) -> &'static str {
         match self {
             Variant::UpstreamDefault => "upstream-default",
+            Variant::UpstreamNoRetries => "upstream-no-retries",
+            Variant::UpstreamMaxtime => "upstream-maxtime",
             Variant::UpstreamBest => "upstream-best",
             Variant::UpstreamBestNoRetries => "upstream-best-no-retries",
             Variant::ForkBudget => "fork-budget",
@@ -98,8 +119,12 @@ impl Variant {
     /// Where `maxTimeMS` comes from.
     pub fn max_time(self) -> MaxTime {
         match self {
-            Variant::UpstreamDefault | Variant::ForkBudget => MaxTime::None,
-            Variant::UpstreamBest | Variant::UpstreamBestNoRetries => MaxTime::AppOnReads,
+            Variant::UpstreamDefault | Variant::UpstreamNoRetries | Variant::ForkBudget => {
+                MaxTime::None
+            }
+            Variant::UpstreamMaxtime | Variant::UpstreamBest | Variant::UpstreamBestNoRetries => {
+                MaxTime::AppOnReads
+            }
             Variant::ForkTimeout | Variant::ForkBudgetTimeout | Variant::ForkControls => {
                 MaxTime::Driver
             }
@@ -109,26 +134,50 @@ impl Variant {
     /// What the application does at its deadline.
     pub fn on_deadline(self) -> OnDeadline {
         match self {
-            Variant::UpstreamDefault | Variant::ForkBudget => OnDeadline::Continue,
+            Variant::UpstreamDefault
+            | Variant::UpstreamNoRetries
+            | Variant::UpstreamMaxtime
+            | Variant::ForkBudget => OnDeadline::Continue,
             _ => OnDeadline::Drop,
         }
     }
 
+    /// Whether the variant has the retry budget.
+    pub fn has_budget(self) -> bool {
+        self.is_fork() && self != Variant::ForkTimeout
+    }
+
     /// The controller's settings for an application whose deadline is `deadline`, as the
-    /// driver builds them from the variant's connection string.
-    pub fn settings(self, deadline: Duration) -> Settings {
+    /// driver builds them from the variant's connection string, with `overrides`.
+    pub fn settings(self, deadline: Duration, overrides: Overrides) -> Settings {
         let timeout = (self.max_time() == MaxTime::Driver).then_some(deadline);
-        let budget =
-            (self.is_fork() && self != Variant::ForkTimeout).then(RetryBudgetConfig::default);
+        let budget = self.has_budget().then(|| {
+            let defaults = RetryBudgetConfig::default();
+            RetryBudgetConfig {
+                min_retries_per_sec: overrides
+                    .budget_min_per_sec
+                    .unwrap_or(defaults.min_retries_per_sec),
+                retry_percent: overrides.budget_percent.unwrap_or(defaults.retry_percent),
+                ..defaults
+            }
+        });
         let controls = self == Variant::ForkControls;
+        let no_retries = matches!(
+            self,
+            Variant::UpstreamNoRetries | Variant::UpstreamBestNoRetries
+        );
         Settings {
-            max_adaptive_retries: Some(if self == Variant::UpstreamBestNoRetries {
-                0
-            } else {
-                2
-            }),
+            max_adaptive_retries: Some(if no_retries { 0 } else { 2 }),
             budget,
-            throttle: controls.then(ThrottleConfig::default),
+            throttle: controls.then(|| {
+                let defaults = ThrottleConfig::default();
+                ThrottleConfig {
+                    min_requests: overrides
+                        .throttle_min_requests
+                        .unwrap_or(defaults.min_requests),
+                    ..defaults
+                }
+            }),
             concurrency: controls.then(|| {
                 ConcurrencyOptions::default().config(PoolSize {
                     configured: Some(MAX_POOL_SIZE),
@@ -177,7 +226,7 @@ mod tests {
     fn names_parse_back_and_settings_are_valid() {
         for v in Variant::ALL {
             assert_eq!(Variant::parse_list(v.name()), Ok(vec![v]));
-            let settings = v.settings(Duration::from_millis(100));
+            let settings = v.settings(Duration::from_millis(100), Overrides::default());
             overload::control::Controller::<u32>::new(settings, crate::clock::now)
                 .expect("valid settings");
         }

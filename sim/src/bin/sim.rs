@@ -1,29 +1,32 @@
 //! `sim`: runs a scenario × variant × client-count grid in virtual time and prints a markdown
-//! table (docs/simulator.md).
+//! document with one table per scenario; `--compare-lab` compares the simulator with the lab's
+//! published four-instance figures instead (docs/simulator.md).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use sim::report::{row, HEADER};
+use sim::lab::{relative, LabRow, LAB, LENGTH};
+use sim::report::{row, Report, HEADER};
+use sim::variant::Overrides;
 use sim::{Length, RunConfig, ScenarioName, Variant};
 
-/// Runs overload policies of many clients against a model of mongod in virtual time.
+/// Runs the overload policies of many clients against a model of mongod in virtual time.
 #[derive(Parser, Debug)]
 #[command(name = "sim", version)]
 struct Args {
-    /// Scenarios, comma-separated: burst, sustained, flood (or all).
+    /// Scenarios, comma-separated: burst, sustained, flood, or all.
     #[arg(long, default_value = "all")]
     scenarios: String,
-    /// Variants, comma-separated: upstream-default, upstream-best, upstream-best-no-retries,
-    /// fork-budget, fork-budget-timeout (recommended), fork-controls, or all.
+    /// Variants, comma-separated: upstream-default (upstream), upstream-no-retries,
+    /// upstream-maxtime, upstream-best, upstream-best-no-retries, fork-budget, fork-timeout,
+    /// fork-budget-timeout (recommended), fork-controls, or all.
     #[arg(
         long,
         default_value = "upstream-best,upstream-best-no-retries,recommended,fork-controls"
     )]
     variants: String,
-    /// Client counts, comma-separated (1 to 1,000,000; `_` and `,` in numbers are not allowed,
-    /// `k` means thousands: 10k).
+    /// Client counts, comma-separated, from 1 to 1,000,000 (`k` means thousands: 10k).
     #[arg(long, default_value = "4,16,64")]
     clients: String,
     /// The lab's schedule lengths.
@@ -47,6 +50,20 @@ struct Args {
     /// The ingress limiter's rate as a share of capacity (0: none).
     #[arg(long, default_value_t = 0.9)]
     limiter_share: f64,
+    /// `retryBudgetMinPerSec` for every variant with the budget (default 1).
+    #[arg(long)]
+    budget_min_per_sec: Option<u32>,
+    /// `retryBudgetPercent` for every variant with the budget (default 9).
+    #[arg(long)]
+    budget_percent: Option<f64>,
+    /// `adaptiveThrottleMinRequests` for every variant with the throttle (default 20).
+    #[arg(long)]
+    throttle_min_requests: Option<u32>,
+    /// Compare with the lab's four-instance figures instead of running the grid (uses
+    /// `--seed` and the two seeds after it; the grid's options other than those of the model
+    /// are ignored).
+    #[arg(long)]
+    compare_lab: bool,
 }
 
 fn parse_clients(list: &str) -> Result<Vec<u32>, String> {
@@ -94,20 +111,28 @@ fn parse_scenarios(list: &str) -> Result<Vec<ScenarioName>, String> {
     if out.is_empty() {
         return Err("--scenarios: none given".into());
     }
+    out.dedup();
     Ok(out)
 }
 
 fn millis(name: &str, ms: f64, max: f64) -> Result<Duration, String> {
-    if ms.is_finite() && ms >= 0.0 && ms <= max {
+    if ms.is_finite() && ms > 0.0 && ms <= max {
         Ok(Duration::from_secs_f64(ms / 1000.0))
     } else {
-        Err(format!("--{name}: {ms} is not from 0 to {max} ms"))
+        Err(format!(
+            "--{name}: {ms} is not above 0 and at most {max} ms"
+        ))
     }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args) {
+    let result = if args.compare_lab {
+        compare_lab(&args)
+    } else {
+        grid(&args)
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sim: {e}");
@@ -116,7 +141,36 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &Args) -> Result<(), String> {
+/// A run's configuration from the command line's model options.
+fn config(
+    args: &Args,
+    scenario: ScenarioName,
+    length: Length,
+    secs: Option<f64>,
+    variant: Variant,
+    clients: u32,
+    seed: u64,
+) -> Result<RunConfig, String> {
+    let mut cfg = RunConfig::new(scenario.build(length, secs), variant, clients, seed);
+    cfg.deadline = millis("deadline-ms", args.deadline_ms, 3_600_000.0)?;
+    cfg.rtt = millis("rtt-ms", args.rtt_ms, 10_000.0)?;
+    cfg.capacity = args.capacity;
+    cfg.limiter_share = args.limiter_share;
+    cfg.overrides = Overrides {
+        budget_min_per_sec: args.budget_min_per_sec,
+        budget_percent: args.budget_percent,
+        throttle_min_requests: args.throttle_min_requests,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("sim {}", args.join(" "))
+}
+
+fn grid(args: &Args) -> Result<(), String> {
     let scenarios = parse_scenarios(&args.scenarios)?;
     let variants = Variant::parse_list(&args.variants).map_err(|e| format!("--variants: {e}"))?;
     let clients = parse_clients(&args.clients)?;
@@ -125,29 +179,29 @@ fn run(args: &Args) -> Result<(), String> {
             return Err(format!("--secs: {secs} is not from 0 to 86400"));
         }
     }
-    let deadline = millis("deadline-ms", args.deadline_ms, 3_600_000.0)?;
-    let rtt = millis("rtt-ms", args.rtt_ms, 10_000.0)?;
-    let mut configs = Vec::new();
+    // Every configuration is checked before the first run.
+    let mut runs = Vec::new();
     for &scenario in &scenarios {
+        let mut configs = Vec::new();
         for &n in &clients {
             for &variant in &variants {
-                let mut cfg = RunConfig::new(
-                    scenario.build(args.length, args.secs),
+                configs.push(config(
+                    args,
+                    scenario,
+                    args.length,
+                    args.secs,
                     variant,
                     n,
                     args.seed,
-                );
-                cfg.deadline = deadline;
-                cfg.rtt = rtt;
-                cfg.capacity = args.capacity;
-                cfg.limiter_share = args.limiter_share;
-                cfg.validate()?;
-                configs.push(cfg);
+                )?);
             }
         }
+        runs.push((scenario, configs));
     }
+    println!("Generated by `{}`.\n", command_line());
     println!(
-        "Seed {}, deadline {} ms, RTT {} ms, limiter {} × capacity, length {:?}{}.\n",
+        "Seed {}; deadline {} ms; RTT {} ms; ingress limiter at {} × capacity; schedule {:?}{}; \
+         budget floor {}, share {} %, throttle minimum {} (unset: the fork's defaults).",
         args.seed,
         args.deadline_ms,
         args.rtt_ms,
@@ -155,26 +209,151 @@ fn run(args: &Args) -> Result<(), String> {
         args.length,
         args.secs
             .map_or(String::new(), |s| format!(" stretched to {s} s")),
+        args.budget_min_per_sec
+            .map_or("1".to_owned(), |v| v.to_string()),
+        args.budget_percent
+            .map_or("9".to_owned(), |v| v.to_string()),
+        args.throttle_min_requests
+            .map_or("20".to_owned(), |v| v.to_string()),
     );
-    print!("{HEADER}");
     let started = Instant::now();
-    for cfg in &configs {
-        let report = sim::run(cfg)?;
-        print!("{}", row(&report));
-        if report.unfinished > 0 {
-            eprintln!(
-                "sim: {} {} {} clients: {} requests unfinished when the drain ended",
-                report.scenario,
-                report.variant.name(),
-                report.clients,
-                report.unfinished
-            );
+    let mut total = 0;
+    for (scenario, configs) in &runs {
+        let shape: Vec<String> = configs
+            .first()
+            .map(|c| {
+                c.scenario
+                    .phases
+                    .iter()
+                    .map(|p| format!("{:.0} % × {:.1} s", 100.0 * p.load, p.secs))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let capacity = configs
+            .first()
+            .map_or(0.0, |c| c.effective_capacity(&c.server_config()));
+        println!(
+            "\n## {}\n\nPhases {}; capacity {capacity:.0} ops/s.\n",
+            scenario.name(),
+            shape.join(" → ")
+        );
+        print!("{HEADER}");
+        for cfg in configs {
+            let report = sim::run(cfg)?;
+            print!("{}", row(&report));
+            warn_unfinished(&report);
+            total += 1;
         }
     }
     println!(
-        "\n{} runs in {:.1} s of real time.",
-        configs.len(),
+        "\n{total} runs in {:.1} s of real time (release build: `cargo build --release -p sim`).",
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+fn warn_unfinished(r: &Report) {
+    if r.unfinished > 0 {
+        eprintln!(
+            "sim: {} {} {} clients: {} requests unfinished when the drain ended",
+            r.scenario,
+            r.variant.name(),
+            r.clients,
+            r.unfinished
+        );
+    }
+}
+
+/// The median of three.
+fn median(mut v: [f64; 3]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[1]
+}
+
+/// The lab's figure, the simulator's, and their difference; bold beyond 10 %.
+fn cell(lab: f64, sim: f64) -> String {
+    match relative(sim, lab) {
+        Some(d) if d.abs() > 0.10 => format!("{sim:.2} (**{:+.0} %**)", 100.0 * d),
+        Some(d) => format!("{sim:.2} ({:+.0} %)", 100.0 * d),
+        None => format!("{sim:.2}"),
+    }
+}
+
+fn compare_lab(args: &Args) -> Result<(), String> {
+    println!("Generated by `{}`.\n", command_line());
+    println!(
+        "Four clients, the lab's suite schedule, seeds {}, {} and {} (median of the three); \
+         each lab figure is the median of its suite's valid runs. Sim at lab cap: load and \
+         limiter at the capacity that lab run calibrated; sim at nominal: at the model's \
+         nominal capacity. In brackets: the simulator's difference from the lab, bold beyond \
+         10 %.\n",
+        args.seed,
+        args.seed.wrapping_add(1),
+        args.seed.wrapping_add(2)
+    );
+    println!(
+        "| scenario | variant | lab suite | figure | lab | sim at lab cap | sim at nominal |\n\
+         |---|---|---|---|---|---|---|"
+    );
+    let started = Instant::now();
+    for lab in LAB {
+        let mut at_lab = Vec::new();
+        let mut nominal = Vec::new();
+        for i in 0..3 {
+            let seed = args.seed.wrapping_add(i);
+            let mut cfg = config(args, lab.scenario, LENGTH, None, lab.variant, 4, seed)?;
+            cfg.capacity = Some(lab.capacity);
+            let r = sim::run(&cfg)?;
+            warn_unfinished(&r);
+            at_lab.push(r);
+            cfg.capacity = None;
+            let r = sim::run(&cfg)?;
+            warn_unfinished(&r);
+            nominal.push(r);
+        }
+        print_rows(&lab, &at_lab, &nominal);
+    }
+    println!(
+        "\nIn {:.1} s of real time.",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+type Figure = fn(&Report) -> f64;
+
+fn print_rows(lab: &LabRow, at_lab: &[Report], nominal: &[Report]) {
+    let med = |runs: &[Report], f: Figure| -> f64 {
+        match runs {
+            [a, b, c] => median([f(a), f(b), f(c)]),
+            _ => f64::NAN,
+        }
+    };
+    let mut figures: Vec<(&str, f64, Figure)> = vec![
+        ("goodput ÷ cap", lab.goodput_share, Report::goodput_share),
+        (
+            "attempts/req",
+            lab.attempts_per_request,
+            Report::attempts_per_request,
+        ),
+        ("rejecting % (core)", lab.rejecting_pct, |r| {
+            100.0 * r.rejecting_share()
+        }),
+        ("wasted % (core)", lab.wasted_pct, |r| {
+            100.0 * r.wasted_share()
+        }),
+    ];
+    if let Some(b) = lab.burst_share {
+        figures.insert(1, ("burst ÷ cap", b, |r| r.burst_share().unwrap_or(0.0)));
+    }
+    for (name, value, f) in figures {
+        println!(
+            "| {} | {} | {} | {name} | {value:.2} | {} | {} |",
+            lab.scenario.name(),
+            lab.variant.name(),
+            lab.suite,
+            cell(value, med(at_lab, f)),
+            cell(value, med(nominal, f)),
+        );
+    }
 }
