@@ -365,7 +365,10 @@ impl<'c> Sim<'c> {
     }
 
     fn arrive(&mut self, now: Nanos) {
-        let client = self.arrivals.random_range(0..self.cfg.clients);
+        // One draw whatever the number of clients (no rejection sampling), so that runs with
+        // different client counts meet the same arrival instants and kinds.
+        let client = ((u128::from(self.arrivals.random::<u64>()) * u128::from(self.cfg.clients))
+            >> 64) as u32;
         let draw: f64 = self.arrivals.random();
         let mut kind = MIX[MIX.len() - 1].0;
         let mut acc = 0.0;
@@ -598,8 +601,11 @@ impl<'c> Sim<'c> {
                         self.wake_slot_waiter(now, tag.op);
                     }
                     RetryAnswer::ReturnLastError(reason) => {
-                        if reason == Refusal::Budget {
-                            self.report.budget_refusals += 1;
+                        match reason {
+                            Refusal::Budget => self.report.budget_refusals += 1,
+                            Refusal::CannotFinish => self.report.cannot_finish += 1,
+                            Refusal::BackoffPastDeadline => self.report.backoff_past_deadline += 1,
+                            _ => {}
                         }
                         self.wake_slot_waiter(now, tag.op);
                         self.driver_end(now, tag.op, Outcome::Rejected);

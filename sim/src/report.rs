@@ -48,6 +48,10 @@ pub struct Report {
     /// Retries the budget refused (when asked, or when they were due after their backoff).
     pub budget_refusals: u64,
     pub slot_waits: u64,
+    /// Retries the deadline gate declined: the backoff plus the typical service time would
+    /// pass the deadline, or the backoff alone would.
+    pub cannot_finish: u64,
+    pub backoff_past_deadline: u64,
     /// Requests that ended without an attempt sent: rejected locally, or out of time while
     /// waiting for a concurrency slot.
     pub unsent: u64,
@@ -92,6 +96,8 @@ impl Report {
             local_rejections: 0,
             budget_refusals: 0,
             slot_waits: 0,
+            cannot_finish: 0,
+            backoff_past_deadline: 0,
             unsent: 0,
             late_driver_ends: 0,
             unfinished: 0,
@@ -212,12 +218,12 @@ fn ratio(a: f64, b: f64) -> f64 {
 }
 
 /// The header of [`table`].
-pub const HEADER: &str = "| scenario | variant | clients | goodput ops/s | goodput ÷ cap | burst ÷ cap | success % | attempts/req | retries/first | server-rejected % of attempts | local rej./req | unsent/req | p50 ms | p99 ms | utilization % | rejecting % (core) | wasted % (core) | real s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+pub const HEADER: &str = "| scenario | variant | clients | goodput ops/s | goodput ÷ cap | burst ÷ cap | success % | attempts/req | retries/first | budget-refused/req | gate-declined/req | server-rejected % of attempts | local rej./req | unsent/req | p50 ms | p99 ms | utilization % | rejecting % (core) | wasted % (core) | real s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 /// One row of [`table`].
 pub fn row(r: &Report) -> String {
     format!(
-        "| {} | {} | {} | {:.0} | {:.3} | {} | {:.2} | {:.3} | {:.3} | {:.1} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
+        "| {} | {} | {} | {:.0} | {:.3} | {} | {:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
         r.scenario,
         r.variant.name(),
         r.clients,
@@ -227,6 +233,11 @@ pub fn row(r: &Report) -> String {
         100.0 * r.success_share(),
         r.attempts_per_request(),
         r.retries_per_first(),
+        ratio(r.budget_refusals as f64, r.requests as f64),
+        ratio(
+            (r.cannot_finish + r.backoff_past_deadline) as f64,
+            r.requests as f64,
+        ),
         100.0 * r.rejected_share(),
         r.local_share(),
         r.unsent_share(),
