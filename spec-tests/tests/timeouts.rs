@@ -1242,3 +1242,74 @@ async fn a_checkout_ends_at_server_selection_timeout_or_the_deadline_and_reports
     // Without timeoutMS the checkout waits as upstream's does.
     db.run_command(doc! { "ping": 1 }).await.expect("a free connection");
 }
+
+#[tokio::test]
+async fn a_connection_establishment_that_outlasts_the_deadline_is_the_timeout_error() {
+    let server = Server::standalone();
+    let uri = server.uri_with("maxPoolSize=2&appName=establish");
+    let (client, _started) = client_with(&uri, None).await;
+    let db = client.database("t");
+    db.run_command(doc! { "ping": 1 }).await.expect("warm");
+    // The pool's one connection is busy with a blocked find, so the next operation needs a new
+    // connection, whose handshake is blocked for longer than the operation's deadline.
+    block_commands(&server.uri, "find", 1, 1_500).await;
+    let busy = tokio::spawn({
+        let coll = db.collection::<Document>("c");
+        async move { coll.find_one(doc! {}).await }
+    });
+    tokio::time::sleep(ms(100)).await;
+    block_commands(&server.uri, "hello", 1, 1_500).await;
+    let started = Instant::now();
+    let error = db
+        .run_command(doc! { "ping": 1 })
+        .timeout(ms(300))
+        .await
+        .expect_err("the handshake outlasts the deadline");
+    let elapsed = started.elapsed();
+    assert!(is_timeout(&error), "a timeout error, not a network error: {error:?}");
+    assert!(elapsed < ms(1_000), "{elapsed:?}");
+    busy.await.unwrap().expect("the blocked find");
+    fail_command_off(&server.uri).await;
+}
+
+#[tokio::test]
+async fn a_client_bulk_write_results_get_more_runs_under_the_calls_deadline() {
+    let server = Server::standalone();
+    let setup = Client::with_uri_str(&server.uri).await.expect("client");
+    setup
+        .database("admin")
+        .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 1 })
+        .await
+        .expect("setParameter");
+    // The cursor's path differs in load-balanced mode (the getMores run on the batch's
+    // connection); both must stop at the call's deadline.
+    for uri in [server.uri.clone(), server.load_balanced_uri()] {
+        let (client, sent) = client_with(&uri, Some(ms(600))).await;
+        let coll = client.database("t").collection::<Document>("results");
+        let models: Vec<InsertOneModel> = (0..3)
+            .map(|_| {
+                InsertOneModel::builder()
+                    .namespace(coll.namespace())
+                    .document(doc! {})
+                    .build()
+            })
+            .collect();
+        block_commands(&server.uri, "getMore", 1, 1_500).await;
+        let started = Instant::now();
+        let error = client
+            .bulk_write(models)
+            .verbose_results()
+            .await
+            .expect_err("the blocked getMore outlasts the call's deadline");
+        let elapsed = started.elapsed();
+        fail_command_off(&server.uri).await;
+        assert!(is_timeout(&error), "{uri}: {error:?}");
+        assert!(elapsed < ms(1_200), "{uri}: {elapsed:?}");
+        assert!(!sent.named("getMore").is_empty(), "{uri}: a getMore was sent");
+    }
+    setup
+        .database("admin")
+        .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 0 })
+        .await
+        .expect("setParameter");
+}
