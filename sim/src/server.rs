@@ -533,3 +533,92 @@ impl Server {
 fn bucket_cap(rate: f64, burst_secs: f64) -> f64 {
     (rate * burst_secs).max(1.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    /// Runs the server's own events to the end; returns the replies by kind.
+    fn drain(server: &mut Server, q: &mut Queue<Event>, rng: &mut StdRng) -> [u64; 3] {
+        let mut replies = [0; 3];
+        while let Some((now, event)) = q.pop() {
+            match event {
+                Event::ServerArrive(req) => server.arrive(now, req, q, rng),
+                Event::SliceEnd { job } => server.slice_end(now, job, q, rng),
+                Event::TicketTimeout { job, wait } => server.ticket_timeout(now, job, wait, q),
+                Event::Reply { reply, .. } => {
+                    replies[match reply {
+                        Reply::Ok => 0,
+                        Reply::Overloaded => 1,
+                        Reply::Expired => 2,
+                    }] += 1
+                }
+                _ => unreachable!("the server schedules no other event"),
+            }
+        }
+        replies
+    }
+
+    fn request(i: u32, kind: OpKind, max_time: Option<Nanos>) -> Request {
+        Request {
+            tag: Tag {
+                op: Handle {
+                    index: i,
+                    generation: 0,
+                },
+                attempt: 1,
+            },
+            kind,
+            max_time,
+            client_deadline: Nanos::MAX,
+        }
+    }
+
+    #[test]
+    fn the_limiter_admits_its_bucket_and_every_rejection_costs_core_time() {
+        let mut server = Server::new(ServerConfig {
+            limiter_rate: Some(100.0),
+            ..ServerConfig::default()
+        });
+        let (mut q, mut rng) = (Queue::default(), StdRng::seed_from_u64(1));
+        for i in 0..1000 {
+            q.push(0, Event::ServerArrive(request(i, OpKind::PointRead, None)));
+        }
+        let replies = drain(&mut server, &mut q, &mut rng);
+        // The bucket holds 100 × 0.25 tokens at the start; all arrive at once.
+        assert_eq!(replies, [25, 975, 0]);
+        let s = &server.stats;
+        assert_eq!(s.rejection_ns, 975 * 300_000);
+        assert_eq!(s.useful_ns, 25 * 2_000_000);
+        assert_eq!(s.busy_ns, s.rejection_ns + s.useful_ns);
+        assert_eq!(server.jobs(), 0);
+    }
+
+    #[test]
+    fn ticket_waiters_expire_at_their_max_time_and_pay_for_stopping() {
+        // One core, one read ticket, 5 ms reads, maxTimeMS 12: the first two run (0–5, 5–10),
+        // the third gets the ticket at 10 and completes at 15 (waiting for a core is not an
+        // interrupt point); the rest expire in the ticket queue at 12 ms.
+        let mut server = Server::new(ServerConfig {
+            cores: 1,
+            read_tickets: 1,
+            range_read_ms: 5.0,
+            half_rtt: 0,
+            ..ServerConfig::default()
+        });
+        let (mut q, mut rng) = (Queue::default(), StdRng::seed_from_u64(2));
+        for i in 0..6 {
+            q.push(
+                0,
+                Event::ServerArrive(request(i, OpKind::RangeRead, Some(12_000_000))),
+            );
+        }
+        let replies = drain(&mut server, &mut q, &mut rng);
+        assert_eq!(replies, [3, 0, 3]);
+        assert_eq!(server.stats.expired, 3);
+        assert_eq!(server.stats.expiry_ns, 3 * 500_000);
+        assert_eq!(server.stats.useful_ns, 3 * 5_000_000);
+    }
+}

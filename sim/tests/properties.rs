@@ -184,3 +184,27 @@ fn invalid_configurations_are_refused_with_a_message() {
     cfg.scenario.phases[0].secs = f64::INFINITY;
     assert!(sim::run(&cfg).is_err());
 }
+
+#[test]
+fn the_deadline_gate_needs_successes_that_each_client_sees() {
+    // `timeoutMS` declines a retry whose backoff plus the server's typical service time would
+    // pass the deadline; the typical service time is each client's median of its own recent
+    // successes. Four clients in a flood each see hundreds and decline almost every retry; a
+    // thousand clients each see a handful, the estimate stays unknown (zero), the retries go
+    // out, and the extra attempts' rejection work tips the one-core server into collapse.
+    let flood = || ScenarioName::Flood.build(Length::Suite, Some(10.0));
+    let few = run(flood(), Variant::ForkTimeout, 4, 9);
+    let fleet = run(flood(), Variant::ForkTimeout, 1_000, 9);
+    assert!(
+        few.retries_per_first() < 0.02,
+        "{}",
+        few.retries_per_first()
+    );
+    assert!(
+        fleet.retries_per_first() > 0.1,
+        "{}",
+        fleet.retries_per_first()
+    );
+    assert!(few.cannot_finish > fleet.cannot_finish);
+    assert!(fleet.goodput() < 0.2 * few.goodput());
+}
