@@ -663,6 +663,27 @@ async fn insert_many_batches_share_one_deadline() {
         second < 3_000,
         "the second batch got what remained, not a fresh budget: {second}"
     );
+    // The documents of the first batch are in the collection: the timeout error's cause says
+    // which, by their index in the call.
+    let first_batch = inserts[0]
+        .get_array("documents")
+        .map(Vec::len)
+        .unwrap_or_default();
+    assert!(first_batch > 0 && first_batch < 50, "{first_batch}");
+    let partial = match cause(&error).map(|e| e.kind.as_ref()) {
+        Some(ErrorKind::InsertMany(partial)) => partial,
+        other => panic!("no InsertManyError under the timeout: {other:?}"),
+    };
+    let mut indexes: Vec<usize> = partial.inserted_ids().keys().copied().collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, (0..first_batch).collect::<Vec<_>>());
+    let stored = client
+        .database("t")
+        .collection::<Document>("batches")
+        .count_documents(doc! {})
+        .await
+        .expect("count");
+    assert_eq!(stored, first_batch as u64);
 }
 
 /// One insert of an empty document into `coll`, as a client `bulk_write` model.
