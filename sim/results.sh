@@ -25,28 +25,37 @@ started=$(date +%s)
     echo
     $bin --compare-lab
     echo
-    echo "## Fleet experiments: the budget's floor and the throttle's minimum"
-    echo
-    echo "### Defaults (retryBudgetMinPerSec 1, adaptiveThrottleMinRequests 20)"
+    echo "## Fleet experiment: the defaults (retryBudgetMinPerSec 1, adaptiveThrottleMinRequests 20)"
     echo
     $bin --scenarios sustained,flood --clients 4,64,1000,10k --secs 60 --variants recommended,fork-controls
     echo
-    echo "### retryBudgetMinPerSec=0"
+    echo "## Fleet experiment: retryBudgetMinPerSec=0"
     echo
     $bin --scenarios sustained,flood --clients 4,64,1000,10k --secs 60 --variants recommended,fork-controls \
         --budget-min-per-sec 0
     echo
-    echo "### retryBudgetMinPerSec=0, adaptiveThrottleMinRequests=0"
+    echo "## Fleet experiment: retryBudgetMinPerSec=0, adaptiveThrottleMinRequests=0"
     echo
     $bin --scenarios sustained,flood --clients 4,64,1000,10k --secs 60 --variants recommended,fork-controls \
         --budget-min-per-sec 0 --throttle-min-requests 0
     echo
     echo "## Timing: 10,000 clients, sustained, 60 s of virtual time"
     echo
+    rows=""
+    times=""
     for v in upstream-best recommended fork-controls; do
-        /usr/bin/time -f "real %e s, peak memory %M KB" $bin --scenarios sustained --clients 10k --secs 60 \
-            --variants $v 2>&1 | grep -E '^\| sustained|^real'
+        res=$(/usr/bin/time -f "real %e s, peak memory %M KB" $bin --scenarios sustained --clients 10k \
+            --secs 60 --variants $v 2>&1)
+        header=$(echo "$res" | grep -E '^\| (scenario|---)')
+        rows="$rows$(echo "$res" | grep -E '^\| sustained')
+"
+        times="$times- $v: $(echo "$res" | grep -E '^real') (the whole process, building the 10,000 controllers included)
+"
     done
+    echo "$header"
+    printf '%s' "$rows"
+    echo
+    printf '%s' "$times"
     echo
     echo "Whole file generated in $(( $(date +%s) - started )) s of real time."
 } > "$out.tmp"

@@ -233,7 +233,7 @@ fn grid(args: &Args) -> Result<(), String> {
             .first()
             .map_or(0.0, |c| c.effective_capacity(&c.server_config()));
         println!(
-            "\n## {}\n\nPhases {}; capacity {capacity:.0} ops/s.\n",
+            "\n### {}\n\nPhases {}; capacity {capacity:.0} ops/s.\n",
             scenario.name(),
             shape.join(" → ")
         );
