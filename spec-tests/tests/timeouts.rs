@@ -1334,3 +1334,30 @@ async fn a_client_bulk_write_results_get_more_runs_under_the_calls_deadline() {
         .await
         .expect("setParameter");
 }
+
+#[tokio::test]
+async fn a_write_held_up_past_its_deadline_before_it_is_sent_is_not_sent() {
+    use mongodb::event::{command::CommandEvent, EventHandler};
+    let server = Server::standalone();
+    let mut options = ClientOptions::parse(&server.uri).await.expect("valid uri");
+    // An application's started-event handler that blocks for 300 ms on every insert: the
+    // insert is built within its 100 ms deadline and held up past it before its write.
+    options.command_event_handler = Some(EventHandler::callback(|event: CommandEvent| {
+        if let CommandEvent::Started(started) = event {
+            if started.command_name == "insert" {
+                std::thread::sleep(ms(300));
+            }
+        }
+    }));
+    let client = Client::with_options(options).expect("client");
+    let coll = client.database("t").collection::<Document>("held");
+    coll.drop().await.expect("drop");
+    let error = coll
+        .insert_one(doc! { "_id": 1 })
+        .timeout(ms(100))
+        .await
+        .expect_err("the deadline passed before the write");
+    assert!(is_timeout(&error), "{error:?}");
+    let stored = coll.count_documents(doc! {}).await.expect("count");
+    assert_eq!(stored, 0, "nothing was sent after the deadline");
+}
