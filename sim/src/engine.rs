@@ -23,7 +23,7 @@ use crate::server::{OpKind, Reply, Request, Server, ServerConfig, Tag};
 use crate::variant::{MaxTime, OnDeadline, Overrides, Variant};
 
 /// The most clients a run may have.
-pub const MAX_CLIENTS: u32 = 1_000_000;
+pub const MAX_CLIENTS: u32 = 100_000;
 
 /// The key of the one server every client talks to.
 const SERVER: u32 = 0;
@@ -116,7 +116,9 @@ impl RunConfig {
         }
         if let Some(c) = self.capacity {
             if !(c.is_finite() && c > 0.0 && c <= 1e7) {
-                return Err(format!("capacity: {c} is not from 0 to 10,000,000 ops/s"));
+                return Err(format!(
+                    "capacity: {c} is not above 0 and at most 10,000,000 ops/s"
+                ));
             }
         }
         if !(self.limiter_share.is_finite() && (0.0..=10.0).contains(&self.limiter_share)) {

@@ -26,7 +26,7 @@ struct Args {
         default_value = "upstream-best,upstream-best-no-retries,recommended,fork-controls"
     )]
     variants: String,
-    /// Client counts, comma-separated, from 1 to 1,000,000 (`k` means thousands: 10k).
+    /// Client counts, comma-separated, from 1 to 100,000 (`k` means thousands: 10k).
     #[arg(long, default_value = "4,16,64")]
     clients: String,
     /// The lab's schedule lengths.
@@ -176,7 +176,7 @@ fn grid(args: &Args) -> Result<(), String> {
     let clients = parse_clients(&args.clients)?;
     if let Some(secs) = args.secs {
         if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
-            return Err(format!("--secs: {secs} is not from 0 to 86400"));
+            return Err(format!("--secs: {secs} is not above 0 and at most 86400"));
         }
     }
     // Every configuration is checked before the first run.
