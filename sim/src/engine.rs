@@ -222,6 +222,8 @@ struct Sim<'c> {
     max_time: MaxTime,
     on_deadline: OnDeadline,
     min_rtt: Duration,
+    /// Whether the controllers have a concurrency limit (and so slot waiters to wake).
+    slots: bool,
 }
 
 /// Runs one simulation.
@@ -266,6 +268,7 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         max_time: cfg.variant.max_time(),
         on_deadline: cfg.variant.on_deadline(),
         min_rtt: cfg.rtt,
+        slots: settings.concurrency.is_some(),
     };
     sim.report.setup_secs = started.elapsed().as_secs_f64();
     sim.run();
@@ -519,7 +522,7 @@ impl<'c> Sim<'c> {
     /// A slot of `op`'s client was released: the first operation of that client still waiting
     /// looks again now.
     fn wake_slot_waiter(&mut self, now: Nanos, op: Handle) {
-        if self.cfg.variant != Variant::ForkControls {
+        if !self.slots {
             return;
         }
         let Some(client) = self.ops.get(op).map(|o| o.client as usize) else {

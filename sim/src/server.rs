@@ -168,6 +168,11 @@ impl ServerConfig {
     }
 }
 
+/// The longest a ticket wait's timeout event is scheduled ahead: waits for a far deadline (the
+/// safety limit of requests without `maxTimeMS`) re-arm it, so the event heap holds no stale
+/// timeout for longer than this.
+const TIMEOUT_HORIZON: Nanos = 1_000_000_000;
+
 /// Which attempt of which operation a request is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tag {
@@ -386,7 +391,7 @@ impl Server {
             j.stage = Stage::TicketWait(j.waits);
             p.waiters.push(job);
             q.push(
-                j.deadline.max(now),
+                j.deadline.min(now.saturating_add(TIMEOUT_HORIZON)).max(now),
                 Event::TicketTimeout { job, wait: j.waits },
             );
         }
@@ -511,6 +516,15 @@ impl Server {
             return;
         };
         if j.stage != Stage::TicketWait(wait) {
+            return;
+        }
+        if now < j.deadline {
+            // A far deadline is looked at again every horizon rather than scheduled once, so
+            // that a wait that ends early leaves no event behind for long.
+            q.push(
+                j.deadline.min(now.saturating_add(TIMEOUT_HORIZON)),
+                Event::TicketTimeout { job, wait },
+            );
             return;
         }
         if let Some((_, pool)) = j.request {

@@ -78,6 +78,13 @@ fn every_request_ends_exactly_once() {
             assert_eq!(r.first_attempts + r.unsent, r.requests, "{name}");
             assert!(r.unsent >= r.local_rejections, "{name}");
             assert!(r.server.busy_ns >= r.server.wasted_ns, "{name}");
+            // The event heap is bounded by what is in flight, not by the schedule's length.
+            let in_flight = r.peak_ops + r.server.peak_jobs;
+            assert!(
+                r.peak_events <= 8 * in_flight + 8,
+                "{name}: {} events pending at most, {in_flight} in flight at most",
+                r.peak_events
+            );
         }
     }
 }
@@ -207,4 +214,28 @@ fn the_deadline_gate_needs_successes_that_each_client_sees() {
     );
     assert!(few.cannot_finish > fleet.cannot_finish);
     assert!(fleet.goodput() < 0.2 * few.goodput());
+}
+
+#[test]
+fn pending_events_follow_what_is_in_flight_not_the_schedule() {
+    // With deadlines everywhere (`maxTimeMS` on reads, dropped calls, `timeoutMS`), what is in
+    // flight is bounded, and so is the heap: a run four times as long holds about as many
+    // events at its peak.
+    for v in [Variant::UpstreamBest, Variant::ForkControls] {
+        let short = run(sustained(5.0), v, 64, 11);
+        let long = run(sustained(20.0), v, 64, 11);
+        assert!(
+            long.peak_events < 2 * short.peak_events,
+            "{}: {} events at 20 s against {} at 5 s",
+            v.name(),
+            long.peak_events,
+            short.peak_events
+        );
+    }
+    // Without any deadline (`upstream-default`: no `maxTimeMS`, calls that go on) the server's
+    // ticket queue grows through 200 % overload, as the emulator's does (the lab's runs of it
+    // end with unfinished requests); the heap grows with it, and only with it.
+    let r = run(sustained(20.0), Variant::UpstreamDefault, 64, 11);
+    let in_flight = r.peak_ops + r.server.peak_jobs;
+    assert!(r.peak_events <= 8 * in_flight + 8);
 }
