@@ -39,6 +39,16 @@ started=$(date +%s)
     $bin --scenarios sustained,flood --clients 4,64,1000,10k --secs 60 --variants recommended,fork-controls \
         --budget-min-per-sec 0 --throttle-min-requests 0
     echo
+    echo "## Seed spread: sustained, 60 s, seeds 4 to 8"
+    echo
+    echo "The grid's cells are one seed each; these rows show how far five seeds move the cells the"
+    echo "predictions rest on."
+    echo
+    for seed in 4 5 6 7 8; do
+        $bin --scenarios sustained --clients 4,10k --secs 60 --variants recommended,fork-controls \
+            --seed $seed | grep -E '^\| (scenario|---|sustained)' | if [ $seed = 4 ]; then cat; else grep '^| sustained'; fi
+    done | awk '/^\| sustained/ { print; next } { print }'
+    echo
     echo "## Timing: 10,000 clients, sustained, 60 s of virtual time"
     echo
     rows=""
