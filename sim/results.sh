@@ -48,7 +48,7 @@ started=$(date +%s)
         echo "Seed $seed:"
         echo
         $bin --scenarios sustained --clients 4,10k --secs 60 --variants recommended,fork-controls \
-            --seed $seed | grep -E '^\| (scenario|---|sustained)'
+            --seed $seed | grep -E '^\|( scenario|---| sustained)'
         echo
     done
     echo "## Timing: 10,000 clients, sustained, 60 s of virtual time"
@@ -58,7 +58,7 @@ started=$(date +%s)
     for v in upstream-best recommended fork-controls; do
         res=$(/usr/bin/time -f "real %e s, peak memory %M KB" $bin --scenarios sustained --clients 10k \
             --secs 60 --variants $v 2>&1)
-        header=$(echo "$res" | grep -E '^\| (scenario|---)')
+        header=$(echo "$res" | grep -E '^\|( scenario|---)')
         rows="$rows$(echo "$res" | grep -E '^\| sustained')
 "
         times="$times- $v: $(echo "$res" | grep -E '^real') (the whole process, building the 10,000 controllers included)
