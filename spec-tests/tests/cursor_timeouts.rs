@@ -311,3 +311,58 @@ async fn the_emulator_refuses_max_time_ms_on_a_get_more_that_awaits_no_data_as_m
         .await
         .expect("the cursor is still open");
 }
+
+/// The synchronous API closes a cursor the same way, blocking until the `killCursors` returns.
+#[test]
+fn the_sync_api_closes_a_cursor_with_its_timeout_refreshed() {
+    use mongodb::event::{command::CommandEvent, EventHandler};
+    let server = Server::standalone();
+    let setup = mongodb::sync::Client::with_uri_str(&server.uri).expect("client");
+    let coll = setup.database("t").collection::<Document>("sync");
+    coll.drop().run().expect("drop");
+    coll.insert_many((0..5).map(|i| doc! { "_id": i }))
+        .run()
+        .expect("insert");
+
+    let mut options = mongodb::options::ClientOptions::parse(server.uri_with("timeoutMS=200"))
+        .run()
+        .expect("valid uri");
+    let kills = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = kills.clone();
+    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
+        if let CommandEvent::Started(e) = event {
+            if e.command_name == "killCursors" {
+                sink.lock().unwrap().push(e.command);
+            }
+        }
+    }));
+    let client = mongodb::sync::Client::with_options(options).expect("client");
+    let cursor = client
+        .database("t")
+        .collection::<Document>("sync")
+        .find(doc! {})
+        .batch_size(2)
+        .run()
+        .expect("find");
+    // The cursor's own deadline passes; closing it still gets the whole timeoutMS.
+    std::thread::sleep(ms(300));
+    cursor.close().run().expect("killCursors");
+    let kill = kills.lock().unwrap().pop().expect("killCursors sent");
+    assert!(
+        max_time_of(&kill).is_some_and(|m| m > 100 && m <= 200),
+        "{kill:?}"
+    );
+    let id = match kill.get_array("cursors").expect("cursors")[0] {
+        Bson::Int64(id) => id,
+        ref other => panic!("cursor id {other:?}"),
+    };
+    let error = setup
+        .database("t")
+        .run_command(doc! { "getMore": id, "collection": "sync" })
+        .run()
+        .expect_err("the server's cursor is gone");
+    assert!(
+        matches!(*error.kind, ErrorKind::Command(ref e) if e.code == 43),
+        "{error:?}"
+    );
+}
