@@ -322,10 +322,7 @@ impl<'c> Sim<'c> {
                 }
             }
             Event::RetryDue { op, wait } => self.retry_due(now, op, wait),
-            Event::ServerArrive(req) => {
-                self.server
-                    .arrive(now, req, &mut self.q, &mut self.server_rng);
-            }
+            Event::ServerArrive(req) => self.server.arrive(now, req, &mut self.q),
             Event::SliceEnd { job } => {
                 self.server
                     .slice_end(now, job, &mut self.q, &mut self.server_rng);
@@ -386,12 +383,14 @@ impl<'c> Sim<'c> {
         }
         let phase = self.phase_of(now);
         self.report.requests += 1;
-        self.report.phase_requests[phase] += 1;
+        if let Some(n) = self.report.phase_requests.get_mut(phase) {
+            *n += 1;
+        }
         let ctl = &self.controllers[client as usize];
         let at = clock::instant(now);
         let deadline = ctl.deadline(kind.command(), Default::default(), at);
         ctl.deposit(at);
-        let app_deadline = now + clock::nanos(self.cfg.deadline);
+        let app_deadline = now.saturating_add(clock::nanos(self.cfg.deadline));
         let op = self.ops.insert(Op {
             client,
             kind,

@@ -310,7 +310,7 @@ impl Server {
     }
 
     /// An attempt arrives at `now`.
-    pub fn arrive(&mut self, now: Nanos, req: Request, q: &mut Queue<Event>, rng: &mut StdRng) {
+    pub fn arrive(&mut self, now: Nanos, req: Request, q: &mut Queue<Event>) {
         self.stats.attempts += 1;
         let deadline = now.saturating_add(
             req.max_time
@@ -346,7 +346,7 @@ impl Server {
             waits: 0,
         });
         self.stats.peak_jobs = self.stats.peak_jobs.max(self.jobs.len() as u64);
-        self.acquire_ticket(now, job, q, rng);
+        self.acquire_ticket(now, job, q);
     }
 
     /// Work outside a request: `ms` of core time, then `reply`.
@@ -374,7 +374,7 @@ impl Server {
         self.run(now, job, q);
     }
 
-    fn acquire_ticket(&mut self, now: Nanos, job: Handle, q: &mut Queue<Event>, _rng: &mut StdRng) {
+    fn acquire_ticket(&mut self, now: Nanos, job: Handle, q: &mut Queue<Event>) {
         let Some(j) = self.jobs.get_mut(job) else {
             return;
         };
@@ -500,7 +500,7 @@ impl Server {
                     if expired {
                         self.expire(now, job, q);
                     } else {
-                        self.acquire_ticket(now, job, q, rng);
+                        self.acquire_ticket(now, job, q);
                     }
                 } else {
                     self.run_queue.push_back(job);
@@ -559,7 +559,7 @@ mod tests {
         let mut replies = [0; 3];
         while let Some((now, event)) = q.pop() {
             match event {
-                Event::ServerArrive(req) => server.arrive(now, req, q, rng),
+                Event::ServerArrive(req) => server.arrive(now, req, q),
                 Event::SliceEnd { job } => server.slice_end(now, job, q, rng),
                 Event::TicketTimeout { job, wait } => server.ticket_timeout(now, job, wait, q),
                 Event::Reply { reply, .. } => {
