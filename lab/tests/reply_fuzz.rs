@@ -118,6 +118,26 @@ macro_rules! fuzz_driver {
 
             async fn client(uri: &str, app: &str) -> Client {
                 let mut opts = ClientOptions::parse(uri).await.expect("uri parses");
+                if trace_on() {
+                    use $m::event::{command::CommandEvent, EventHandler};
+                    opts.command_event_handler =
+                        Some(EventHandler::callback(|event: CommandEvent| match event {
+                            CommandEvent::Started(e) => {
+                                let comment = e.command.get_str("comment").ok();
+                                trace_started(
+                                    e.request_id,
+                                    comment,
+                                    &e.command_name,
+                                    &e.connection,
+                                );
+                            }
+                            CommandEvent::Succeeded(e) => trace_ended(e.request_id, "ok".into()),
+                            CommandEvent::Failed(e) => {
+                                trace_ended(e.request_id, format!("failed: {}", e.failure))
+                            }
+                            _ => {}
+                        }));
+                }
                 opts.app_name = Some(app.to_string());
                 opts.server_selection_timeout = Some(Duration::from_secs(2));
                 opts.connect_timeout = Some(Duration::from_secs(2));
@@ -280,6 +300,9 @@ macro_rules! fuzz_driver {
                         // Bounded: ops / workers iterations.
                         for i in (w..ops).step_by(workers as usize) {
                             let comment = format!("{db}-{i}");
+                            if trace_on() {
+                                trace_note(&comment, "spawned");
+                            }
                             let task = tokio::spawn(operation(
                                 client.clone(),
                                 db.clone(),
@@ -297,6 +320,9 @@ macro_rules! fuzz_driver {
                                     Ok(Err(join)) => Ending::Err(format!("task failed: {join}")),
                                     Err(_) => {
                                         abort.abort();
+                                        if trace_on() {
+                                            trace_note(&comment, "watchdog fired");
+                                        }
                                         Ending::Hang
                                     }
                                 };
@@ -324,6 +350,77 @@ macro_rules! fuzz_driver {
 
 fuzz_driver!(fork, mongodb, |opts| opts.timeout = Some(FORK_TIMEOUT));
 fuzz_driver!(upstream, mongodb_upstream, |_| {});
+
+/// `REPLY_FUZZ_TRACE=1`: record every command's events by the operation's comment, and print
+/// them for the operations that hang, to find where they wait.
+fn trace_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REPLY_FUZZ_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// Command events by operation comment, each with the time since the process first traced.
+#[derive(Default)]
+struct Traces {
+    comment_of: HashMap<i32, String>,
+    events: HashMap<String, Vec<String>>,
+}
+
+fn traces() -> &'static Mutex<Traces> {
+    static TRACES: OnceLock<Mutex<Traces>> = OnceLock::new();
+    TRACES.get_or_init(Default::default)
+}
+
+fn trace_clock() -> Duration {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed()
+}
+
+fn trace_started(
+    request_id: i32,
+    comment: Option<&str>,
+    command: &str,
+    connection: &impl std::fmt::Debug,
+) {
+    let Some(comment) = comment else { return };
+    let mut t = traces().lock().unwrap_or_else(|p| p.into_inner());
+    t.comment_of.insert(request_id, comment.to_string());
+    let line = format!(
+        "{:?} started {command} #{request_id} on {connection:?}",
+        trace_clock()
+    );
+    t.events.entry(comment.to_string()).or_default().push(line);
+}
+
+fn trace_ended(request_id: i32, outcome: String) {
+    let mut t = traces().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(comment) = t.comment_of.remove(&request_id) {
+        let line = format!("{:?} #{request_id} {outcome}", trace_clock());
+        t.events.entry(comment).or_default().push(line);
+    }
+}
+
+/// Records `note` for operation `comment`.
+fn trace_note(comment: &str, note: &str) {
+    let mut t = traces().lock().unwrap_or_else(|p| p.into_inner());
+    let line = format!("{:?} {note}", trace_clock());
+    t.events.entry(comment.to_string()).or_default().push(line);
+}
+
+/// Prints the command events of the hung operation `comment`, and the damaged replies the
+/// emulator logged for it (in the order it sent them).
+fn print_trace(comment: &str, log: &[MangleRecord]) {
+    let t = traces().lock().unwrap_or_else(|p| p.into_inner());
+    eprintln!(
+        "reply fuzz: trace of hung {comment} (now {:?}):",
+        trace_clock()
+    );
+    for line in t.events.get(comment).into_iter().flatten() {
+        eprintln!("    {line}");
+    }
+    for record in log.iter().filter(|r| r.comment == comment) {
+        eprintln!("    reply to {}: {:?}", record.command, record.kind);
+    }
+}
 
 /// One driver's figures.
 #[derive(Debug, Default)]
@@ -511,9 +608,15 @@ async fn measure(
                 }) =>
             {
                 f.stalled_get_mores += 1;
+                if trace_on() {
+                    print_trace(comment, &log);
+                }
             }
             Ending::Hang => {
                 f.hangs += 1;
+                if trace_on() {
+                    print_trace(comment, &log);
+                }
                 let cause = last
                     .get(comment.as_str())
                     .map_or("no reply".to_string(), |r| {

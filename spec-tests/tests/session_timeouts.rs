@@ -189,19 +189,20 @@ async fn a_dropped_convenient_transaction_leaves_no_deadline_on_its_session() {
     let coll: Collection<Document> = client.database("t").collection("c");
     let mut session = client.start_session().await.expect("session");
     // The application gives up on the call (its own deadline) while the callback still runs.
-    let run = session
-        .start_transaction()
-        .timeout(ms(300))
-        .and_run(coll.clone(), |session, coll| {
-            async move {
-                coll.insert_one(doc! { "_id": 1 })
-                    .session(&mut *session)
-                    .await?;
-                tokio::time::sleep(ms(10_000)).await;
-                Ok(())
-            }
-            .boxed()
-        });
+    let run =
+        session
+            .start_transaction()
+            .timeout(ms(300))
+            .and_run(coll.clone(), |session, coll| {
+                async move {
+                    coll.insert_one(doc! { "_id": 1 })
+                        .session(&mut *session)
+                        .await?;
+                    tokio::time::sleep(ms(10_000)).await;
+                    Ok(())
+                }
+                .boxed()
+            });
     tokio::time::timeout(ms(100), run)
         .await
         .expect_err("dropped by the application");

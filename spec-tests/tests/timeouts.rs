@@ -1261,7 +1261,9 @@ async fn a_checkout_ends_at_server_selection_timeout_or_the_deadline_and_reports
     // Each cut checkout was reported to the pool's listeners, as timed out.
     assert_eq!(*failures.lock().unwrap(), ["Timeout", "Timeout"]);
     // Without timeoutMS the checkout waits as upstream's does.
-    db.run_command(doc! { "ping": 1 }).await.expect("a free connection");
+    db.run_command(doc! { "ping": 1 })
+        .await
+        .expect("a free connection");
 }
 
 #[tokio::test]
@@ -1287,7 +1289,10 @@ async fn a_connection_establishment_that_outlasts_the_deadline_is_the_timeout_er
         .await
         .expect_err("the handshake outlasts the deadline");
     let elapsed = started.elapsed();
-    assert!(is_timeout(&error), "a timeout error, not a network error: {error:?}");
+    assert!(
+        is_timeout(&error),
+        "a timeout error, not a network error: {error:?}"
+    );
     assert!(elapsed < ms(1_000), "{elapsed:?}");
     busy.await.unwrap().expect("the blocked find");
     fail_command_off(&server.uri).await;
@@ -1326,7 +1331,10 @@ async fn a_client_bulk_write_results_get_more_runs_under_the_calls_deadline() {
         fail_command_off(&server.uri).await;
         assert!(is_timeout(&error), "{uri}: {error:?}");
         assert!(elapsed < ms(1_200), "{uri}: {elapsed:?}");
-        assert!(!sent.named("getMore").is_empty(), "{uri}: a getMore was sent");
+        assert!(
+            !sent.named("getMore").is_empty(),
+            "{uri}: a getMore was sent"
+        );
     }
     setup
         .database("admin")
