@@ -131,32 +131,29 @@ fn under_sustained_overload_upstream_sends_more_attempts_than_the_budget() {
 }
 
 #[test]
-fn the_budget_floor_multiplies_with_the_clients() {
-    // Same total load, split over more clients: each client's budget has its own floor (1 retry
-    // a second, 10 in reserve), so the fleet's floor grows with the fleet and the budget stops
-    // binding. At 4,000 clients the floor (4,000 retries a second) exceeds every retry the
-    // overload calls for, and the recommended settings retry as much as `timeoutMS` alone.
+fn the_budget_holds_under_sustained_overload_whatever_the_number_of_clients() {
+    // Same total load, split over more clients. Each client's budget has its own floor (1
+    // retry a second), which alone would grow with the fleet: 4,000 clients would have 4,000
+    // retries a second to spend, as many as `timeoutMS` alone makes. The budget admits no
+    // retry while the client's servers reject most of its attempts, so at a saturated server
+    // the fleet's retries stay as low as four clients' and far below the unbudgeted ones.
     let scenario = || sustained(10.0);
     let few = run(scenario(), Variant::ForkBudgetTimeout, 4, 5);
     let many = run(scenario(), Variant::ForkBudgetTimeout, 1_000, 5);
     let fleet = run(scenario(), Variant::ForkBudgetTimeout, 4_000, 5);
     let unbudgeted = run(scenario(), Variant::ForkTimeout, 4_000, 5);
-    let (a, b, c) = (
-        few.retries_per_first(),
-        many.retries_per_first(),
-        fleet.retries_per_first(),
-    );
-    assert!(a < 0.13, "4 clients: {a}");
-    assert!(b > 1.5 * a, "1,000 clients: {b} against {a} at 4");
-    assert!(c > b, "4,000 clients: {c} against {b} at 1,000");
-    assert!(few.budget_refusals > 0);
-    assert_eq!(fleet.budget_refusals, 0, "the floor covers every retry");
+    for (clients, report) in [(4, &few), (1_000, &many), (4_000, &fleet)] {
+        let retries = report.retries_per_first();
+        assert!(retries <= 0.10, "{clients} clients: {retries}");
+        assert!(report.budget_refusals > 0, "{clients} clients");
+    }
     assert!(
-        (c - unbudgeted.retries_per_first()).abs() < 0.01,
-        "{c} against {} without a budget",
+        fleet.retries_per_first() < unbudgeted.retries_per_first() / 3.0,
+        "{} against {} without a budget",
+        fleet.retries_per_first(),
         unbudgeted.retries_per_first()
     );
-    assert!(fleet.goodput() < few.goodput());
+    assert!(fleet.goodput() > unbudgeted.goodput());
 }
 
 #[test]

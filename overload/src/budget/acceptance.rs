@@ -1,5 +1,7 @@
 //! [`Acceptance`]: how much of what a client sent recently its servers accepted, which decides
-//! whether the budget refunds the retries of an operation that succeeded.
+//! whether the budget refunds the retries of an operation that succeeded, and whether it admits
+//! a retry at all: below one half accepted, the servers are shedding load and the budget admits
+//! none (`RetryBudgetHandle`, `Shared::shedding`).
 //!
 //! A refund says "this retry cost the server nothing it could not give". That holds when the
 //! server rejects a share of requests while it has capacity to spare (random or transient

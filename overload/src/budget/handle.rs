@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::Budget;
+use super::{Acceptance, Budget};
 use crate::stats::{OverloadStats, OverloadStatsRecorder};
 use crate::trace::TARGET;
 
@@ -48,6 +48,23 @@ struct Shared {
     budget: Box<dyn Budget + Send + Sync>,
     stats: Arc<OverloadStatsRecorder>,
     clock: fn() -> Instant,
+    /// What the client's servers accepted recently: while they reject most of its attempts
+    /// for overload, the budget admits no retry ([`Self::shedding`]).
+    acceptance: Option<Arc<Acceptance>>,
+}
+
+impl Shared {
+    /// Whether the servers rejected most of the client's recent attempts for overload
+    /// ([`Acceptance::mostly_accepted`] says no). A server that sheds that much is past its
+    /// capacity, not failing by chance: a retry that gets in takes the place of another
+    /// request, and one that does not costs the server a rejection, so neither the share nor
+    /// the floor admits one. Random and transient rejections, which leave most attempts
+    /// accepted, keep the budget's usual rule.
+    fn shedding(&self, now: Instant) -> bool {
+        self.acceptance
+            .as_ref()
+            .is_some_and(|acceptance| !acceptance.mostly_accepted(now))
+    }
 }
 
 impl fmt::Debug for RetryBudgetHandle {
@@ -72,6 +89,26 @@ impl RetryBudgetHandle {
                 budget: Box::new(budget),
                 stats,
                 clock,
+                acceptance: None,
+            }),
+        }
+    }
+
+    /// The same handle, refusing every retry while `acceptance` shows the client's servers
+    /// rejecting most of its attempts for overload (see `Shared::shedding`). The controller
+    /// builds its budget so; a handle without it follows the share and the floor alone.
+    pub fn refusing_while_shed(
+        budget: impl Budget + Send + Sync + 'static,
+        stats: Arc<OverloadStatsRecorder>,
+        clock: fn() -> Instant,
+        acceptance: Arc<Acceptance>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                budget: Box::new(budget),
+                stats,
+                clock,
+                acceptance: Some(acceptance),
             }),
         }
     }
@@ -86,7 +123,7 @@ impl RetryBudgetHandle {
     /// For the driver: asks for one retry of `operation` (a command name, for the log) at
     /// `now`, counts the decision, and logs it.
     pub fn withdraw_at(&self, origin: RetryOrigin, operation: Option<&str>, now: Instant) -> bool {
-        let admitted = self.inner.budget.withdraw(now);
+        let admitted = !self.inner.shedding(now) && self.inner.budget.withdraw(now);
         self.inner.stats.record_budget_decision(origin, admitted);
         let logging = budget_decisions_enabled();
         if logging || cfg!(feature = "metrics") {
@@ -110,7 +147,7 @@ impl RetryBudgetHandle {
         now: Instant,
     ) -> bool {
         let level = self.inner.budget.level(now);
-        let admitted = level >= 1.0;
+        let admitted = level >= 1.0 && !self.inner.shedding(now);
         if !admitted {
             self.inner.stats.record_budget_decision(origin, false);
             self.inner.stats.record_budget_level(level);

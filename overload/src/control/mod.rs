@@ -309,7 +309,7 @@ pub struct Controller<K, S = ()> {
     budget: Option<RetryBudgetHandle>,
     /// With the budget: how much of what the client sent its servers accepted, which decides
     /// whether the retries of an operation that succeeded are refunded.
-    acceptance: Option<Acceptance>,
+    acceptance: Option<Arc<Acceptance>>,
     admission: Option<admission::Admission<K, S>>,
     service_times: admission::ServiceTimes<K>,
     clock: fn() -> Instant,
@@ -340,10 +340,14 @@ where
             Some(config) => {
                 let budget =
                     RetryBudget::starting_at(config, clock()).map_err(|e| e.to_string())?;
-                (
-                    Some(RetryBudgetHandle::new(budget, Arc::clone(&stats), clock)),
-                    Some(Acceptance::new(config.window, clock())),
-                )
+                let acceptance = Arc::new(Acceptance::new(config.window, clock()));
+                let handle = RetryBudgetHandle::refusing_while_shed(
+                    budget,
+                    Arc::clone(&stats),
+                    clock,
+                    Arc::clone(&acceptance),
+                );
+                (Some(handle), Some(acceptance))
             }
             None => (None, None),
         };

@@ -361,7 +361,7 @@ fn an_operation_that_succeeds_gives_back_the_retries_the_budget_paid_for() {
 }
 
 #[test]
-fn no_refund_while_the_servers_reject_most_attempts() {
+fn no_retry_while_the_servers_reject_most_attempts_and_refunds_once_they_accept_again() {
     let ctl = one_retry_per_first_attempt();
     let server = server();
     let send = |t: u64| {
@@ -373,6 +373,8 @@ fn no_refund_while_the_servers_reject_most_attempts() {
         ));
     };
     // Four first attempts sent, three rejected for overload: the servers accept a quarter.
+    // The budget holds four retries' worth of credit, and refuses every retry: the servers
+    // are shedding, not failing by chance.
     for _ in 0..4 {
         send(0);
     }
@@ -381,19 +383,18 @@ fn no_refund_while_the_servers_reject_most_attempts() {
     }
     let mut state = ctl.retry_state();
     state.record_failure(overloaded());
-    assert!(matches!(
-        ctl.may_retry(&mut state, question(&server, None), at(0), &mut full()),
-        RetryAnswer::RetryAfter(_)
-    ));
-    assert!(ctl.send_retry(&mut state, "find", None, at(0)));
-    ctl.succeeded(&state, at(1));
-    let stats = ctl.snapshot();
     assert_eq!(
-        stats.retries_refunded, 0,
-        "overload: every retry stays charged"
+        ctl.may_retry(&mut state, question(&server, None), at(0), &mut full()),
+        RetryAnswer::ReturnLastError(Refusal::Budget)
     );
-    assert_eq!(stats.budget_level, Some(3.0));
-    // Once the servers accept most attempts again, a success is refunded.
+    let budget = ctl.budget().expect("budget on");
+    assert!(
+        !budget.try_withdraw(),
+        "application retries are refused too"
+    );
+    let stats = ctl.snapshot();
+    assert_eq!(stats.budget_level, Some(4.0), "nothing was charged");
+    // Once the servers accept most attempts again, a retry is made, and its success refunded.
     for _ in 0..10 {
         send(2);
     }
