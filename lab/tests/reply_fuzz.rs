@@ -599,9 +599,9 @@ async fn measure(
                 f.panic_messages.push(format!("{op}: {message}"));
             }
             // A getMore whose reply never completes: counted apart, as upstream bounds no
-            // getMore at all. The fork's are bounded by their cursor's timeoutMS (stage 2); the
-            // long run of 2026-12-03 still saw 1 in 25,000 operations past the watchdog, not yet
-            // explained, so they are counted and reported, not yet asserted.
+            // getMore at all. The fork's are bounded by their cursor's timeoutMS (stage 2) and
+            // asserted to be none; the long run of 2026-12-03 saw 1 in 25,000, those of
+            // 2026-12-04 none in 75,000 (docs/results/2026-12-04-reply-fuzz.md).
             Ending::Hang
                 if last.get(comment.as_str()).is_some_and(|r| {
                     r.command == "getMore" && r.kind == Some(MangleKind::Stall)
@@ -642,6 +642,10 @@ fn assert_fork_survived(f: &Figures) {
     assert_eq!(f.op_panics, 0, "fork panicked: {:?}", f.panic_messages);
     assert_eq!(f.process_panics, 0, "fork panicked: {:?}", f.panic_messages);
     assert_eq!(f.hangs, 0, "fork hung past timeoutMS: {:?}", f.hangs_by_op);
+    assert_eq!(
+        f.stalled_get_mores, 0,
+        "a fork getMore outlived its cursor's timeoutMS"
+    );
     assert!(
         f.wrong_successes.is_empty(),
         "fork reported success for replies it could not read: {:?}",
