@@ -204,24 +204,29 @@ async fn retries_read_the_deadline_on_the_clock_they_sleep_on() {
 }
 
 /// The retry budget refuses a retry on the paused clock: once the warm-up's deposit has left the
-/// budget's 10 s window (advanced past in virtual time), each first attempt funds exactly one retry
-/// at `retryBudgetPercent=100` with no reserve, so an always-overloaded find makes two attempts
-/// and the second retry is refused.
+/// budget's 10 s window (advanced past in virtual time), two accepted finds and the failing
+/// find's own first attempt fund one and a half retries at `retryBudgetPercent=50` with no
+/// reserve, so an always-overloaded find makes two attempts and the budget refuses the second
+/// retry for want of credit (the servers still accept half the client's attempts, so it is not
+/// the shedding rule that refuses it).
 #[tokio::test(flavor = "current_thread")]
 async fn the_budget_refuses_a_retry_on_the_paused_clock() {
     let server = Server::standalone();
     let uri = server.uri_with(
-        "retryReads=true&connectTimeoutMS=0&retryBudget=true&retryBudgetPercent=100\
+        "retryReads=true&connectTimeoutMS=0&retryBudget=true&retryBudgetPercent=50\
          &retryBudgetMinPerSec=0&retryBudgetWindowMS=10000",
     );
     let (client, attempts) = client_counting_finds(&uri).await;
     let coll: Collection<Document> = client.database("t").collection("c");
     coll.find_one(doc! {}).await.expect("warm up");
-    overload_finds(&server.uri).await;
-    let before = attempts.count();
 
     let clock = Metronome::start();
     tokio::time::advance(Duration::from_secs(11)).await;
+    for _ in 0..2 {
+        coll.find_one(doc! {}).await.expect("accepted");
+    }
+    overload_finds(&server.uri).await;
+    let before = attempts.count();
     let start = tokio::time::Instant::now();
     let result = with_pinned_jitter(1.0, coll.find_one(doc! {})).await;
     let elapsed = start.elapsed();
