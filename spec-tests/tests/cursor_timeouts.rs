@@ -154,6 +154,19 @@ async fn iteration_mode_gives_each_next_its_own_timeout_and_sends_no_max_time_ms
     assert!(is_timeout(&error), "{error:?}");
 }
 
+/// The cursor id of `kill`, a `killCursors` sent after a 200 ms `timeoutMS` cursor's deadline
+/// passed, once it is checked to carry that timeout afresh (less the round trip).
+fn refreshed_kill_of(kill: &Document) -> i64 {
+    assert!(
+        max_time_of(kill).is_some_and(|m| m > 100 && m <= 200),
+        "{kill:?}"
+    );
+    match kill.get_array("cursors").expect("cursors")[0] {
+        Bson::Int64(id) => id,
+        ref other => panic!("cursor id {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_closed_cursor_is_killed_on_the_server_with_its_timeout_refreshed() {
     let server = Server::standalone();
@@ -165,14 +178,7 @@ async fn a_closed_cursor_is_killed_on_the_server_with_its_timeout_refreshed() {
     tokio::time::sleep(ms(300)).await;
     cursor.close().await.expect("killCursors");
     let kill = sent.named("killCursors").pop().expect("killCursors sent");
-    assert!(
-        max_time_of(&kill).is_some_and(|m| m > 100 && m <= 200),
-        "{kill:?}"
-    );
-    let id = match kill.get_array("cursors").expect("cursors")[0] {
-        Bson::Int64(id) => id,
-        ref other => panic!("cursor id {other:?}"),
-    };
+    let id = refreshed_kill_of(&kill);
     let error = client
         .database("t")
         .run_command(doc! { "getMore": id, "collection": "c" })
@@ -348,14 +354,7 @@ fn the_sync_api_closes_a_cursor_with_its_timeout_refreshed() {
     std::thread::sleep(ms(300));
     cursor.close().run().expect("killCursors");
     let kill = kills.lock().unwrap().pop().expect("killCursors sent");
-    assert!(
-        max_time_of(&kill).is_some_and(|m| m > 100 && m <= 200),
-        "{kill:?}"
-    );
-    let id = match kill.get_array("cursors").expect("cursors")[0] {
-        Bson::Int64(id) => id,
-        ref other => panic!("cursor id {other:?}"),
-    };
+    let id = refreshed_kill_of(&kill);
     let error = setup
         .database("t")
         .run_command(doc! { "getMore": id, "collection": "sync" })

@@ -84,14 +84,7 @@ impl RetryBudgetHandle {
         stats: Arc<OverloadStatsRecorder>,
         clock: fn() -> Instant,
     ) -> Self {
-        Self {
-            inner: Arc::new(Shared {
-                budget: Box::new(budget),
-                stats,
-                clock,
-                acceptance: None,
-            }),
-        }
+        Self::build(Box::new(budget), stats, clock, None)
     }
 
     /// The same handle, refusing every retry while `acceptance` shows the client's servers
@@ -103,13 +96,23 @@ impl RetryBudgetHandle {
         clock: fn() -> Instant,
         acceptance: Arc<Acceptance>,
     ) -> Self {
+        Self::build(Box::new(budget), stats, clock, Some(acceptance))
+    }
+
+    fn build(
+        budget: Box<dyn Budget + Send + Sync>,
+        stats: Arc<OverloadStatsRecorder>,
+        clock: fn() -> Instant,
+        acceptance: Option<Arc<Acceptance>>,
+    ) -> Self {
+        let inner = Shared {
+            budget,
+            stats,
+            clock,
+            acceptance,
+        };
         Self {
-            inner: Arc::new(Shared {
-                budget: Box::new(budget),
-                stats,
-                clock,
-                acceptance: Some(acceptance),
-            }),
+            inner: Arc::new(inner),
         }
     }
 

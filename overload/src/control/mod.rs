@@ -458,12 +458,14 @@ where
     /// included: the CSOT specification's `min(serverSelectionTimeoutMS, remaining timeoutMS)`,
     /// both counted from the start of selection, so that selection and checkout together never
     /// outlast `serverSelectionTimeoutMS` either. Past it the checkout ends with the timeout
-    /// error.
-    pub fn checkout_deadline(&self, deadline: Deadline, selection_started: Instant) -> Deadline {
-        deadline.min(Deadline::start(
-            selection_started,
-            self.server_selection_timeout,
-        ))
+    /// error. `None` without `timeoutMS`: the checkout then waits as upstream's does.
+    pub fn checkout_deadline(
+        &self,
+        deadline: Option<Deadline>,
+        selection_started: Instant,
+    ) -> Option<Deadline> {
+        let selection = Deadline::start(selection_started, self.server_selection_timeout);
+        deadline.map(|deadline| deadline.min(selection))
     }
 
     /// Whether a command under `deadline` needs its server's minimum round-trip time for

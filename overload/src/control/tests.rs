@@ -1054,16 +1054,20 @@ fn a_checkout_ends_at_the_deadline_or_at_server_selection_timeout_whichever_is_f
     // A deadline well past serverSelectionTimeoutMS: selection and checkout share the latter.
     let far = Deadline::start(t0(), ms(10_000));
     assert_eq!(
-        ctl.checkout_deadline(far, selection_started).instant(),
+        ctl.checkout_deadline(Some(far), selection_started)
+            .and_then(|d| d.instant()),
         Some(t0() + ms(1_100))
     );
     // A deadline that comes first is kept.
     let near = Deadline::start(t0(), ms(500));
-    assert_eq!(ctl.checkout_deadline(near, selection_started), near);
+    assert_eq!(
+        ctl.checkout_deadline(Some(near), selection_started),
+        Some(near)
+    );
     // An unlimited deadline (timeoutMS=0) leaves serverSelectionTimeoutMS.
     assert_eq!(
-        ctl.checkout_deadline(Deadline::unlimited(), selection_started)
-            .instant(),
+        ctl.checkout_deadline(Some(Deadline::unlimited()), selection_started)
+            .and_then(|d| d.instant()),
         Some(t0() + ms(1_100))
     );
 }
@@ -1075,8 +1079,10 @@ fn a_huge_server_selection_timeout_leaves_the_checkout_to_the_deadline() {
         ..settings()
     });
     let deadline = Deadline::start(t0(), ms(500));
-    assert_eq!(ctl.checkout_deadline(deadline, t0()), deadline);
+    assert_eq!(ctl.checkout_deadline(Some(deadline), t0()), Some(deadline));
     assert!(ctl
-        .checkout_deadline(Deadline::unlimited(), t0())
-        .is_unlimited());
+        .checkout_deadline(Some(Deadline::unlimited()), t0())
+        .is_some_and(|d| d.is_unlimited()));
+    // Without timeoutMS there is no bound at all.
+    assert_eq!(ctl.checkout_deadline(None, t0()), None);
 }
