@@ -22,6 +22,11 @@ struct Args {
     /// Replica-set members or mongos routers.
     #[arg(long, default_value_t = 3)]
     members: usize,
+    /// Shards behind the routers (`--topology sharded` only). With two or more, the overload
+    /// model options below apply to every shard and the routers' models are off unless
+    /// --member-model-json names them; with one, the routers carry them as before.
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
     /// Replica set name.
     #[arg(long, default_value = "rs0")]
     set_name: String,
@@ -72,6 +77,10 @@ struct Args {
     /// 0 is the first member), e.g. '1={"cores": 1}'.
     #[arg(long, value_name = "INDEX=JSON")]
     member_model_json: Vec<String>,
+    /// Overload model of one shard: INDEX=JSON, merged over the model the options above give
+    /// (repeatable; 0 is shard0), e.g. '1={"randomRejectShare": 1.0}'.
+    #[arg(long, value_name = "INDEX=JSON")]
+    shard_model_json: Vec<String>,
     /// A user created at start, NAME:PASSWORD (on admin) or DB.NAME:PASSWORD, with SCRAM-SHA-1
     /// and SCRAM-SHA-256 credentials (repeatable). Any user turns authentication on: commands
     /// then need an authenticated connection, as on a mongod started with --auth
@@ -90,11 +99,38 @@ fn json_document(text: &str) -> Result<bson::Document, String> {
     }
 }
 
-/// The model of every member and the per-member models.
-type Models = (
-    emulator::model::ModelConfig,
-    std::collections::BTreeMap<usize, emulator::model::ModelConfig>,
-);
+/// Models by member or shard index.
+type ModelMap = std::collections::BTreeMap<usize, emulator::model::ModelConfig>;
+
+/// The model of every member (or shard), the per-member models and the per-shard models.
+type Models = (emulator::model::ModelConfig, ModelMap, ModelMap);
+
+/// Parses repeated `INDEX=JSON` flags (`flag` names them in errors) into models merged over
+/// `base` (an index given twice merges both, in order).
+fn indexed_models(
+    flag: &str,
+    specs: &[String],
+    base: &emulator::model::ModelConfig,
+) -> Result<ModelMap, String> {
+    let mut models = ModelMap::new();
+    for spec in specs {
+        let (index, text) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("{flag} {spec}: expected INDEX=JSON"))?;
+        let index: usize = index
+            .trim()
+            .parse()
+            .map_err(|_| format!("{flag} {spec}: {index:?} is not an index"))?;
+        let changes = json_document(text).map_err(|e| format!("{flag} {index}: {e}"))?;
+        let model = models
+            .get(&index)
+            .unwrap_or(base)
+            .merged(&changes)
+            .map_err(|e| format!("{flag} {index}: {e}"))?;
+        models.insert(index, model);
+    }
+    Ok(models)
+}
 
 /// The model of every member (from the flags) and the per-member overrides.
 fn models(args: &Args) -> Result<Models, String> {
@@ -125,24 +161,9 @@ fn models(args: &Args) -> Result<Models, String> {
             .map_err(|e| format!("--model-json: {e}"))?;
     }
     overload.validate().map_err(|e| e.to_string())?;
-    let mut members = std::collections::BTreeMap::new();
-    for spec in &args.member_model_json {
-        let (index, text) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("--member-model-json {spec}: expected INDEX=JSON"))?;
-        let index: usize = index
-            .trim()
-            .parse()
-            .map_err(|_| format!("--member-model-json {spec}: {index:?} is not a member index"))?;
-        let changes =
-            json_document(text).map_err(|e| format!("--member-model-json {index}: {e}"))?;
-        let base = members.get(&index).unwrap_or(&overload);
-        let model = base
-            .merged(&changes)
-            .map_err(|e| format!("--member-model-json {index}: {e}"))?;
-        members.insert(index, model);
-    }
-    Ok((overload, members))
+    let members = indexed_models("--member-model-json", &args.member_model_json, &overload)?;
+    let shards = indexed_models("--shard-model-json", &args.shard_model_json, &overload)?;
+    Ok((overload, members, shards))
 }
 
 #[tokio::main]
@@ -165,7 +186,7 @@ async fn main() -> std::process::ExitCode {
             routers: args.members.max(1),
         },
     };
-    let (overload, member_overload) = match models(&args) {
+    let (overload, member_overload, shard_overload) = match models(&args) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("labd: {e}");
@@ -187,6 +208,8 @@ async fn main() -> std::process::ExitCode {
         base_backoff_ms: args.base_backoff_ms.max(0),
         overload,
         member_overload,
+        shards: args.shards.max(1),
+        shard_overload,
         users: args.users,
         ..Default::default()
     };

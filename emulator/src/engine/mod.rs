@@ -97,6 +97,9 @@ pub use compare::{compare_bson, id_key, strict_equal, IdKey};
 pub use error::{EngineError, EngineResult};
 pub use expression::{evaluate, with_variables};
 pub use limits::{MAX_BSON_SIZE, MAX_DEPTH};
+/// The value at a dotted path (no array traversal but numeric indexes): the server's shard
+/// key lookups use it.
+pub(crate) use path::get_exact as path_value;
 pub use query::matches;
 pub use update::{apply_update, UpdateContext};
 pub use validation::with_bypass;

@@ -17,8 +17,10 @@ use super::error::{
 };
 use super::failpoint::{self, CommandFacts};
 use super::mangle;
+use super::routing::{self, Routed};
 use super::session::{SessionKey, Transaction, TxnState};
-use super::{cluster_time_doc, hello, lock, repl, snapshot, Member, Role, Shared, State};
+use super::sharding::Sharding;
+use super::{cluster_time_doc, db_stats, hello, lock, repl, snapshot, Member, Role, Shared, State};
 use crate::engine::Store;
 use crate::model::{CommandInfo, Rejection};
 use crate::wire::OpMsg;
@@ -33,6 +35,9 @@ pub(crate) struct WriteFaults {
     pub(crate) close: bool,
     /// Step this member down (lab-only `labStepDown`).
     pub(crate) step_down: bool,
+    /// On a router: the statements of a batch write its target shards accepted (run on the
+    /// store) and rejected (write errors), when a shard rejected some (module `routing`).
+    pub(crate) shard_rejections: Option<(Vec<usize>, Vec<failpoint::StatementFailure>)>,
 }
 
 /// Per-connection facts.
@@ -345,6 +350,23 @@ pub(crate) async fn handle(
         draws,
         ..WriteFaults::default()
     };
+    // A router forwards the request to its target shards: each shard's model admits and runs
+    // it (concurrently for a scatter-gather) before it runs once on the shared store.
+    let mut routed_targets = None;
+    if let (Some(sharding), Role::Mongos) = (shared.sharding.as_ref(), member.role) {
+        if routes_to_shards(&name) {
+            let in_transaction = generic.autocommit == Some(false);
+            match routing::route(shared, sharding, &name, &db, &body, &info, in_transaction).await {
+                Routed::Accepted { targets } => routed_targets = Some(targets),
+                Routed::Statements { run, failing } => {
+                    after.shard_rejections = Some((run, failing));
+                }
+                Routed::Failed(err) => {
+                    return Outcome::Reply(finish(shared, member, Err(err), label_ctx, None, None));
+                }
+            }
+        }
+    }
     let mut result = execute(
         shared, member, conn, &name, &db, &body, &generic, &mut after,
     );
@@ -357,6 +379,11 @@ pub(crate) async fn handle(
         if let Err(e) = repl::step_down(shared, member.index, &repl::StepDown::default()) {
             tracing::warn!(member = member.index, error = %e.errmsg, "labStepDown: step-down failed");
         }
+    }
+    if let (Some(sharding), Role::Mongos, Ok(reply)) =
+        (shared.sharding.as_ref(), member.role, &result)
+    {
+        track_routing(sharding, &name, &db, &body, reply, routed_targets);
     }
     if after.close {
         return Outcome::Close;
@@ -382,6 +409,53 @@ pub(crate) async fn handle(
         override_labels,
         wce,
     ))
+}
+
+/// Whether a router sends `name` to its shards (data commands and `dbStats`; everything else,
+/// hello, sessions, parameters and the sharding commands, the router answers itself).
+fn routes_to_shards(name: &str) -> bool {
+    data::is_data_command(name) || name == "dbStats"
+}
+
+/// A router's bookkeeping after a command succeeded: the shards of a new cursor (its getMores
+/// go there), cursors that ended, and the sharding of dropped collections.
+fn track_routing(
+    sharding: &Sharding,
+    name: &str,
+    db: &str,
+    body: &Document,
+    reply: &Document,
+    targets: Option<Vec<usize>>,
+) {
+    let cursor_id = reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_i64("id").ok());
+    match name {
+        "getMore" => {
+            if let (Some(0), Some(Bson::Int64(id))) = (cursor_id, body.get("getMore")) {
+                sharding.forget_cursor(*id);
+            }
+        }
+        "killCursors" => {
+            for id in body.get_array("cursors").map(Vec::as_slice).unwrap_or(&[]) {
+                if let Bson::Int64(id) = id {
+                    sharding.forget_cursor(*id);
+                }
+            }
+        }
+        "drop" => {
+            if let Ok(coll) = body.get_str("drop") {
+                sharding.forget_collection(db, Some(coll));
+            }
+        }
+        "dropDatabase" => sharding.forget_collection(db, None),
+        _ => {
+            if let (Some(id), Some(targets)) = (cursor_id.filter(|id| *id != 0), targets) {
+                sharding.remember_cursor(id, targets);
+            }
+        }
+    }
 }
 
 /// Whether a getMore continues a change stream's cursor.
@@ -564,6 +638,13 @@ const ADMIN_COMMANDS: &[&str] = &[
     "createSearchIndexes",
     "updateSearchIndex",
     "dropSearchIndex",
+    "dbStats",
+    "enableSharding",
+    "shardCollection",
+    "split",
+    "moveChunk",
+    "listShards",
+    "labShardingState",
 ];
 
 /// Whether the emulator knows `name` (so an unauthenticated client gets 13 Unauthorized for
@@ -688,6 +769,30 @@ fn execute(
             admin_only(name)?;
             repl::freeze_command(shared, member, body)
         }
+        "dbStats" => {
+            let st = shared.state();
+            match (shared.sharding.as_ref(), member.role) {
+                (Some(sharding), Role::Mongos) => {
+                    db_stats::run_on_router(&st.store, sharding, db, body)
+                }
+                _ => db_stats::run(&st.store, db, body),
+            }
+        }
+        "enableSharding" | "shardCollection" | "split" | "moveChunk" | "listShards"
+        | "labShardingState" => {
+            let Some(sharding) = shared
+                .sharding
+                .as_ref()
+                .filter(|_| member.role == Role::Mongos)
+            else {
+                return Err(CommandError::new(
+                    codes::COMMAND_NOT_FOUND,
+                    format!("no such command: '{name}' (sharding commands are served by the routers of a sharded deployment)"),
+                ));
+            };
+            admin_only(name)?;
+            sharding_command(shared, sharding, name, body)
+        }
         // Like a mongod without mongot: the commands exist (so fail points and retries
         // apply to them) but always fail.
         "createSearchIndexes" | "updateSearchIndex" | "dropSearchIndex" => {
@@ -702,6 +807,35 @@ fn execute(
             codes::COMMAND_NOT_FOUND,
             format!("no such command: '{other}'"),
         )),
+    }
+}
+
+/// The sharding commands a router answers itself (module `sharding`).
+fn sharding_command(
+    shared: &Shared,
+    sharding: &Sharding,
+    name: &str,
+    body: &Document,
+) -> Result<Document, CommandError> {
+    match name {
+        "enableSharding" => sharding.enable_sharding(body),
+        "shardCollection" => {
+            let ((db, coll), reply) = sharding.shard_collection(body)?;
+            // mongos creates the collection when it does not exist yet.
+            let mut st = shared.state();
+            if !st.store.has_collection(&db, &coll) {
+                if let Err(e) = st.store.create_collection(&db, &coll, &Document::new()) {
+                    sharding.forget_collection(&db, Some(&coll));
+                    return Err(e.into());
+                }
+                st.write_version += 1;
+            }
+            Ok(reply)
+        }
+        "split" => sharding.split(body),
+        "moveChunk" => sharding.move_chunk(body),
+        "listShards" => Ok(sharding.list_shards()),
+        _ => Ok(sharding.state_document()),
     }
 }
 
@@ -987,22 +1121,24 @@ fn run_data_command(
             .as_ref()
             .map(|p| p.applied.clone())
             .unwrap_or_default();
-        let plan = failpoint::plan_statement_failures(
+        let mut plan = failpoint::plan_statement_failures(
             &mut lock(&member.primary_write_fail_point),
             name,
             body,
             &applied,
             &mut fail_point_rng(after.draws),
         );
+        if let Some((accepted, rejected)) = &after.shard_rejections {
+            let total = failpoint::statement_count(name, body);
+            plan.add_shard_rejections(accepted, rejected, &applied, total);
+        }
         after.close = plan.close_after;
         after.step_down = plan.step_down_after;
         if !failpoint::has_statement_errors(name) && !plan.failing.is_empty() {
             // findAndModify and client bulkWrite: the failure is the command's, before any
             // of its statements is applied.
-            return Err(CommandError::new(
-                plan.failing[0].1,
-                failpoint::FAIL_BEFORE_COMMIT_MESSAGE,
-            ));
+            let first = &plan.failing[0];
+            return Err(CommandError::new(first.code, first.errmsg.clone()));
         }
         if failpoint::has_statement_errors(name) && (!plan.failing.is_empty() || earlier.is_some())
         {
@@ -1037,6 +1173,21 @@ fn run_data_command(
         return result;
     }
 
+    // A batch write some of whose statements a router's target shards rejected: only the
+    // accepted statements run; the rejected ones are write errors.
+    if let Some((accepted, rejected)) = after.shard_rejections.take() {
+        let total = failpoint::statement_count(name, body);
+        let mut plan = failpoint::StatementPlan::every_statement(name, body);
+        plan.add_shard_rejections(&accepted, &rejected, &[], total);
+        let reply = match failpoint::with_statements(name, body, &plan.run) {
+            Some(sub) => Some(data::run(name, db, &sub, &mut st.store, &mut ctx)?),
+            None => None,
+        };
+        st.write_version += 1;
+        record_changes(shared, st, capture);
+        let (reply, _) = failpoint::merge_statement_results(name, reply, &plan, None);
+        return Ok(reply);
+    }
     let catalog_before = catalog_facts(name, db, body, &st.store);
     let result = data::run(name, db, body, &mut st.store, &mut ctx);
     if data::is_write(name) || (name == "aggregate" && data::pipeline_writes(body)) {
@@ -1391,21 +1542,49 @@ fn build_info(shared: &Shared) -> Document {
 const LAB_OVERLOAD: &str = "labOverload";
 /// The parameter addressing every member's overload model by index (lab-only).
 const LAB_OVERLOAD_MEMBERS: &str = "labOverloadMembers";
-/// The key of `labOverloadMembers` that addresses every member.
+/// The parameter addressing every shard's overload model by index (lab-only, sharded
+/// deployments).
+const LAB_OVERLOAD_SHARDS: &str = "labOverloadShards";
+/// The key of `labOverloadMembers` / `labOverloadShards` that addresses every model.
 const ALL_MEMBERS: &str = "all";
 
-/// `{"0": <config>, "1": <config>, ...}`: every member's model configuration.
-fn member_configs(shared: &Shared) -> Document {
+/// The models one of the parameters above addresses, by index.
+fn member_models(shared: &Shared) -> Vec<(usize, &crate::model::Model)> {
     shared
         .members
         .iter()
-        .map(|m| {
+        .map(|m| (m.index, &*m.model))
+        .collect()
+}
+
+fn shard_models(shared: &Shared) -> Vec<(usize, &crate::model::Model)> {
+    shared
+        .sharding
+        .iter()
+        .flat_map(|s| s.shards.iter().map(|shard| (shard.index, &*shard.model)))
+        .collect()
+}
+
+/// `{"0": <config>, "1": <config>, ...}`: the models' configurations.
+fn model_configs(models: &[(usize, &crate::model::Model)]) -> Document {
+    models
+        .iter()
+        .map(|(index, model)| {
             (
-                m.index.to_string(),
-                Bson::Document(m.model.config().to_document()),
+                index.to_string(),
+                Bson::Document(model.config().to_document()),
             )
         })
         .collect()
+}
+
+/// The value of `getParameter` for `labOverloadMembers` or `labOverloadShards`.
+fn lab_models_parameter(shared: &Shared, name: &str) -> Option<Document> {
+    match name {
+        LAB_OVERLOAD_MEMBERS => Some(model_configs(&member_models(shared))),
+        LAB_OVERLOAD_SHARDS => Some(model_configs(&shard_models(shared))),
+        _ => None,
+    }
 }
 
 fn get_parameter(
@@ -1423,7 +1602,10 @@ fn get_parameter(
             r.insert(k.clone(), v.clone());
         }
         r.insert(LAB_OVERLOAD, member.model.config().to_document());
-        r.insert(LAB_OVERLOAD_MEMBERS, member_configs(shared));
+        r.insert(LAB_OVERLOAD_MEMBERS, model_configs(&member_models(shared)));
+        if shared.sharding.is_some() {
+            r.insert(LAB_OVERLOAD_SHARDS, model_configs(&shard_models(shared)));
+        }
         r.insert(mangle::PARAMETER, shared.mangler.parameter_document());
     } else {
         for (k, _) in body.iter().skip(1) {
@@ -1434,8 +1616,8 @@ fn get_parameter(
                 r.insert(k.clone(), member.model.config().to_document());
                 continue;
             }
-            if k == LAB_OVERLOAD_MEMBERS {
-                r.insert(k.clone(), member_configs(shared));
+            if let Some(configs) = lab_models_parameter(shared, k) {
+                r.insert(k.clone(), configs);
                 continue;
             }
             if k == mangle::PARAMETER {
@@ -1465,57 +1647,69 @@ fn get_parameter(
     Ok(r)
 }
 
-/// Applies `labOverloadMembers: {"<index>" | "all": {<partial labOverload>}, ...}` in document
-/// order (so `{all: {...}, "1": {...}}` sets every member, then member 1). Every entry is
-/// checked against the configuration it will merge into before any is applied, so a bad entry
-/// changes nothing. Returns the configurations before, by member index.
-fn set_member_models(shared: &Shared, value: &Bson) -> Result<Document, CommandError> {
+/// Applies `labOverloadMembers` or `labOverloadShards` (`parameter`): `{"<index>" | "all":
+/// {<partial labOverload>}, ...}` in document order (so `{all: {...}, "1": {...}}` sets every
+/// model, then model 1). Every entry is checked against the configuration it will merge into
+/// before any is applied, so a bad entry changes nothing. Returns the configurations before, by
+/// index.
+fn set_models(
+    parameter: &str,
+    models: &[(usize, &crate::model::Model)],
+    value: &Bson,
+) -> Result<Document, CommandError> {
+    let what = if parameter == LAB_OVERLOAD_SHARDS {
+        "shard"
+    } else {
+        "member"
+    };
     let Bson::Document(entries) = value else {
         return Err(CommandError::type_mismatch(format!(
-            "{LAB_OVERLOAD_MEMBERS} must be a document of member index (or \"{ALL_MEMBERS}\") to labOverload settings"
+            "{parameter} must be a document of {what} index (or \"{ALL_MEMBERS}\") to labOverload settings"
         )));
     };
-    let mut plan: Vec<(&Member, &Document)> = Vec::new();
+    if models.is_empty() {
+        return Err(CommandError::bad_value(format!(
+            "{parameter}: the deployment has no {what}s (it is not sharded)"
+        )));
+    }
+    let mut plan: Vec<(usize, &crate::model::Model, &Document)> = Vec::new();
     for (key, changes) in entries {
         let Bson::Document(changes) = changes else {
             return Err(CommandError::type_mismatch(format!(
-                "{LAB_OVERLOAD_MEMBERS}.{key} must be a document"
+                "{parameter}.{key} must be a document"
             )));
         };
-        let targets: Vec<&Member> = if key == ALL_MEMBERS {
-            shared.members.iter().map(|m| &**m).collect()
-        } else {
-            let member = key
-                .parse::<usize>()
-                .ok()
-                .and_then(|i| shared.members.get(i))
-                .ok_or_else(|| {
-                    CommandError::bad_value(format!(
-                        "{LAB_OVERLOAD_MEMBERS}: no member {key:?} (members are 0 to {}, or \"{ALL_MEMBERS}\")",
-                        shared.members.len().saturating_sub(1)
-                    ))
-                })?;
-            vec![&**member]
-        };
-        for m in targets {
-            plan.push((m, changes));
+        if key == ALL_MEMBERS {
+            plan.extend(models.iter().map(|(i, m)| (*i, *m, changes)));
+            continue;
         }
-    }
-    // Dry run: each member's entries merged in order must give a valid configuration.
-    for m in &shared.members {
-        let mut cfg = (*m.model.config()).clone();
-        for (_, changes) in plan.iter().filter(|(t, _)| t.index == m.index) {
-            cfg = cfg.merged(changes).map_err(|e| {
-                CommandError::bad_value(format!("{LAB_OVERLOAD_MEMBERS}.{}: {e}", m.index))
+        let target = key
+            .parse::<usize>()
+            .ok()
+            .and_then(|i| models.iter().find(|(index, _)| *index == i))
+            .ok_or_else(|| {
+                CommandError::bad_value(format!(
+                    "{parameter}: no {what} {key:?} ({what}s are 0 to {}, or \"{ALL_MEMBERS}\")",
+                    models.len().saturating_sub(1)
+                ))
             })?;
+        plan.push((target.0, target.1, changes));
+    }
+    // Dry run: each model's entries merged in order must give a valid configuration.
+    for (index, model) in models {
+        let mut cfg = (*model.config()).clone();
+        for (_, _, changes) in plan.iter().filter(|(i, _, _)| i == index) {
+            cfg = cfg
+                .merged(changes)
+                .map_err(|e| CommandError::bad_value(format!("{parameter}.{index}: {e}")))?;
         }
     }
-    let before = member_configs(shared);
-    for (m, changes) in plan {
-        m.model.set_parameters(changes).map_err(|e| {
-            CommandError::bad_value(format!("{LAB_OVERLOAD_MEMBERS}.{}: {e}", m.index))
-        })?;
-        tracing::info!(parameter = LAB_OVERLOAD_MEMBERS, member = m.index, value = %changes, "setParameter");
+    let before = model_configs(models);
+    for (index, model, changes) in plan {
+        model
+            .set_parameters(changes)
+            .map_err(|e| CommandError::bad_value(format!("{parameter}.{index}: {e}")))?;
+        tracing::info!(parameter, index, value = %changes, "setParameter");
     }
     Ok(before)
 }
@@ -1548,8 +1742,13 @@ fn set_parameter(
             was.get_or_insert(Bson::Document(before));
             continue;
         }
-        if k == LAB_OVERLOAD_MEMBERS {
-            let before = set_member_models(shared, v)?;
+        if k == LAB_OVERLOAD_MEMBERS || k == LAB_OVERLOAD_SHARDS {
+            let models = if k == LAB_OVERLOAD_SHARDS {
+                shard_models(shared)
+            } else {
+                member_models(shared)
+            };
+            let before = set_models(k, &models, v)?;
             was.get_or_insert(Bson::Document(before));
             continue;
         }
@@ -1628,7 +1827,7 @@ fn server_status(shared: &Shared, member: &Member) -> Document {
         (st.cursors.len() as i64, st.sessions.len() as i64)
     };
     let uptime = shared.started.elapsed();
-    doc! {
+    let mut status = doc! {
         "host": member.host.clone(),
         "version": shared.config.server_version.clone(),
         "process": if member.role == Role::Mongos { "mongos" } else { "mongod" },
@@ -1654,8 +1853,31 @@ fn server_status(shared: &Shared, member: &Member) -> Document {
         "security": auth::server_status(shared),
         "labOverload": overload_status(&member.model),
         "labOverloadMembers": member_statuses(shared),
-        "ok": 1.0,
+    };
+    if let Some(sharding) = shared.sharding.as_ref() {
+        status.insert(LAB_OVERLOAD_SHARDS, shard_statuses(sharding));
     }
+    status.insert("ok", 1.0);
+    status
+}
+
+/// `serverStatus.labOverloadShards`: every shard's model snapshot (without the series), in
+/// shard order, each with `shard` (index), `name` and `routing` (the routers' requests,
+/// overload errors, retries and failures on that shard).
+fn shard_statuses(sharding: &Sharding) -> Vec<Bson> {
+    sharding
+        .shards
+        .iter()
+        .map(|s| {
+            let mut d = doc! {
+                "shard": s.index as i64,
+                "name": s.name.clone(),
+                "routing": s.stats.to_document(),
+            };
+            d.extend(s.model.snapshot().to_document());
+            Bson::Document(d)
+        })
+        .collect()
 }
 
 /// `serverStatus.labOverloadMembers`: every member's model snapshot (without the series), in

@@ -459,6 +459,11 @@ fn statements<'a>(name: &str, body: &'a Document) -> (Option<&'a Vec<Bson>>, boo
     }
 }
 
+/// How many statements a write command has (1 for commands without a statement array).
+pub(crate) fn statement_count(name: &str, body: &Document) -> usize {
+    statements(name, body).0.map_or(1, Vec::len)
+}
+
 /// Whether failed statements of `name` are reported as write errors (insert, update, delete);
 /// otherwise the failure is the command's.
 pub(crate) fn has_statement_errors(name: &str) -> bool {
@@ -470,8 +475,9 @@ pub(crate) fn has_statement_errors(name: &str) -> bool {
 pub(crate) struct StatementPlan {
     /// Statements (original indexes) to run, in order.
     pub(crate) run: Vec<usize>,
-    /// Statements failed before commit: (original index, `failBeforeCommitExceptionCode`).
-    pub(crate) failing: Vec<(usize, i32)>,
+    /// Statements that fail without running: the fail point's (`failBeforeCommitExceptionCode`)
+    /// and those a router's target shard rejected.
+    pub(crate) failing: Vec<StatementFailure>,
     /// The connection is closed after the write (`closeConnection`, true unless `false`).
     pub(crate) close_after: bool,
     /// The member steps down after the write (lab-only `labStepDown: true`), so the retry
@@ -479,6 +485,15 @@ pub(crate) struct StatementPlan {
     pub(crate) step_down_after: bool,
     /// Whether the command is ordered (a failure stops the statements after it).
     pub(crate) ordered: bool,
+}
+
+/// A statement that fails without running, reported as a write error at its index.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StatementFailure {
+    /// The statement's index in the original command.
+    pub(crate) index: usize,
+    pub(crate) code: i32,
+    pub(crate) errmsg: String,
 }
 
 /// Statements a partly applied retryable write already applied, and its counts so far.
@@ -526,7 +541,11 @@ pub(crate) fn plan_statement_failures<R: Rng>(
                 let code = as_i64(code)
                     .and_then(|c| i32::try_from(c).ok())
                     .unwrap_or(1);
-                plan.failing.push((index, code));
+                plan.failing.push(StatementFailure {
+                    index,
+                    code,
+                    errmsg: FAIL_BEFORE_COMMIT_MESSAGE.to_string(),
+                });
                 if ordered {
                     break;
                 }
@@ -535,6 +554,56 @@ pub(crate) fn plan_statement_failures<R: Rng>(
         }
     }
     plan
+}
+
+impl StatementPlan {
+    /// Every statement of `name` runs (the plan shard rejections are then added to).
+    pub(crate) fn every_statement(name: &str, body: &Document) -> StatementPlan {
+        let (list, ordered) = statements(name, body);
+        StatementPlan {
+            run: (0..list.map_or(1, Vec::len)).collect(),
+            ordered,
+            ..StatementPlan::default()
+        }
+    }
+
+    /// Adds the statements a router's target shards rejected (`accepted` is what the shards
+    /// accepted, in order; `total` the command's statements): they fail without running, and in
+    /// an ordered command nothing after the first failure runs. A statement `applied` by an
+    /// earlier attempt is never reported as failed: an unordered command just does not run it
+    /// again; in an ordered one the failure moves to the first statement after it that was not
+    /// applied (the statements after the rejected one were not attempted), if any.
+    pub(crate) fn add_shard_rejections(
+        &mut self,
+        accepted: &[usize],
+        rejected: &[StatementFailure],
+        applied: &[usize],
+        total: usize,
+    ) {
+        self.run.retain(|i| accepted.contains(i));
+        for failure in rejected {
+            let index = if self.ordered {
+                (failure.index..total).find(|i| !applied.contains(i))
+            } else {
+                Some(failure.index).filter(|i| !applied.contains(i))
+            };
+            if let Some(index) = index {
+                if !self.failing.iter().any(|f| f.index == index) {
+                    self.failing.push(StatementFailure {
+                        index,
+                        ..failure.clone()
+                    });
+                }
+            }
+        }
+        self.failing.sort_by_key(|f| f.index);
+        if self.ordered {
+            if let Some(first) = self.failing.first().map(|f| f.index) {
+                self.run.retain(|i| *i < first);
+                self.failing.truncate(1);
+            }
+        }
+    }
 }
 
 /// `body` with only the statements in `run` (None when no statement is left to run).
@@ -628,12 +697,12 @@ pub(crate) fn merge_statement_results(
         }
     }
     let reached = |i: usize| !(plan.ordered && first_error.is_some_and(|f| i as i64 > f));
-    for &(index, code) in &plan.failing {
-        if reached(index) {
+    for failure in &plan.failing {
+        if reached(failure.index) {
             errors.push(bson::doc! {
-                "index": index as i32,
-                "code": code,
-                "errmsg": FAIL_BEFORE_COMMIT_MESSAGE,
+                "index": failure.index as i32,
+                "code": failure.code,
+                "errmsg": failure.errmsg.clone(),
             });
         }
     }

@@ -44,15 +44,18 @@ mod commands;
 mod conn;
 mod cursor;
 mod data;
+mod db_stats;
 pub mod error;
 pub mod failpoint;
 mod hello;
 mod legacy;
 pub mod mangle;
 mod repl;
+mod routing;
 mod scram;
 mod send;
 mod session;
+mod sharding;
 mod snapshot;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -85,7 +88,8 @@ pub enum Topology {
         /// Number of members (at least 1).
         members: usize,
     },
-    /// `routers` mongos processes in front of one shared store.
+    /// `routers` mongos processes in front of [`EmulatorConfig::shards`] logical shards that
+    /// share one store (each shard with its own overload model).
     Sharded {
         /// Number of mongos (at least 1).
         routers: usize,
@@ -146,6 +150,20 @@ pub struct EmulatorConfig {
     /// the first router), replacing `overload` for that member. An index beyond the deployment's
     /// members makes [`Emulator::start`] fail.
     pub member_overload: std::collections::BTreeMap<usize, crate::model::ModelConfig>,
+    /// Shards behind the routers of a [`Topology::Sharded`] deployment (at least 1; ignored
+    /// otherwise). A field here rather than in the variant, so `Topology::Sharded { routers }`
+    /// keeps meaning what it always did.
+    ///
+    /// Which model charges what: with one shard (the default) the deployment behaves as it
+    /// always did: the routers' models are `member_overload[i]`, else `overload`, and the
+    /// shard's model is `shard_overload[0]`, else off. With two or more shards, `overload` is the
+    /// default of every shard (`shard_overload` replaces it per shard) and the routers' models
+    /// are off unless `member_overload` names them, since the shards do the work a mongos
+    /// forwards. Changeable at run time with `setParameter: {labOverloadShards: {...}}`.
+    pub shards: usize,
+    /// Per-shard models by shard index, replacing the default above for that shard. An index
+    /// beyond the shards makes [`Emulator::start`] fail.
+    pub shard_overload: std::collections::BTreeMap<usize, crate::model::ModelConfig>,
     /// Users created at start (SCRAM-SHA-1 and SCRAM-SHA-256 credentials each). When there are
     /// any, authentication is required, as on a mongod started with `--auth`: every command
     /// but the handshake, authentication and a few harmless ones needs an authenticated
@@ -176,6 +194,8 @@ impl Default for EmulatorConfig {
             overload: crate::model::ModelConfig::default(),
             member_overload: std::collections::BTreeMap::new(),
             base_backoff_ms: 0,
+            shards: 1,
+            shard_overload: std::collections::BTreeMap::new(),
             users: Vec::new(),
         }
     }
@@ -290,6 +310,8 @@ pub(crate) struct Shared {
     pub(crate) auth_required: bool,
     /// Lab-only reply mangling (`labMangleReplies`), off by default.
     pub(crate) mangler: mangle::Mangler,
+    /// The shard layer behind the routers (sharded deployments only).
+    pub(crate) sharding: Option<sharding::Sharding>,
 }
 
 /// Locks a mutex, recovering the data if a previous holder panicked.
@@ -350,6 +372,10 @@ fn default_params() -> Document {
         "cursorTimeoutMillis": 600_000i64,
         "logicalSessionRefreshMillis": 300_000i32,
         "maxTransactionLockRequestTimeoutMillis": 5i32,
+        // mongos's retries of a shard's RetryableError (server/routing.rs), mongos's defaults.
+        routing::MAX_RETRY_ATTEMPTS_PARAM: routing::DEFAULT_MAX_RETRY_ATTEMPTS,
+        routing::BASE_BACKOFF_PARAM: routing::DEFAULT_BASE_BACKOFF_MS,
+        routing::MAX_BACKOFF_PARAM: routing::DEFAULT_MAX_BACKOFF_MS,
     }
 }
 
@@ -397,12 +423,36 @@ impl Emulator {
                 ),
             ));
         }
+        let shard_count = match config.topology {
+            Topology::Sharded { .. } => config.shards.max(1),
+            _ => 0,
+        };
+        if let Some(index) = config
+            .shard_overload
+            .keys()
+            .find(|i| **i >= shard_count.max(1))
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "shard_overload names shard {index}, but the deployment has {shard_count} shard(s)"
+                ),
+            ));
+        }
+        // With two or more shards the shards carry `overload` and the routers are off unless
+        // named; otherwise every member carries it, as always (see EmulatorConfig::shards).
+        let off = crate::model::ModelConfig::default();
+        let member_default = if shard_count >= 2 {
+            &off
+        } else {
+            &config.overload
+        };
         let mut members = Vec::new();
         for (index, (listener, role)) in listeners.iter().zip(roles).enumerate() {
             let model_config = config
                 .member_overload
                 .get(&index)
-                .unwrap_or(&config.overload)
+                .unwrap_or(member_default)
                 .clone();
             let model = crate::model::Model::for_member(model_config, index).map_err(|e| {
                 std::io::Error::new(
@@ -425,6 +475,33 @@ impl Emulator {
                 model,
             }));
         }
+        let sharding = if shard_count > 0 {
+            let shard_default = if shard_count >= 2 {
+                &config.overload
+            } else {
+                &off
+            };
+            let mut models = Vec::new();
+            for index in 0..shard_count {
+                let model_config = config
+                    .shard_overload
+                    .get(&index)
+                    .unwrap_or(shard_default)
+                    .clone();
+                // Salted after the members, so shards and routers sharing a seed draw apart.
+                let model = crate::model::Model::for_member(model_config, members.len() + index)
+                    .map_err(|e| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            format!("overload model of shard {index}: {e}"),
+                        )
+                    })?;
+                models.push(model);
+            }
+            Some(sharding::Sharding::new(models, config.max_cursors))
+        } else {
+            None
+        };
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut params = default_params();
         params.insert(
@@ -476,6 +553,7 @@ impl Emulator {
             users: Mutex::new(users),
             auth_required,
             mangler: mangle::Mangler::default(),
+            sharding,
             config,
         });
         let mut tasks = JoinSet::new();
@@ -552,6 +630,26 @@ impl Emulator {
             .iter()
             .map(|m| m.model.clone())
             .collect()
+    }
+
+    /// The overload model of shard `index` of a sharded deployment (`shard0` is 0), or `None`
+    /// past the last shard and for other deployments. The same model `serverStatus` reports in
+    /// `labOverloadShards` and `setParameter: {labOverloadShards: ...}` changes.
+    pub fn shard_overload(&self, index: usize) -> Option<Arc<crate::model::Model>> {
+        self.shared
+            .sharding
+            .as_ref()
+            .and_then(|s| s.shards.get(index))
+            .map(|s| s.model.clone())
+    }
+
+    /// Every shard's overload model, in shard order (empty unless the deployment is sharded).
+    pub fn shard_overload_models(&self) -> Vec<Arc<crate::model::Model>> {
+        self.shared
+            .sharding
+            .as_ref()
+            .map(|s| s.shards.iter().map(|s| s.model.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// Turns lab-only reply mangling on (`Some`) or off (`None`), as `setParameter:

@@ -1,0 +1,491 @@
+//! What a router does with a request before it runs on the shared store: find its target
+//! shards, charge each target shard's overload model (concurrently for a scatter-gather), retry
+//! a shard's overload rejections as mongos does, and turn the rejections it gives up on into
+//! the reply mongos sends.
+//!
+//! # mongos's handling of a shard's overload error (docs/emulator.md, "Sharded persona")
+//!
+//! * mongos retries a shard's error that carries the `RetryableError` label itself: its
+//!   `AsyncRequestsSender` asks the shard's retry strategy
+//!   (`src/mongo/s/async_requests_sender.cpp`, `Shard::RetryStrategy` in
+//!   `src/mongo/db/sharding_environment/client/shard.cpp`), at most
+//!   `defaultClientMaxRetryAttempts` (3) times, waiting an exponential backoff from
+//!   `defaultClientBaseBackoffMillis` (100), or the shard's `baseBackoffMS` when it sent one, up
+//!   to `defaultClientMaxBackoffMillis` (10000) (`src/mongo/client/retry_strategy_server_parameters.idl`).
+//!   The wait is interruptible by the operation's deadline. Reads and writes alike
+//!   (`jstests/noPassthrough/admission/run_command_overload_retryability.js`).
+//! * When it gives up, a command that is not a batch write fails with the shard's code and the
+//!   one label mongos derives itself, `SystemOverloadedError`
+//!   (`assertMongosIRRLCommandFailure` in
+//!   `jstests/noPassthrough/admission/libs/ingress_request_rate_limiter_helper.js`); a
+//!   scatter-gather fails as a whole when one shard gives up
+//!   (`ingress_request_rate_limiter_scatter_gather_error_propagation.js`).
+//! * A batch write (insert, update, delete) reports `ok: 1` with write errors and no labels
+//!   (`ingress_request_rate_limiter_multi_shard_update_error_propagation.js`): mongos's
+//!   `BatchWriteOp::noteBatchError` (`src/mongo/s/write_ops/batch_write_op.cpp`) turns a child
+//!   batch's error into one write error for an ordered batch (the batch stops there) and one
+//!   per statement of the child batch for an unordered one; the other shards' statements are
+//!   applied.
+//!
+//! The emulator charges a shard's model before the command runs on the store, so a rejected
+//! statement never ran: the store runs exactly the accepted statements, and a retryable write
+//! remembers them so that a retry does not apply them twice (`failpoint::PartialWrite`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+use std::time::Duration;
+
+use bson::{Bson, Document};
+use rand::Rng;
+
+use super::error::CommandError;
+use super::failpoint::StatementFailure;
+use super::sharding::{Shard, Sharding};
+use super::Shared;
+use crate::model::{CommandInfo, Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
+
+/// mongos's retry knobs (server parameters of the routers, settable with `setParameter`).
+pub(crate) const MAX_RETRY_ATTEMPTS_PARAM: &str = "defaultClientMaxRetryAttempts";
+pub(crate) const BASE_BACKOFF_PARAM: &str = "defaultClientBaseBackoffMillis";
+pub(crate) const MAX_BACKOFF_PARAM: &str = "defaultClientMaxBackoffMillis";
+/// Defaults of the knobs above (`retry_strategy_server_parameters.idl`).
+pub(crate) const DEFAULT_MAX_RETRY_ATTEMPTS: i32 = 3;
+pub(crate) const DEFAULT_BASE_BACKOFF_MS: i32 = 100;
+pub(crate) const DEFAULT_MAX_BACKOFF_MS: i32 = 10_000;
+/// The emulator honours at most this many retries per child request whatever the parameter
+/// says (every loop bounded).
+const RETRY_ATTEMPTS_CAP: u32 = 100;
+
+/// What the shard layer says about a request.
+#[derive(Debug)]
+pub(crate) enum Routed {
+    /// Every target shard accepted (or the request has no target shard).
+    Accepted { targets: Vec<usize> },
+    /// A batch write some of whose statements a shard rejected: the store runs `run` (original
+    /// statement indexes, in order) and the reply reports `failing` as write errors.
+    Statements {
+        run: Vec<usize>,
+        failing: Vec<StatementFailure>,
+    },
+    /// The command fails as a whole; nothing runs on the store.
+    Failed(CommandError),
+}
+
+/// The retry knobs in force.
+#[derive(Debug, Clone, Copy)]
+struct RetryKnobs {
+    max_attempts: u32,
+    base_backoff_ms: u64,
+    max_backoff_ms: u64,
+}
+
+fn knob(params: &Document, name: &str, default: i32) -> u64 {
+    match params.get(name) {
+        Some(Bson::Int32(i)) => u64::try_from(*i).unwrap_or(0),
+        Some(Bson::Int64(i)) => u64::try_from(*i).unwrap_or(0),
+        _ => u64::try_from(default).unwrap_or(0),
+    }
+}
+
+fn retry_knobs(shared: &Shared) -> RetryKnobs {
+    let st = shared.state();
+    let p = &st.params.values;
+    RetryKnobs {
+        max_attempts: knob(p, MAX_RETRY_ATTEMPTS_PARAM, DEFAULT_MAX_RETRY_ATTEMPTS)
+            .min(u64::from(RETRY_ATTEMPTS_CAP)) as u32,
+        base_backoff_ms: knob(p, BASE_BACKOFF_PARAM, DEFAULT_BASE_BACKOFF_MS),
+        max_backoff_ms: knob(p, MAX_BACKOFF_PARAM, DEFAULT_MAX_BACKOFF_MS),
+    }
+}
+
+/// The wait before retry `attempt` (1 for the first): full jitter below
+/// `min(max, base · 2^(attempt-1))`, `base` being the shard's `baseBackoffMS` when it sent one.
+fn backoff(knobs: RetryKnobs, attempt: u32, shard_base_ms: Option<i64>) -> Duration {
+    let base = shard_base_ms
+        .and_then(|b| u64::try_from(b).ok())
+        .filter(|b| *b > 0)
+        .unwrap_or(knobs.base_backoff_ms);
+    let ceiling = base
+        .saturating_mul(1u64 << attempt.saturating_sub(1).min(30))
+        .min(knobs.max_backoff_ms);
+    if ceiling == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_millis(rand::rng().random_range(0..=ceiling))
+}
+
+/// Whether mongos's retry strategy retries this rejection (it carries `RetryableError`).
+fn retryable(r: &Rejection) -> bool {
+    r.labels.contains(&RETRYABLE)
+}
+
+fn is_overload(r: &Rejection) -> bool {
+    r.labels.contains(&SYSTEM_OVERLOADED)
+}
+
+/// Sends one child request to `shard`: its model's admission and execution, retried as mongos
+/// retries a `RetryableError`. The client's disconnect is not watched here (the routers' own
+/// model watches it); the deadline (`maxTimeMS` from the client's arrival) is.
+async fn send_to_shard(
+    shard: &Shard,
+    info: &CommandInfo,
+    knobs: RetryKnobs,
+) -> Result<(), Rejection> {
+    let deadline = info
+        .max_time_ms
+        .map(|ms| info.arrival + Duration::from_millis(ms.min(i32::MAX as u64)));
+    let mut attempt = 0u32;
+    loop {
+        shard.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let outcome = match shard.model.admit(info).await {
+            Ok(admission) => admission
+                .execute(std::future::pending::<()>())
+                .await
+                .map(|_| ()),
+            Err(r) => Err(r),
+        };
+        let rejection = match outcome {
+            Ok(()) => return Ok(()),
+            Err(r) => r,
+        };
+        if is_overload(&rejection) {
+            shard.stats.overload_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if !retryable(&rejection) || attempt >= knobs.max_attempts {
+            shard.stats.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(rejection);
+        }
+        attempt += 1;
+        let wait = backoff(knobs, attempt, rejection.base_backoff_ms);
+        let now = tokio::time::Instant::now();
+        if let Some(deadline) = deadline.filter(|d| *d < now + wait) {
+            // The backoff is interrupted by the operation's deadline.
+            tokio::time::sleep_until(deadline).await;
+            shard.stats.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(expired());
+        }
+        shard.stats.overload_retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The 50 MaxTimeMSExpired a router answers when the deadline ends its backoff.
+fn expired() -> Rejection {
+    Rejection {
+        kind: RejectionKind::MaxTimeExpired,
+        code: 50,
+        code_name: "MaxTimeMSExpired",
+        errmsg: "operation exceeded time limit".to_string(),
+        labels: Vec::new(),
+        base_backoff_ms: None,
+        work: Duration::ZERO,
+    }
+}
+
+/// Runs the futures concurrently in this task and returns their outputs in order (a small
+/// join-all: no task is spawned, so dropping it cancels them all).
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all_done = true;
+        for (future, output) in pending.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(o) => *output = Some(o),
+                    Poll::Pending => all_done = false,
+                }
+            }
+        }
+        if all_done {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+/// Charges every shard in `targets` concurrently; the outcome per target, in `targets` order.
+async fn charge(
+    sharding: &Sharding,
+    targets: &[usize],
+    info: &CommandInfo,
+    knobs: RetryKnobs,
+) -> Vec<Result<(), Rejection>> {
+    let sends: Vec<_> = targets
+        .iter()
+        .filter_map(|t| sharding.shards.get(*t))
+        .map(|shard| send_to_shard(shard, info, knobs))
+        .collect();
+    join_all(sends).await
+}
+
+/// A shard's rejection as mongos reports it for a command that is not a batch write: the
+/// shard's code and message; an overload error carries only the `SystemOverloadedError` label
+/// mongos derives (the router's own reply envelope adds its `baseBackoffMS`), other errors get
+/// the router's usual labels.
+pub(crate) fn command_error(r: &Rejection) -> CommandError {
+    CommandError {
+        code: r.code,
+        code_name: std::borrow::Cow::Borrowed(r.code_name),
+        errmsg: r.errmsg.clone(),
+        labels: is_overload(r).then(|| vec![SYSTEM_OVERLOADED.to_string()]),
+        extra: None,
+    }
+}
+
+fn statement_failure(index: usize, r: &Rejection) -> StatementFailure {
+    StatementFailure {
+        index,
+        code: r.code,
+        errmsg: r.errmsg.clone(),
+    }
+}
+
+/// The statements of a batch write (insert documents, update or delete statements'
+/// filters), or None for other commands.
+fn statements<'a>(name: &str, body: &'a Document) -> Option<&'a Vec<Bson>> {
+    let field = match name {
+        "insert" => "documents",
+        "update" => "updates",
+        "delete" => "deletes",
+        _ => return None,
+    };
+    body.get_array(field).ok()
+}
+
+/// Whether the command compares strings under a non-simple collation (its own `collation`).
+fn simple_collation(body: &Document) -> bool {
+    match body.get("collation") {
+        Some(Bson::Document(c)) => {
+            matches!(c.get("locale"), Some(Bson::String(l)) if l == "simple")
+        }
+        _ => true,
+    }
+}
+
+/// The target shards of each statement of a batch write on `db.coll`.
+fn statement_targets(
+    sharding: &Sharding,
+    name: &str,
+    db: &str,
+    coll: &str,
+    list: &[Bson],
+) -> Vec<Vec<usize>> {
+    list.iter()
+        .map(|statement| match (name, statement) {
+            ("insert", Bson::Document(d)) => vec![sharding.owner_of_document(db, coll, d)],
+            (_, Bson::Document(d)) => {
+                let filter = d.get_document("q").ok();
+                let collated = d
+                    .get_document("collation")
+                    .map(|c| c.get_str("locale") == Ok("simple"))
+                    .unwrap_or(true);
+                sharding.targets_for_filter(db, coll, filter, collated)
+            }
+            // A malformed statement: the store's parser reports it; charge the primary shard.
+            _ => vec![sharding.primary_of(db)],
+        })
+        .collect()
+}
+
+/// The target shards of a command that is not a batch write.
+pub(crate) fn command_targets(
+    sharding: &Sharding,
+    name: &str,
+    db: &str,
+    body: &Document,
+) -> Vec<usize> {
+    let coll = body.get(name).and_then(Bson::as_str);
+    let collated = simple_collation(body);
+    match (name, coll) {
+        ("find", Some(c)) => {
+            sharding.targets_for_filter(db, c, body.get_document("filter").ok(), collated)
+        }
+        ("count" | "distinct", Some(c)) => {
+            sharding.targets_for_filter(db, c, body.get_document("query").ok(), collated)
+        }
+        ("findAndModify" | "findandmodify", Some(c)) => {
+            sharding.targets_for_filter(db, c, body.get_document("query").ok(), collated)
+        }
+        ("aggregate", Some(c)) => {
+            let first_match = body
+                .get_array("pipeline")
+                .ok()
+                .and_then(|p| p.first())
+                .and_then(Bson::as_document)
+                .and_then(|stage| stage.get_document("$match").ok());
+            sharding.targets_for_filter(db, c, first_match, collated)
+        }
+        // Statements of a batch write inside a transaction: every statement's shards.
+        ("insert" | "update" | "delete", Some(c)) => {
+            let list = statements(name, body).map(Vec::as_slice).unwrap_or(&[]);
+            let mut all: Vec<usize> = statement_targets(sharding, name, db, c, list)
+                .into_iter()
+                .flatten()
+                .collect();
+            all.sort_unstable();
+            all.dedup();
+            all
+        }
+        ("getMore", _) => match body.get("getMore") {
+            Some(Bson::Int64(id)) => sharding.cursor_targets(*id),
+            _ => Vec::new(),
+        },
+        ("killCursors", _) => Vec::new(),
+        (
+            "create" | "drop" | "createIndexes" | "dropIndexes" | "collMod" | "listIndexes",
+            Some(c),
+        ) => sharding.holders(db, c),
+        ("listDatabases" | "dropDatabase" | "bulkWrite" | "dbStats" | "aggregate", _) => {
+            sharding.every_shard()
+        }
+        _ => vec![sharding.primary_of(db)],
+    }
+}
+
+/// Routes one request: charges its target shards and says what runs on the store.
+/// `info` is the router's view of the request (its arrival, `maxTimeMS`, cost, lab id);
+/// `in_transaction` requests are never split into statements (a transaction statement fails
+/// as a whole).
+pub(crate) async fn route(
+    shared: &Shared,
+    sharding: &Sharding,
+    name: &str,
+    db: &str,
+    body: &Document,
+    info: &CommandInfo,
+    in_transaction: bool,
+) -> Routed {
+    let knobs = retry_knobs(shared);
+    let batch = statements(name, body).zip(body.get(name).and_then(Bson::as_str));
+    if let (Some((list, coll)), false) = (batch, in_transaction) {
+        let ordered = !matches!(body.get("ordered"), Some(Bson::Boolean(false)));
+        let per_statement = statement_targets(sharding, name, db, coll, list);
+        return if ordered {
+            route_ordered(sharding, &per_statement, info, knobs).await
+        } else {
+            route_unordered(sharding, &per_statement, info, knobs).await
+        };
+    }
+    let targets = command_targets(sharding, name, db, body);
+    let outcomes = charge(sharding, &targets, info, knobs).await;
+    match outcomes.iter().find_map(|o| o.as_ref().err()) {
+        Some(r) => Routed::Failed(command_error(r)),
+        None => Routed::Accepted { targets },
+    }
+}
+
+/// An unordered batch write: one child batch per shard, all sent at once; a rejected child
+/// batch fails each of its statements (a statement sent to several shards fails if one of
+/// them rejected it).
+async fn route_unordered(
+    sharding: &Sharding,
+    per_statement: &[Vec<usize>],
+    info: &CommandInfo,
+    knobs: RetryKnobs,
+) -> Routed {
+    let mut targets: Vec<usize> = per_statement.iter().flatten().copied().collect();
+    targets.sort_unstable();
+    targets.dedup();
+    let outcomes = charge(sharding, &targets, info, knobs).await;
+    let rejection_of = |shard: usize| {
+        targets
+            .iter()
+            .position(|t| *t == shard)
+            .and_then(|i| outcomes.get(i))
+            .and_then(|o| o.as_ref().err())
+    };
+    let mut run = Vec::new();
+    let mut failing = Vec::new();
+    for (index, shards) in per_statement.iter().enumerate() {
+        match shards.iter().find_map(|s| rejection_of(*s)) {
+            Some(r) => failing.push(statement_failure(index, r)),
+            None => run.push(index),
+        }
+    }
+    if failing.is_empty() {
+        Routed::Accepted { targets }
+    } else {
+        Routed::Statements { run, failing }
+    }
+}
+
+/// An ordered batch write: consecutive statements with the same target shards form one child
+/// batch; child batches go one after another, and the first rejected one ends the batch with
+/// one write error at its first statement (the statements after it are not attempted).
+async fn route_ordered(
+    sharding: &Sharding,
+    per_statement: &[Vec<usize>],
+    info: &CommandInfo,
+    knobs: RetryKnobs,
+) -> Routed {
+    let mut all_targets: Vec<usize> = Vec::new();
+    let mut start = 0;
+    // Each turn consumes at least one statement.
+    while start < per_statement.len() {
+        let shards = &per_statement[start];
+        let end = per_statement[start..]
+            .iter()
+            .position(|s| s != shards)
+            .map_or(per_statement.len(), |len| start + len);
+        let outcomes = charge(sharding, shards, info, knobs).await;
+        if let Some(r) = outcomes.iter().find_map(|o| o.as_ref().err()) {
+            return Routed::Statements {
+                run: (0..start).collect(),
+                failing: vec![statement_failure(start, r)],
+            };
+        }
+        all_targets.extend(shards);
+        start = end.max(start + 1);
+    }
+    all_targets.sort_unstable();
+    all_targets.dedup();
+    Routed::Accepted {
+        targets: all_targets,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_stays_under_the_ceiling() {
+        let knobs = RetryKnobs {
+            max_attempts: 3,
+            base_backoff_ms: 100,
+            max_backoff_ms: 250,
+        };
+        for attempt in 1..=10 {
+            let ceiling = (100u64 << (attempt - 1)).min(250);
+            for _ in 0..50 {
+                assert!(backoff(knobs, attempt, None) <= Duration::from_millis(ceiling));
+            }
+        }
+        // The shard's baseBackoffMS replaces the router's base.
+        for _ in 0..50 {
+            assert!(backoff(knobs, 1, Some(5)) <= Duration::from_millis(5));
+        }
+        let none = RetryKnobs {
+            max_backoff_ms: 0,
+            ..knobs
+        };
+        assert_eq!(backoff(none, 4, None), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn join_all_keeps_the_order() {
+        let futures: Vec<_> = (0..5u64)
+            .map(|i| async move {
+                tokio::time::sleep(Duration::from_millis(10 * (5 - i))).await;
+                i
+            })
+            .collect();
+        assert_eq!(join_all(futures).await, vec![0, 1, 2, 3, 4]);
+    }
+}
