@@ -182,6 +182,17 @@ pub const MUTANTS: &[Mutant] = &[
         }],
     },
     Mutant {
+        name: "budget-shedding-ignored",
+        defect: "the retry budget keeps admitting retries while the client's servers reject most \
+                 of its attempts for overload",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/budget/handle.rs",
+            find: ".is_some_and(|acceptance| !acceptance.mostly_accepted(now))",
+            replace: ".is_some_and(|acceptance| !acceptance.mostly_accepted(now) && false)",
+        }],
+    },
+    Mutant {
         name: "budget-never-charged",
         defect: "a retry the budget admitted is sent without being paid for, so the budget never \
                  runs dry",
