@@ -102,6 +102,53 @@ async fn labd_configures_each_members_model_from_json() {
     }
 }
 
+#[tokio::test]
+async fn labd_starts_shards_behind_the_routers_with_their_own_models() {
+    let (mut child, _, first) = start_labd(&[
+        "--topology",
+        "sharded",
+        "--members",
+        "1",
+        "--shards",
+        "3",
+        "--port",
+        "0",
+        "--overload",
+        "--shard-model-json",
+        r#"2={"cores": 5}"#,
+    ]);
+    let mut raw = common::RawClient::connect(first.parse().unwrap()).await;
+    let shards = raw
+        .command(&doc! { "listShards": 1, "$db": "admin" })
+        .await
+        .unwrap();
+    let models = raw
+        .command(&doc! { "getParameter": 1, "labOverloadShards": 1, "labOverloadMembers": 1, "$db": "admin" })
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(shards.get_array("shards").map(Vec::len), Ok(3), "{shards}");
+    let per_shard = models.get_document("labOverloadShards").unwrap();
+    let cores: Vec<i64> = ["0", "1", "2"]
+        .iter()
+        .map(|i| per_shard.get_document(i).unwrap().get_i64("cores").unwrap())
+        .collect();
+    assert_eq!(cores, [2, 2, 5], "{models}");
+    // With several shards, --overload applies to the shards; the router's model stays off.
+    for i in ["0", "1", "2"] {
+        assert_eq!(
+            per_shard.get_document(i).unwrap().get_bool("enabled"),
+            Ok(true)
+        );
+    }
+    let router = models.get_document("labOverloadMembers").unwrap();
+    assert_eq!(
+        router.get_document("0").unwrap().get_bool("enabled"),
+        Ok(false)
+    );
+}
+
 #[test]
 fn labd_refuses_bad_model_settings() {
     for args in [
@@ -117,6 +164,21 @@ fn labd_refuses_bad_model_settings() {
             "2",
             "--member-model-json",
             r#"5={}"#,
+        ],
+        vec![
+            "--topology",
+            "sharded",
+            "--shards",
+            "2",
+            "--shard-model-json",
+            r#"2={}"#,
+        ],
+        vec!["--shard-model-json", r#"0={}"#],
+        vec![
+            "--topology",
+            "sharded",
+            "--shard-model-json",
+            r#"0={"cores": 0}"#,
         ],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_labd"))

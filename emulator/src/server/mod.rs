@@ -427,11 +427,7 @@ impl Emulator {
             Topology::Sharded { .. } => config.shards.max(1),
             _ => 0,
         };
-        if let Some(index) = config
-            .shard_overload
-            .keys()
-            .find(|i| **i >= shard_count.max(1))
-        {
+        if let Some(index) = config.shard_overload.keys().find(|i| **i >= shard_count) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!(
