@@ -383,6 +383,38 @@ async fn a_hot_shard_rejects_while_the_cold_shard_serves_through_the_same_router
         .collect();
     assert_eq!(labels, ["SystemOverloadedError"], "{hot}");
     assert_eq!(hot.get("baseBackoffMS"), Some(&Bson::Int64(40)), "{hot}");
+    // Lab-only: the shard's own labels instead of mongos's.
+    ok(
+        &mut raw,
+        "admin",
+        doc! { "setParameter": 1, "labRouterShardErrorLabels": "shard" },
+    )
+    .await;
+    let passed_on = run(&mut raw, "test", doc! { "find": "c", "filter": { "x": 1 } }).await;
+    let labels: Vec<&str> = passed_on
+        .get_array("errorLabels")
+        .unwrap()
+        .iter()
+        .filter_map(Bson::as_str)
+        .collect();
+    assert_eq!(
+        labels,
+        ["SystemOverloadedError", "RetryableError"],
+        "{passed_on}"
+    );
+    let bad = run(
+        &mut raw,
+        "admin",
+        doc! { "setParameter": 1, "labRouterShardErrorLabels": "both" },
+    )
+    .await;
+    assert_eq!(bad.get_i32("code"), Ok(2), "{bad}");
+    ok(
+        &mut raw,
+        "admin",
+        doc! { "setParameter": 1, "labRouterShardErrorLabels": "mongos" },
+    )
+    .await;
     // A scatter-gather fails as a whole when one shard gives up.
     let scatter = run(&mut raw, "test", doc! { "find": "c" }).await;
     assert_eq!(scatter.get_i32("code"), Ok(462), "{scatter}");
@@ -393,12 +425,13 @@ async fn a_hot_shard_rejects_while_the_cold_shard_serves_through_the_same_router
     let shard = |i: usize| shards[i].as_document().unwrap();
     assert_eq!(shard(1).get_str("name"), Ok("shard1"));
     let routing = shard(1).get_document("routing").unwrap();
-    assert_eq!(routing.get_i64("requests"), Ok(6), "{routing}");
-    assert_eq!(routing.get_i64("overloadErrors"), Ok(6), "{routing}");
-    assert_eq!(routing.get_i64("overloadRetries"), Ok(4), "{routing}");
-    assert_eq!(routing.get_i64("failed"), Ok(2), "{routing}");
+    // Three commands on the hot shard, three attempts each.
+    assert_eq!(routing.get_i64("requests"), Ok(9), "{routing}");
+    assert_eq!(routing.get_i64("overloadErrors"), Ok(9), "{routing}");
+    assert_eq!(routing.get_i64("overloadRetries"), Ok(6), "{routing}");
+    assert_eq!(routing.get_i64("failed"), Ok(3), "{routing}");
     let hot_counters = emu.shard_overload(1).unwrap().snapshot().counters;
-    assert_eq!(hot_counters.random_rejections, 6);
+    assert_eq!(hot_counters.random_rejections, 9);
     assert_eq!(
         shard(0).get_document("routing").unwrap().get_i64("failed"),
         Ok(0)

@@ -1769,6 +1769,9 @@ fn set_parameter(
             ));
             continue;
         }
+        if k == routing::SHARD_ERROR_LABELS_PARAM {
+            routing::check_label_mode(v)?;
+        }
         let Some(old) = st.params.values.get(k).cloned() else {
             return Err(CommandError::bad_value(format!(
                 "attempted to set unrecognized parameter [{k}]"

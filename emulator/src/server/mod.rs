@@ -376,6 +376,8 @@ fn default_params() -> Document {
         routing::MAX_RETRY_ATTEMPTS_PARAM: routing::DEFAULT_MAX_RETRY_ATTEMPTS,
         routing::BASE_BACKOFF_PARAM: routing::DEFAULT_BASE_BACKOFF_MS,
         routing::MAX_BACKOFF_PARAM: routing::DEFAULT_MAX_BACKOFF_MS,
+        // Lab-only: the labels of a shard's overload error a router gives up on (routing.rs).
+        routing::SHARD_ERROR_LABELS_PARAM: routing::LABELS_AS_MONGOS,
     }
 }
 

@@ -50,6 +50,25 @@ use crate::model::{CommandInfo, Rejection, RejectionKind, RETRYABLE, SYSTEM_OVER
 pub(crate) const MAX_RETRY_ATTEMPTS_PARAM: &str = "defaultClientMaxRetryAttempts";
 pub(crate) const BASE_BACKOFF_PARAM: &str = "defaultClientBaseBackoffMillis";
 pub(crate) const MAX_BACKOFF_PARAM: &str = "defaultClientMaxBackoffMillis";
+/// Lab-only: which labels a router's reply carries when it gives up on a shard's overload
+/// error: `"mongos"` (the default) the one label mongos derives, `SystemOverloadedError`;
+/// `"shard"` the shard's own labels as it sent them (`SystemOverloadedError` and, when the shard
+/// allowed retries, `RetryableError`), the behaviour an older mongos test expects (see the module
+/// documentation), for experiments on what drivers do with either.
+pub(crate) const SHARD_ERROR_LABELS_PARAM: &str = "labRouterShardErrorLabels";
+/// The values of [`SHARD_ERROR_LABELS_PARAM`].
+pub(crate) const LABELS_AS_MONGOS: &str = "mongos";
+const LABELS_AS_SHARD: &str = "shard";
+
+/// Checks a value for [`SHARD_ERROR_LABELS_PARAM`].
+pub(crate) fn check_label_mode(value: &Bson) -> Result<(), CommandError> {
+    match value {
+        Bson::String(v) if v == LABELS_AS_MONGOS || v == LABELS_AS_SHARD => Ok(()),
+        other => Err(CommandError::bad_value(format!(
+            "{SHARD_ERROR_LABELS_PARAM} must be \"{LABELS_AS_MONGOS}\" or \"{LABELS_AS_SHARD}\", got {other}"
+        ))),
+    }
+}
 /// Defaults of the knobs above (`retry_strategy_server_parameters.idl`).
 pub(crate) const DEFAULT_MAX_RETRY_ATTEMPTS: i32 = 3;
 pub(crate) const DEFAULT_BASE_BACKOFF_MS: i32 = 100;
@@ -79,6 +98,8 @@ struct RetryKnobs {
     max_attempts: u32,
     base_backoff_ms: u64,
     max_backoff_ms: u64,
+    /// Pass the shard's labels on instead of mongos's ([`SHARD_ERROR_LABELS_PARAM`]).
+    shard_labels: bool,
 }
 
 fn knob(params: &Document, name: &str, default: i32) -> u64 {
@@ -97,6 +118,7 @@ fn retry_knobs(shared: &Shared) -> RetryKnobs {
             .min(u64::from(RETRY_ATTEMPTS_CAP)) as u32,
         base_backoff_ms: knob(p, BASE_BACKOFF_PARAM, DEFAULT_BASE_BACKOFF_MS),
         max_backoff_ms: knob(p, MAX_BACKOFF_PARAM, DEFAULT_MAX_BACKOFF_MS),
+        shard_labels: matches!(p.get(SHARD_ERROR_LABELS_PARAM), Some(Bson::String(v)) if v == LABELS_AS_SHARD),
     }
 }
 
@@ -226,14 +248,19 @@ async fn charge(
 
 /// A shard's rejection as mongos reports it for a command that is not a batch write: the
 /// shard's code and message; an overload error carries only the `SystemOverloadedError` label
-/// mongos derives (the router's own reply envelope adds its `baseBackoffMS`), other errors get
-/// the router's usual labels.
-pub(crate) fn command_error(r: &Rejection) -> CommandError {
+/// mongos derives (or the shard's labels with `shard_labels`; the router's own reply envelope
+/// adds its `baseBackoffMS`), other errors get the router's usual labels.
+fn command_error(r: &Rejection, shard_labels: bool) -> CommandError {
+    let labels = if shard_labels {
+        r.labels.iter().map(|l| l.to_string()).collect()
+    } else {
+        vec![SYSTEM_OVERLOADED.to_string()]
+    };
     CommandError {
         code: r.code,
         code_name: std::borrow::Cow::Borrowed(r.code_name),
         errmsg: r.errmsg.clone(),
-        labels: is_overload(r).then(|| vec![SYSTEM_OVERLOADED.to_string()]),
+        labels: is_overload(r).then_some(labels),
         extra: None,
     }
 }
@@ -375,7 +402,7 @@ pub(crate) async fn route(
     let targets = command_targets(sharding, name, db, body);
     let outcomes = charge(sharding, &targets, info, knobs).await;
     match outcomes.iter().find_map(|o| o.as_ref().err()) {
-        Some(r) => Routed::Failed(command_error(r)),
+        Some(r) => Routed::Failed(command_error(r, knobs.shard_labels)),
         None => Routed::Accepted { targets },
     }
 }
@@ -460,6 +487,7 @@ mod tests {
             max_attempts: 3,
             base_backoff_ms: 100,
             max_backoff_ms: 250,
+            shard_labels: false,
         };
         for attempt in 1..=10 {
             let ceiling = (100u64 << (attempt - 1)).min(250);
@@ -472,6 +500,7 @@ mod tests {
             assert!(backoff(knobs, 1, Some(5)) <= Duration::from_millis(5));
         }
         let none = RetryKnobs {
+            shard_labels: false,
             max_backoff_ms: 0,
             ..knobs
         };
