@@ -445,6 +445,51 @@ async fn a_hot_shard_rejects_while_the_cold_shard_serves_through_the_same_router
 }
 
 #[tokio::test]
+async fn targeted_commands_fail_at_top_level_when_their_shard_gives_up() {
+    let emu = cluster(1, 2, BTreeMap::from([(1, always_rejects())])).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    two_ranged_chunks(&mut raw).await;
+    quick_retries(&mut raw, 0).await;
+    ok(
+        &mut raw,
+        "test",
+        doc! { "insert": "c", "documents": [{ "_id": 1, "x": -1 }] },
+    )
+    .await;
+    let cold = ok(
+        &mut raw,
+        "test",
+        doc! { "findAndModify": "c", "query": { "x": -1 }, "update": { "$set": { "y": 1 } }, "new": true },
+    )
+    .await;
+    assert_eq!(
+        cold.get_document("value").unwrap().get_i32("y"),
+        Ok(1),
+        "{cold}"
+    );
+    for cmd in [
+        doc! { "findAndModify": "c", "query": { "x": 1 }, "update": { "$set": { "y": 1 } }, "upsert": true },
+        doc! { "count": "c", "query": { "x": 5 } },
+        doc! { "distinct": "c", "key": "y" },
+        doc! { "aggregate": "c", "pipeline": [{ "$match": { "x": { "$gt": 3 } } }], "cursor": {} },
+    ] {
+        let r = run(&mut raw, "test", cmd.clone()).await;
+        assert_eq!(r.get_i32("code"), Ok(462), "{cmd}: {r}");
+        assert!(!r.contains_key("writeErrors"), "{cmd}: {r}");
+    }
+    // The upsert never ran.
+    ok(
+        &mut raw,
+        "admin",
+        doc! { "setParameter": 1, "labOverloadShards": { "1": { "enabled": false } } },
+    )
+    .await;
+    let r = ok(&mut raw, "test", doc! { "count": "c" }).await;
+    assert_eq!(count_of(&r), 1, "{r}");
+    emu.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_shard_error_without_retryable_error_is_not_retried() {
     // shard1 admits one request, then rejects with a 462 that forbids retries.
     let one_token = ModelConfig {

@@ -59,6 +59,13 @@
 //! (`labOverloadMembers` every member's); `setParameter` / `getParameter` of `labOverload` use
 //! the receiving member's [`Model::set_parameters`] (partial documents merge into the current
 //! configuration) and [`Model::config`], `labOverloadMembers` any member's.
+//!
+//! In a sharded deployment each logical shard owns a model too (`server::sharding`), built from
+//! `EmulatorConfig::shard_overload[index]` or the sharded default (`EmulatorConfig::shards`
+//! says which). A router calls [`Model::admit`] and [`Admission::execute`] of every target
+//! shard's model after its own (`server::routing`), with the client's arrival and `maxTimeMS`,
+//! and no disconnect future (the router's own model watches the client);
+//! `labOverloadShards` reads and sets them.
 
 mod config;
 mod cores;

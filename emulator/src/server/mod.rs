@@ -12,8 +12,10 @@
 //! client metadata on the first hello → overload model admission (ingress limiter; off by
 //! default) → `failCommand` (never for `configureFailPoint`; labels, block, close, error,
 //! write concern error) → generic arguments → awaitable hello / change-stream waits → overload
-//! model execution (tickets, virtual cores) → the command under the state lock → the reply
-//! envelope (labels, `baseBackoffMS`, `writeConcernError`, `$clusterTime`, `operationTime`).
+//! model execution (tickets, virtual cores) → on a router, the target shards' models
+//! (`routing`: admission and execution per shard, mongos's retries, the shards of a
+//! scatter-gather concurrently) → the command under the state lock → the reply envelope
+//! (labels, `baseBackoffMS`, `writeConcernError`, `$clusterTime`, `operationTime`).
 //!
 //! # Behaviour worth knowing
 //!
@@ -22,7 +24,9 @@
 //!   and reads without a
 //!   non-primary `$readPreference` (13435); "not primary" errors carry the member's
 //!   `topologyVersion` as mongod's do. Sharded: every router is a mongos (`msg: "isdbgrid"`)
-//!   with `recoveryToken`s in transactions.
+//!   with `recoveryToken`s in transactions, in front of `EmulatorConfig::shards` logical shards
+//!   (`sharding`: shard keys and chunk ownership; data stays in the one store) whose models
+//!   the routers charge for each request they forward (`routing`).
 //! * Awaitable hello waits up to `maxAwaitTimeMS` (capped by `max_await_time`), in exhaust
 //!   mode when `exhaustAllowed` is set. Elections bump every member's `topologyVersion` counter
 //!   and answer pending awaitable hellos at once; after an error that makes a driver mark a
