@@ -101,9 +101,10 @@ struct RunArgs {
     /// Arrival process.
     #[arg(long, value_enum, default_value = "poisson")]
     arrivals: Arrivals,
-    /// Simulated service instances (one client each).
-    #[arg(long, default_value_t = 4)]
-    instances: usize,
+    /// Simulated service instances (one client each); default 4, 64 in the `fleet-*`
+    /// scenarios.
+    #[arg(long)]
+    instances: Option<usize>,
     /// maxPoolSize of each instance.
     #[arg(long, default_value_t = 100)]
     max_pool_size: u32,
@@ -244,7 +245,7 @@ fn config_with(
     if !(a.drain_secs.is_finite() && a.drain_secs >= 0.0) {
         return Err("--drain-secs must be >= 0".into());
     }
-    if a.instances == 0 || a.instances > 256 {
+    if a.instances.is_some_and(|n| n == 0 || n > 256) {
         return Err("--instances must be in 1..=256".into());
     }
     let mut cfg = LabConfig {
@@ -262,7 +263,6 @@ fn config_with(
             None => 0.0,
         },
         arrivals: a.arrivals,
-        instances: a.instances,
         max_pool_size: a.max_pool_size,
         min_pool_size: a.min_pool_size,
         client_options: a.client_options.clone(),
@@ -281,6 +281,9 @@ fn config_with(
         ..LabConfig::default()
     };
     name.apply(&mut cfg, len, p);
+    if let Some(n) = a.instances {
+        cfg.instances = n;
+    }
     if let Some(on_deadline) = a.on_deadline {
         cfg.on_deadline_override = Some(on_deadline);
     }

@@ -479,7 +479,7 @@ pub struct Verdict {
     /// Instructions per operation (`--instructions`), the layout-insensitive figure beside the
     /// fast path's throughput.
     pub instructions: Option<InstructionCounts>,
-    /// Issue 27's checks.
+    /// Issue 27's checks, and issue 30's fleet check.
     pub checks: Vec<Check>,
 }
 
@@ -698,12 +698,14 @@ pub const FLOOD_RATIO: f64 = 2.0;
 pub const SUCCESS_SLACK: f64 = 0.005;
 /// Least lower bound of the fast path's interval.
 pub const FAST_PATH_LOW: f64 = 0.97;
+/// Most driver retries per request of a fleet under sustained overload (issue 30).
+pub const FLEET_RETRIES: f64 = 0.10;
 
 fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or_else(|| "not judged".into(), |r| format!("{r:.3} ×"))
 }
 
-/// Issue 27's checks over the scenarios that ran.
+/// Issue 27's checks, and issue 30's fleet check, over the scenarios that ran.
 pub fn checks(scenarios: &[ScenarioVerdict], dominance: &[Dominance]) -> Vec<Check> {
     let mut out = Vec::new();
     for fork in [RECOMMENDED, CONTROLS] {
@@ -825,6 +827,28 @@ pub fn checks(scenarios: &[ScenarioVerdict], dominance: &[Dominance]) -> Vec<Che
             ),
         });
     }
+    // A fleet under sustained overload: the per-client floors must not add up to a retry
+    // storm (issue 30).
+    if let Some(fleet) = scenarios.iter().find(|s| s.name == "fleet-sustained") {
+        for fork in [RECOMMENDED, CONTROLS] {
+            let retries = fleet
+                .variant(fork)
+                .filter(|v| v.judged)
+                .and_then(|v| v.fork_stats_per_request.as_ref())
+                .map(|st| st.retries_made);
+            out.push(Check {
+                name: format!(
+                    "{fork}: driver retries ≤ {FLEET_RETRIES} per request in fleet-sustained"
+                ),
+                status: match retries {
+                    Some(r) if r <= FLEET_RETRIES => Status::Met,
+                    Some(_) => Status::Missed,
+                    None => Status::NotJudged,
+                },
+                detail: retries.map_or_else(|| "not judged".into(), |r| format!("{r:.3}")),
+            });
+        }
+    }
     let flood = scenarios
         .iter()
         .find(|s| s.name == "flood")
@@ -878,7 +902,7 @@ fn cell(s: &Option<Spread>, digits: usize, scale: f64) -> String {
 /// file).
 pub fn markdown_judgement(v: &Verdict) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "## Checks (issue 27)\n");
+    let _ = writeln!(s, "## Checks (issues 27 and 30)\n");
     for c in &v.checks {
         let _ = writeln!(s, "- {}: {}. {}", c.name, c.status.word(), c.detail);
     }
