@@ -153,12 +153,14 @@ fn is_overload(r: &Rejection) -> bool {
 async fn send_to_shard(
     shard: &Shard,
     info: &CommandInfo,
-    knobs: RetryKnobs,
+    shared: &Shared,
 ) -> Result<(), Rejection> {
     let deadline = info
         .max_time_ms
         .map(|ms| info.arrival + Duration::from_millis(ms.min(i32::MAX as u64)));
     let mut attempt = 0u32;
+    // Read on the first rejection only: accepted requests never take the state lock here.
+    let mut knobs: Option<RetryKnobs> = None;
     loop {
         shard.stats.requests.fetch_add(1, Ordering::Relaxed);
         let outcome = match shard.model.admit(info).await {
@@ -175,6 +177,7 @@ async fn send_to_shard(
         if is_overload(&rejection) {
             shard.stats.overload_errors.fetch_add(1, Ordering::Relaxed);
         }
+        let knobs = *knobs.get_or_insert_with(|| retry_knobs(shared));
         if !retryable(&rejection) || attempt >= knobs.max_attempts {
             shard.stats.failed.fetch_add(1, Ordering::Relaxed);
             return Err(rejection);
@@ -236,12 +239,12 @@ async fn charge(
     sharding: &Sharding,
     targets: &[usize],
     info: &CommandInfo,
-    knobs: RetryKnobs,
+    shared: &Shared,
 ) -> Vec<Result<(), Rejection>> {
     let sends: Vec<_> = targets
         .iter()
         .filter_map(|t| sharding.shards.get(*t))
-        .map(|shard| send_to_shard(shard, info, knobs))
+        .map(|shard| send_to_shard(shard, info, shared))
         .collect();
     join_all(sends).await
 }
@@ -388,21 +391,20 @@ pub(crate) async fn route(
     info: &CommandInfo,
     in_transaction: bool,
 ) -> Routed {
-    let knobs = retry_knobs(shared);
     let batch = statements(name, body).zip(body.get(name).and_then(Bson::as_str));
     if let (Some((list, coll)), false) = (batch, in_transaction) {
         let ordered = !matches!(body.get("ordered"), Some(Bson::Boolean(false)));
         let per_statement = statement_targets(sharding, name, db, coll, list);
         return if ordered {
-            route_ordered(sharding, &per_statement, info, knobs).await
+            route_ordered(sharding, &per_statement, info, shared).await
         } else {
-            route_unordered(sharding, &per_statement, info, knobs).await
+            route_unordered(sharding, &per_statement, info, shared).await
         };
     }
     let targets = command_targets(sharding, name, db, body);
-    let outcomes = charge(sharding, &targets, info, knobs).await;
+    let outcomes = charge(sharding, &targets, info, shared).await;
     match outcomes.iter().find_map(|o| o.as_ref().err()) {
-        Some(r) => Routed::Failed(command_error(r, knobs.shard_labels)),
+        Some(r) => Routed::Failed(command_error(r, retry_knobs(shared).shard_labels)),
         None => Routed::Accepted { targets },
     }
 }
@@ -414,12 +416,12 @@ async fn route_unordered(
     sharding: &Sharding,
     per_statement: &[Vec<usize>],
     info: &CommandInfo,
-    knobs: RetryKnobs,
+    shared: &Shared,
 ) -> Routed {
     let mut targets: Vec<usize> = per_statement.iter().flatten().copied().collect();
     targets.sort_unstable();
     targets.dedup();
-    let outcomes = charge(sharding, &targets, info, knobs).await;
+    let outcomes = charge(sharding, &targets, info, shared).await;
     let rejection_of = |shard: usize| {
         targets
             .iter()
@@ -449,7 +451,7 @@ async fn route_ordered(
     sharding: &Sharding,
     per_statement: &[Vec<usize>],
     info: &CommandInfo,
-    knobs: RetryKnobs,
+    shared: &Shared,
 ) -> Routed {
     let mut all_targets: Vec<usize> = Vec::new();
     let mut start = 0;
@@ -460,7 +462,7 @@ async fn route_ordered(
             .iter()
             .position(|s| s != shards)
             .map_or(per_statement.len(), |len| start + len);
-        let outcomes = charge(sharding, shards, info, knobs).await;
+        let outcomes = charge(sharding, shards, info, shared).await;
         if let Some(r) = outcomes.iter().find_map(|o| o.as_ref().err()) {
             return Routed::Statements {
                 run: (0..start).collect(),
