@@ -9,16 +9,20 @@
 //! at their nominal speed) and at the model's nominal capacity (every rate relative to what the
 //! model's cores complete).
 
+use std::borrow::Cow;
+
 use crate::scenario::{Length, ScenarioName};
 use crate::variant::Variant;
 
 /// One lab row: the medians of a variant in a scenario.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct LabRow {
     pub scenario: ScenarioName,
     pub variant: Variant,
-    /// The suite it comes from (`docs/results/<suite>-suite.md`).
-    pub suite: &'static str,
+    /// The suite it comes from (`docs/results/<suite>-suite.md`, or a `verdict.json` path).
+    pub suite: Cow<'static, str>,
+    /// The lab's instances (one client each).
+    pub instances: u32,
     /// The capacity that suite calibrated for the scenario (ops/s).
     pub capacity: f64,
     pub goodput_share: f64,
@@ -41,7 +45,8 @@ const fn row(
     LabRow {
         scenario,
         variant,
-        suite,
+        suite: Cow::Borrowed(suite),
+        instances: 4,
         capacity,
         goodput_share: figures.0,
         burst_share: figures.1,
@@ -181,4 +186,111 @@ pub const LENGTH: Length = Length::Suite;
 /// Relative difference of `sim` from `lab` (0.1 = 10 %); `None` when the lab's figure is 0.
 pub fn relative(sim: f64, lab: f64) -> Option<f64> {
     (lab != 0.0).then(|| (sim - lab) / lab)
+}
+
+/// The lab's scenario a suite scenario runs in the simulator, and its instances: `burst`,
+/// `sustained` and `flood` as themselves, the `fleet-*` scenarios as their four-instance
+/// namesakes at 64 instances; `None` for scenarios the simulator does not model.
+fn simulated(name: &str) -> Option<(ScenarioName, u32)> {
+    let (base, instances) = match name.strip_prefix("fleet-") {
+        Some(base) => (base, 64),
+        None => (name, 4),
+    };
+    let scenario = ScenarioName::ALL.into_iter().find(|s| s.name() == base)?;
+    Some((scenario, instances))
+}
+
+/// The rows of a lab suite's `verdict.json` the simulator can compare with: every judged
+/// variant it models in `burst`, `sustained`, `flood` and the `fleet-*` scenarios.
+/// `instances` overrides the scenario's own count (a suite run with `--instances N`, which
+/// `verdict.json` does not record); `source` names the file in the rows.
+///
+/// # Errors
+///
+/// A message when the text is not a verdict (not JSON, or a scenario without its capacity).
+pub fn from_verdict(
+    json: &str,
+    instances: Option<u32>,
+    source: &str,
+) -> Result<Vec<LabRow>, String> {
+    let verdict: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("{source}: not a verdict.json: {e}"))?;
+    let scenarios = verdict["scenarios"]
+        .as_array()
+        .ok_or_else(|| format!("{source}: no \"scenarios\" array"))?;
+    let median = |v: &serde_json::Value, key: &str| v[key]["median"].as_f64();
+    let mut rows = Vec::new();
+    for s in scenarios {
+        let name = s["name"].as_str().unwrap_or_default();
+        let Some((scenario, own_instances)) = simulated(name) else {
+            continue;
+        };
+        let capacity = s["capacity"]
+            .as_f64()
+            .ok_or_else(|| format!("{source}: scenario {name:?} has no capacity"))?;
+        for v in s["variants"].as_array().into_iter().flatten() {
+            let judged = v["judged"].as_bool() == Some(true);
+            let variant = v["name"]
+                .as_str()
+                .and_then(|n| Variant::parse_list(n).ok())
+                .and_then(|list| list.first().copied());
+            let (Some(variant), true) = (variant, judged) else {
+                continue;
+            };
+            let (Some(goodput), Some(attempts)) =
+                (median(v, "goodputShare"), median(v, "attemptsPerRequest"))
+            else {
+                continue;
+            };
+            rows.push(LabRow {
+                scenario,
+                variant,
+                suite: Cow::Owned(format!("{source} ({name})")),
+                instances: instances.unwrap_or(own_instances),
+                capacity,
+                goodput_share: goodput,
+                burst_share: (scenario == ScenarioName::Burst)
+                    .then(|| median(v, "burstGoodputShare"))
+                    .flatten(),
+                attempts_per_request: attempts,
+                rejecting_pct: 100.0 * median(v, "rejectionShare").unwrap_or(0.0),
+                wasted_pct: 100.0 * median(v, "wastedShare").unwrap_or(0.0),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verdict_gives_the_judged_rows_of_the_modelled_scenarios() {
+        let json = r#"{"scenarios": [
+            {"name": "fleet-sustained", "capacity": 700.0, "variants": [
+                {"name": "fork-controls", "judged": true,
+                 "goodputShare": {"median": 0.8}, "attemptsPerRequest": {"median": 0.9},
+                 "rejectionShare": {"median": 0.1}, "wastedShare": {"median": 0.2}},
+                {"name": "upstream-best", "judged": false}]},
+            {"name": "burst", "capacity": 720.0, "variants": [
+                {"name": "upstream-best", "judged": true,
+                 "goodputShare": {"median": 0.7}, "burstGoodputShare": {"median": 0.9},
+                 "attemptsPerRequest": {"median": 1.1}}]},
+            {"name": "faults", "capacity": 680.0, "variants": []}
+        ]}"#;
+        let rows = from_verdict(json, None, "v.json").expect("a verdict");
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(rows[0].scenario, ScenarioName::Sustained);
+        assert_eq!(rows[0].instances, 64);
+        assert_eq!(rows[0].variant, Variant::ForkControls);
+        assert!((rows[0].rejecting_pct - 10.0).abs() < 1e-9);
+        assert_eq!(rows[0].burst_share, None);
+        assert_eq!(rows[1].instances, 4);
+        assert_eq!(rows[1].burst_share, Some(0.9));
+        let sixteen = from_verdict(json, Some(16), "v.json").expect("a verdict");
+        assert!(sixteen.iter().all(|r| r.instances == 16));
+        assert!(from_verdict("{}", None, "v.json").is_err());
+        assert!(from_verdict("not json", None, "v.json").is_err());
+    }
 }
