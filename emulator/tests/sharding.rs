@@ -578,6 +578,16 @@ async fn a_batch_split_over_shards_reports_exactly_what_was_applied() {
     let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
     two_ranged_chunks(&mut raw).await;
     quick_retries(&mut raw, 0).await;
+    // One document on shard1 while it is healthy.
+    let shard1 = |enabled: bool| doc! { "setParameter": 1, "labOverloadShards": { "1": { "enabled": enabled } } };
+    ok(&mut raw, "admin", shard1(false)).await;
+    ok(
+        &mut raw,
+        "test",
+        doc! { "insert": "c", "documents": [{ "_id": 100, "x": 100 }] },
+    )
+    .await;
+    ok(&mut raw, "admin", shard1(true)).await;
     // Unordered: shard1's child batch fails as one write error per statement; shard0's runs.
     let docs = vec![
         doc! { "_id": 1, "x": -1 },
@@ -603,12 +613,21 @@ async fn a_batch_split_over_shards_reports_exactly_what_was_applied() {
     let r = ok(&mut raw, "test", doc! { "insert": "c", "documents": docs }).await;
     assert_eq!(count_of(&r), 1, "{r}");
     assert_eq!(write_error_indexes(&r), [(1, 462)], "{r}");
-    // A multi-update over both shards fails as one statement; the emulator then applies none
-    // of it (mongos would have applied shard0's part).
+    // A multi-update over both shards fails as one statement, and shard0 applies its part
+    // (mongos's shards apply theirs independently): n counts shard0's three documents.
     let r = ok(
         &mut raw,
         "test",
         doc! { "update": "c", "updates": [{ "q": {}, "u": { "$set": { "seen": true } }, "multi": true }] },
+    )
+    .await;
+    assert_eq!(write_error_indexes(&r), [(0, 462)], "{r}");
+    assert_eq!((count_of(&r), r.get_i32("nModified")), (3, Ok(3)), "{r}");
+    // A single-document statement over both shards applies nowhere.
+    let r = ok(
+        &mut raw,
+        "test",
+        doc! { "update": "c", "updates": [{ "q": {}, "u": { "$set": { "one": true } } }] },
     )
     .await;
     assert_eq!(write_error_indexes(&r), [(0, 462)], "{r}");
@@ -617,10 +636,22 @@ async fn a_batch_split_over_shards_reports_exactly_what_was_applied() {
     let r = ok(
         &mut raw,
         "test",
-        doc! { "update": "c", "updates": [{ "q": { "x": -1 }, "u": { "$set": { "seen": true } } }] },
+        doc! { "update": "c", "updates": [{ "q": { "x": -1 }, "u": { "$set": { "cold": true } } }] },
     )
     .await;
     assert_eq!((count_of(&r), r.get_i32("nModified")), (1, Ok(1)), "{r}");
+    // Ordered: the partly accepted multi-update ends the batch; the statement after it never runs.
+    let r = ok(
+        &mut raw,
+        "test",
+        doc! { "update": "c", "updates": [
+            { "q": {}, "u": { "$set": { "m": 1 } }, "multi": true },
+            { "q": { "x": -1 }, "u": { "$set": { "z": 1 } } },
+        ] },
+    )
+    .await;
+    assert_eq!(write_error_indexes(&r), [(0, 462)], "{r}");
+    assert_eq!(count_of(&r), 3, "{r}");
     // What is in the store: exactly the statements reported applied.
     ok(
         &mut raw,
@@ -629,15 +660,39 @@ async fn a_batch_split_over_shards_reports_exactly_what_was_applied() {
     )
     .await;
     let all = ok(&mut raw, "test", doc! { "find": "c", "sort": { "_id": 1 } }).await;
-    let ids: Vec<i32> = all
+    let docs: Vec<(i32, bool, bool)> = all
         .get_document("cursor")
         .unwrap()
         .get_array("firstBatch")
         .unwrap()
         .iter()
-        .map(|d| d.as_document().unwrap().get_i32("_id").unwrap())
+        .map(|d| {
+            let d = d.as_document().unwrap();
+            (
+                d.get_i32("_id").unwrap(),
+                d.get_bool("seen").unwrap_or(false),
+                d.contains_key("one"),
+            )
+        })
         .collect();
-    assert_eq!(ids, [1, 3, 10]);
+    assert_eq!(
+        docs,
+        [
+            (1, true, false),
+            (3, true, false),
+            (10, true, false),
+            (100, false, false)
+        ]
+    );
+    for (filter, n) in [(doc! { "m": 1 }, 3), (doc! { "z": { "$exists": true } }, 0)] {
+        let r = ok(
+            &mut raw,
+            "test",
+            doc! { "count": "c", "query": filter.clone() },
+        )
+        .await;
+        assert_eq!(count_of(&r), n, "{filter}: {r}");
+    }
     emu.shutdown().await;
 }
 

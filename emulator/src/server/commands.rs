@@ -37,7 +37,7 @@ pub(crate) struct WriteFaults {
     pub(crate) step_down: bool,
     /// On a router: the statements of a batch write its target shards accepted (run on the
     /// store) and rejected (write errors), when a shard rejected some (module `routing`).
-    pub(crate) shard_rejections: Option<(Vec<usize>, Vec<failpoint::StatementFailure>)>,
+    pub(crate) shard_rejections: Option<routing::ShardRejections>,
 }
 
 /// Per-connection facts.
@@ -358,9 +358,7 @@ pub(crate) async fn handle(
             let in_transaction = generic.autocommit == Some(false);
             match routing::route(shared, sharding, &name, &db, &body, &info, in_transaction).await {
                 Routed::Accepted { targets } => routed_targets = Some(targets),
-                Routed::Statements { run, failing } => {
-                    after.shard_rejections = Some((run, failing));
-                }
+                Routed::Statements(rejections) => after.shard_rejections = Some(rejections),
                 Routed::Failed(err) => {
                     return Outcome::Reply(finish(shared, member, Err(err), label_ctx, None, None));
                 }
@@ -1128,9 +1126,11 @@ fn run_data_command(
             &applied,
             &mut fail_point_rng(after.draws),
         );
-        if let Some((accepted, rejected)) = &after.shard_rejections {
+        if let Some(rejections) = &after.shard_rejections {
+            // A retryable write's statements are single-document ones: a statement one of its
+            // shards rejected runs nowhere.
             let total = failpoint::statement_count(name, body);
-            plan.add_shard_rejections(accepted, rejected, &applied, total);
+            plan.add_shard_rejections(&rejections.accepted, &rejections.failing, &applied, total);
         }
         after.close = plan.close_after;
         after.step_down = plan.step_down_after;
@@ -1175,10 +1175,28 @@ fn run_data_command(
 
     // A batch write some of whose statements a router's target shards rejected: only the
     // accepted statements run; the rejected ones are write errors.
-    if let Some((accepted, rejected)) = after.shard_rejections.take() {
+    if let Some(rejections) = after.shard_rejections.take() {
         let total = failpoint::statement_count(name, body);
         let mut plan = failpoint::StatementPlan::every_statement(name, body);
-        plan.add_shard_rejections(&accepted, &rejected, &[], total);
+        plan.add_shard_rejections(&rejections.accepted, &rejections.failing, &[], total);
+        // A multi-document statement also runs on the documents of the shards that accepted
+        // it (it is still reported failed): mongos's shards apply their parts independently.
+        let restricted = shared.sharding.as_ref().and_then(|sharding| {
+            restrict_to_shards(
+                sharding,
+                &st.store,
+                name,
+                db,
+                body,
+                &rejections.partly_accepted,
+            )
+        });
+        if let Some((_, indexes)) = &restricted {
+            plan.run.extend(indexes);
+            plan.run.sort_unstable();
+            plan.run.dedup();
+        }
+        let body = restricted.as_ref().map_or(body, |(b, _)| b);
         let reply = match failpoint::with_statements(name, body, &plan.run) {
             Some(sub) => Some(data::run(name, db, &sub, &mut st.store, &mut ctx)?),
             None => None,
@@ -1217,6 +1235,57 @@ fn run_data_command(
         record_catalog_change(shared, st, name, db, body, reply, before);
     }
     result
+}
+
+/// `body` with each multi-document statement of `partly_accepted` (an `update` with
+/// `multi: true`, a `delete` with `limit: 0`) limited to the documents the shards that
+/// accepted it own (its filter ANDed with their `_id`s), and those statements' indexes; None
+/// when there is none.
+fn restrict_to_shards(
+    sharding: &Sharding,
+    store: &Store,
+    name: &str,
+    db: &str,
+    body: &Document,
+    partly_accepted: &[(usize, Vec<usize>)],
+) -> Option<(Document, Vec<usize>)> {
+    let (field, coll) = match (name, body.get(name)) {
+        ("update", Some(Bson::String(c))) => ("updates", c.as_str()),
+        ("delete", Some(Bson::String(c))) => ("deletes", c.as_str()),
+        _ => return None,
+    };
+    let mut statements = body.get_array(field).ok()?.clone();
+    let mut restricted = Vec::new();
+    for (index, shards) in partly_accepted {
+        let Some(Bson::Document(statement)) = statements.get_mut(*index) else {
+            continue;
+        };
+        let multi = match name {
+            "update" => matches!(statement.get("multi"), Some(Bson::Boolean(true))),
+            _ => matches!(
+                statement.get("limit"),
+                Some(Bson::Int32(0) | Bson::Int64(0))
+            ),
+        };
+        if !multi {
+            continue;
+        }
+        let ids: Vec<Bson> = store
+            .documents(db, coll)
+            .iter()
+            .filter(|d| shards.contains(&sharding.owner_of_document(db, coll, d)))
+            .filter_map(|d| d.get("_id").cloned())
+            .collect();
+        let filter = statement.get_document("q").cloned().unwrap_or_default();
+        statement.insert("q", doc! { "$and": [filter, { "_id": { "$in": ids } }] });
+        restricted.push(*index);
+    }
+    if restricted.is_empty() {
+        return None;
+    }
+    let mut body = body.clone();
+    body.insert(field, statements);
+    Some((body, restricted))
 }
 
 /// The collection a catalog command names, and whether it existed before the command ran.

@@ -82,14 +82,23 @@ const RETRY_ATTEMPTS_CAP: u32 = 100;
 pub(crate) enum Routed {
     /// Every target shard accepted (or the request has no target shard).
     Accepted { targets: Vec<usize> },
-    /// A batch write some of whose statements a shard rejected: the store runs `run` (original
-    /// statement indexes, in order) and the reply reports `failing` as write errors.
-    Statements {
-        run: Vec<usize>,
-        failing: Vec<StatementFailure>,
-    },
+    /// A batch write some of whose statements a shard rejected.
+    Statements(ShardRejections),
     /// The command fails as a whole; nothing runs on the store.
     Failed(CommandError),
+}
+
+/// What the shards did with a batch write's statements when some were rejected.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ShardRejections {
+    /// Statements every target shard accepted (original indexes, in order): they run.
+    pub(crate) accepted: Vec<usize>,
+    /// Statements a target shard rejected: write errors.
+    pub(crate) failing: Vec<StatementFailure>,
+    /// Rejected statements some of whose target shards accepted them, with those shards: a
+    /// multi-document statement (`update` with `multi: true`, `delete` with `limit: 0`) still
+    /// runs on the documents those shards own, as each shard applies its part on mongos.
+    pub(crate) partly_accepted: Vec<(usize, Vec<usize>)>,
 }
 
 /// The retry knobs in force.
@@ -429,18 +438,27 @@ async fn route_unordered(
             .and_then(|i| outcomes.get(i))
             .and_then(|o| o.as_ref().err())
     };
-    let mut run = Vec::new();
-    let mut failing = Vec::new();
+    let mut outcome = ShardRejections::default();
     for (index, shards) in per_statement.iter().enumerate() {
         match shards.iter().find_map(|s| rejection_of(*s)) {
-            Some(r) => failing.push(statement_failure(index, r)),
-            None => run.push(index),
+            Some(r) => {
+                outcome.failing.push(statement_failure(index, r));
+                let accepting: Vec<usize> = shards
+                    .iter()
+                    .copied()
+                    .filter(|s| rejection_of(*s).is_none())
+                    .collect();
+                if !accepting.is_empty() {
+                    outcome.partly_accepted.push((index, accepting));
+                }
+            }
+            None => outcome.accepted.push(index),
         }
     }
-    if failing.is_empty() {
+    if outcome.failing.is_empty() {
         Routed::Accepted { targets }
     } else {
-        Routed::Statements { run, failing }
+        Routed::Statements(outcome)
     }
 }
 
@@ -464,10 +482,23 @@ async fn route_ordered(
             .map_or(per_statement.len(), |len| start + len);
         let outcomes = charge(sharding, shards, info, shared).await;
         if let Some(r) = outcomes.iter().find_map(|o| o.as_ref().err()) {
-            return Routed::Statements {
-                run: (0..start).collect(),
-                failing: vec![statement_failure(start, r)],
+            // The shards that accepted this child batch applied all of it.
+            let accepting: Vec<usize> = shards
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| o.is_ok())
+                .map(|(s, _)| *s)
+                .collect();
+            let partly_accepted = if accepting.is_empty() {
+                Vec::new()
+            } else {
+                (start..end).map(|i| (i, accepting.clone())).collect()
             };
+            return Routed::Statements(ShardRejections {
+                accepted: (0..start).collect(),
+                failing: vec![statement_failure(start, r)],
+                partly_accepted,
+            });
         }
         all_targets.extend(shards);
         start = end.max(start + 1);
