@@ -563,6 +563,9 @@ pub enum Persona {
     Replicaset,
     /// A standalone mongod.
     Standalone,
+    /// Routers (mongos) in front of shards, the lab's collection sharded on `_id` in equal
+    /// ranges ([`ShardLayout`]; `hot-shard`, `even-shards`).
+    Sharded,
 }
 
 /// What the application does when its deadline passes.
@@ -603,6 +606,111 @@ pub struct HotMember {
     /// Its capacity as a share of the run's capacity: its limiter admits
     /// `limiter_share × share × capacity` per second.
     pub share: f64,
+}
+
+/// The sharded deployment of persona `sharded` (`hot-shard`, `even-shards`): how many routers
+/// and shards, how the collection is split, and which shard the cold-shard figure leaves out.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardLayout {
+    /// Routers (mongos). Every one is in the connection string, so the drivers spread
+    /// requests over them as mongos clients do.
+    pub routers: usize,
+    /// Shards. The collection is sharded on `_id` (ranged: the lab's keys are the integers
+    /// `0..docs`) and split into `shards` equal ranges, range `i` on shard `i`
+    /// ([`ShardLayout::split_points`]).
+    pub shards: usize,
+    /// The shard whose requests the cold-shard figure leaves out. It is named even where no
+    /// shard is overloaded (`even-shards`), so the reference counts the same requests.
+    pub hot_index: usize,
+    /// The hot shard's capacity as a share of the run's capacity: its limiter admits
+    /// `limiter_share × hot_share × capacity` per second (`None`: the same as the others').
+    pub hot_share: Option<f64>,
+}
+
+impl Default for ShardLayout {
+    fn default() -> Self {
+        ShardLayout {
+            routers: 3,
+            shards: 3,
+            hot_index: 1,
+            hot_share: None,
+        }
+    }
+}
+
+impl ShardLayout {
+    /// Where the collection is split: `docs × i / shards` for `i` in `1..shards`, so shard
+    /// `i` owns `[split i, split i+1)` (the first from MinKey, the last to MaxKey).
+    pub fn split_points(&self, docs: i64) -> Vec<i64> {
+        (1..self.shards.max(1))
+            .map(|i| ShardKeys::split(docs, i, self.shards))
+            .collect()
+    }
+
+    /// The attribution of requests to shards for a collection of `docs` documents.
+    pub fn keys(&self, docs: i64) -> ShardKeys {
+        ShardKeys {
+            docs,
+            shards: self.shards.max(1),
+            hot_index: self.hot_index,
+        }
+    }
+}
+
+/// Which shards a request touches under a [`ShardLayout`] of `0..docs`, as the emulator's
+/// routers target it (`docs/emulator.md`, "Targeting"); small and `Copy`, so every request
+/// can carry it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardKeys {
+    docs: i64,
+    shards: usize,
+    hot_index: usize,
+}
+
+impl ShardKeys {
+    /// Split point `i` of `0..docs` into `shards` equal ranges (no overflow for any `docs`
+    /// the lab seeds: `docs × i` is computed in 128 bits).
+    fn split(docs: i64, i: usize, shards: usize) -> i64 {
+        let at = i128::from(docs) * i as i128 / shards.max(1) as i128;
+        i64::try_from(at).unwrap_or(i64::MAX)
+    }
+
+    /// The shard owning `key`: how many split points lie at or below it.
+    pub fn shard_of(&self, key: i64) -> usize {
+        // Bounded by the number of shards.
+        (1..self.shards)
+            .filter(|&i| key >= Self::split(self.docs, i, self.shards))
+            .count()
+    }
+
+    /// The shards a request touches, lowest and highest (every shard between them too: shard
+    /// `i` owns the `i`-th range). A point read or update: the key's shard. A range read of
+    /// `{_id: {$gte: key, $lt: key + range_len}}`: from the key's shard to the shard of
+    /// `key + range_len`, because the routers treat the exclusive bound as inclusive
+    /// (conservative targeting), so a range ending exactly at a split point touches the next
+    /// shard too. An insert: its `_id` is a driver-made ObjectId, which sorts after every
+    /// number, so the last shard.
+    pub fn touched(&self, kind: OpKind, key: i64, range_len: i64) -> (usize, usize) {
+        match kind {
+            OpKind::PointRead | OpKind::Update => {
+                let s = self.shard_of(key);
+                (s, s)
+            }
+            OpKind::RangeRead => (
+                self.shard_of(key),
+                self.shard_of(key.saturating_add(range_len.max(0))),
+            ),
+            OpKind::Insert => (self.shards - 1, self.shards - 1),
+        }
+    }
+
+    /// Whether a request touches only cold shards (not the hot one): the requests the
+    /// cold-shard figure counts.
+    pub fn is_cold(&self, kind: OpKind, key: i64, range_len: i64) -> bool {
+        let (low, high) = self.touched(kind, key, range_len);
+        !(low..=high).contains(&self.hot_index)
+    }
 }
 
 /// Faults injected during every variant run (`faults`): connections closed on every member
@@ -686,6 +794,8 @@ pub struct LabConfig {
     pub members: usize,
     /// A member with a smaller model than the others, if any.
     pub hot_member: Option<HotMember>,
+    /// Routers, shards and the hot shard (persona `sharded` only).
+    pub sharding: ShardLayout,
     /// Whether a closed-loop run saturating the process's CPU is the intent (`fast-path`):
     /// then CPU saturation is reported but does not make the run invalid.
     pub saturation_expected: bool,
@@ -722,6 +832,7 @@ impl Default for LabConfig {
             load: Load::Open,
             members: 1,
             hot_member: None,
+            sharding: ShardLayout::default(),
             saturation_expected: false,
             faults: None,
         }
@@ -741,6 +852,12 @@ pub const MODEL_COST_MS: [(OpKind, f64); 4] = [
 pub const FAILPOINT_CAPACITY: f64 = 800.0;
 
 impl LabConfig {
+    /// The attribution of requests to shards, in persona `sharded` (`None` otherwise): what
+    /// the cold-shard figure needs.
+    pub fn shard_keys(&self) -> Option<ShardKeys> {
+        (self.persona == Persona::Sharded).then(|| self.sharding.keys(self.docs))
+    }
+
     /// Capacity in ops/s: the given one, else derived from the server model's cores and the
     /// mix's mean cost (model mode), else [`FAILPOINT_CAPACITY`].
     pub fn effective_capacity(&self) -> f64 {
@@ -856,6 +973,64 @@ pub fn with_options(uri: &str, options: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_belong_to_the_shard_of_their_third_and_ranges_touch_what_the_routers_target() {
+        let layout = ShardLayout::default();
+        assert_eq!(layout.split_points(1000), vec![333, 666]);
+        assert_eq!(layout.split_points(3), vec![1, 2]);
+        let k = layout.keys(1000);
+        // Boundaries: a split point belongs to the chunk it starts.
+        for (key, shard) in [
+            (0, 0),
+            (332, 0),
+            (333, 1),
+            (665, 1),
+            (666, 2),
+            (999, 2),
+            (5000, 2),
+            (-1, 0),
+        ] {
+            assert_eq!(k.shard_of(key), shard, "{key}");
+        }
+        use OpKind::*;
+        assert!(k.is_cold(PointRead, 332, 20));
+        assert!(!k.is_cold(PointRead, 333, 20));
+        assert!(!k.is_cold(Update, 400, 20));
+        assert!(k.is_cold(PointRead, 666, 20));
+        // `[313, 332]` stays on shard 0, but its bound `$lt: 333` is a split point and the
+        // routers treat it as inclusive, so shard 1 is touched.
+        assert_eq!(k.touched(RangeRead, 313, 20), (0, 1));
+        assert!(!k.is_cold(RangeRead, 313, 20));
+        assert_eq!(k.touched(RangeRead, 312, 20), (0, 0));
+        assert!(k.is_cold(RangeRead, 312, 20));
+        // Crossing from the hot shard into a cold one, and across all three.
+        assert!(!k.is_cold(RangeRead, 660, 20));
+        assert_eq!(k.touched(RangeRead, 300, 400), (0, 2));
+        assert!(
+            k.is_cold(RangeRead, 990, 20),
+            "past the last key: the last shard"
+        );
+        // An insert's ObjectId `_id` sorts after every number.
+        assert_eq!(k.touched(Insert, 400, 20), (2, 2));
+        // No overflow at the edges.
+        assert_eq!(k.touched(RangeRead, i64::MAX - 1, 20), (2, 2));
+        let huge = ShardLayout::default().keys(i64::MAX);
+        assert_eq!(huge.shard_of(i64::MAX), 2);
+        // One shard: everything on shard 0, which is then cold unless it is the hot one.
+        let one = ShardLayout {
+            shards: 1,
+            hot_index: 1,
+            ..ShardLayout::default()
+        };
+        assert!(one.split_points(1000).is_empty());
+        assert!(one.keys(1000).is_cold(RangeRead, 990, 20));
+        // Only the sharded persona attributes requests.
+        let mut cfg = LabConfig::default();
+        assert!(cfg.shard_keys().is_none());
+        cfg.persona = Persona::Sharded;
+        assert_eq!(cfg.shard_keys(), Some(layout.keys(cfg.docs)));
+    }
 
     #[test]
     fn scenarios_and_phases() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bson::{doc, Bson, Document};
 use tokio::time::Instant;
 
-use super::config::{with_options, LabConfig, MODEL_CORES};
+use super::config::{with_options, LabConfig, Persona, ShardLayout, MODEL_CORES};
 
 /// Database and collection the lab uses.
 pub const DB: &str = "lab";
@@ -57,9 +57,23 @@ fn merge(base: &mut Document, over: &Document) {
     }
 }
 
-/// The per-member settings of a run over its [`model_document`]: the hot member's limiter
-/// rate (`limiter_share × share × capacity`) and cores, if it has its own.
+/// The per-member settings of a run over its [`model_document`] (per shard in persona
+/// `sharded`): the hot member's limiter rate (`limiter_share × share × capacity`) and cores,
+/// if it has its own; in persona `sharded`, the hot shard's limiter rate
+/// (`limiter_share × hot_share × capacity`), if it has one.
 pub fn member_documents(cfg: &LabConfig, capacity: f64) -> Vec<(usize, Document)> {
+    if cfg.persona == Persona::Sharded {
+        let layout = &cfg.sharding;
+        return match layout.hot_share {
+            Some(share) => vec![(
+                layout.hot_index,
+                doc! {
+                    "limiter": { "ratePerSec": (capacity * share * cfg.limiter_share).max(1.0) },
+                },
+            )],
+            None => Vec::new(),
+        };
+    }
     match cfg.hot_member {
         Some(h) => {
             let mut d = doc! {
@@ -104,13 +118,16 @@ pub fn flatten_numbers(d: &Document) -> BTreeMap<String, f64> {
 }
 
 /// The name a counter's delta goes by: `counters.X` → `X`, a member's
-/// `memberN.counters.X` → `memberN.X`; `None` for figures that are not counters.
+/// `memberN.counters.X` → `memberN.X`, a shard's `shardN.counters.X` → `shardN.X`; `None` for
+/// figures that are not counters.
 fn counter_name(key: &str) -> Option<String> {
     if let Some(rest) = key.strip_prefix("counters.") {
         return Some(rest.to_string());
     }
     let (member, rest) = key.split_once(".counters.")?;
-    let index = member.strip_prefix("member")?;
+    let index = member
+        .strip_prefix("member")
+        .or_else(|| member.strip_prefix("shard"))?;
     (!index.is_empty() && index.chars().all(|c| c.is_ascii_digit()))
         .then(|| format!("{member}.{rest}"))
 }
@@ -135,18 +152,28 @@ pub fn counter_deltas(
 /// `serverStatus.labOverload`; with several, `counters.*` and `gauges.*` summed over the
 /// members (so the run's totals cover the whole deployment), each member's own counters as
 /// `memberN.counters.*`, and the other figures (queue-wait percentiles) of the member that
-/// answered (the primary).
+/// answered (the primary). With two or more shards (`serverStatus.labOverloadShards`) the
+/// shards' models do the work and the routers' are off, so the sums are over the shards and
+/// each shard's counters are `shardN.counters.*`.
 pub fn deployment_status(status: &Document) -> Option<BTreeMap<String, f64>> {
     let mut out = flatten_numbers(status.get_document("labOverload").ok()?);
-    let members: Vec<&Document> = status
-        .get_array("labOverloadMembers")
-        .map(|a| a.iter().filter_map(|m| m.as_document()).collect())
-        .unwrap_or_default();
-    if members.len() > 1 {
+    let listed = |field: &str| -> Vec<&Document> {
+        status
+            .get_array(field)
+            .map(|a| a.iter().filter_map(|m| m.as_document()).collect())
+            .unwrap_or_default()
+    };
+    let shards = listed("labOverloadShards");
+    let (parts, index_field, prefix) = if shards.len() > 1 {
+        (shards, "shard", "shard")
+    } else {
+        (listed("labOverloadMembers"), "member", "member")
+    };
+    if parts.len() > 1 {
         out.retain(|k, _| !k.starts_with("counters.") && !k.starts_with("gauges."));
-        for (i, m) in members.iter().enumerate() {
+        for (i, m) in parts.iter().enumerate() {
             let index = m
-                .get_i64("member")
+                .get_i64(index_field)
                 .ok()
                 .and_then(|x| usize::try_from(x).ok())
                 .unwrap_or(i);
@@ -155,7 +182,7 @@ pub fn deployment_status(status: &Document) -> Option<BTreeMap<String, f64>> {
                     *out.entry(k.clone()).or_insert(0.0) += v;
                 }
                 if k.starts_with("counters.") {
-                    out.insert(format!("member{index}.{k}"), v);
+                    out.insert(format!("{prefix}{index}.{k}"), v);
                 }
             }
         }
@@ -166,14 +193,44 @@ pub fn deployment_status(status: &Document) -> Option<BTreeMap<String, f64>> {
 /// The control connection to the emulator (the fork, without lab event handlers).
 pub(crate) struct Control {
     pub(crate) client: mongodb::Client,
+    /// The sharded deployment's layout (persona `sharded`): seeding shards the collection
+    /// and the server models addressed are the shards'.
+    sharding: Option<ShardLayout>,
 }
+
+/// The parameter addressing every replica-set member's (or router's) model.
+const MEMBER_MODELS: &str = "labOverloadMembers";
+/// The parameter addressing every shard's model.
+const SHARD_MODELS: &str = "labOverloadShards";
 
 impl Control {
     pub(crate) async fn connect(uri: &str) -> Result<Control, String> {
         let client = mongodb::Client::with_uri_str(with_options(uri, "appName=lab-control"))
             .await
             .map_err(|e| e.to_string())?;
-        Ok(Control { client })
+        Ok(Control {
+            client,
+            sharding: None,
+        })
+    }
+
+    /// A control connection for `cfg`'s deployment: in persona `sharded` it shards the
+    /// collection when seeding and sets the shards' models.
+    pub(crate) async fn connect_for(uri: &str, cfg: &LabConfig) -> Result<Control, String> {
+        let mut control = Control::connect(uri).await?;
+        if cfg.persona == Persona::Sharded {
+            control.sharding = Some(cfg.sharding);
+        }
+        Ok(control)
+    }
+
+    /// The parameter that addresses the models doing the work.
+    fn models_parameter(&self) -> &'static str {
+        if self.sharding.is_some() {
+            SHARD_MODELS
+        } else {
+            MEMBER_MODELS
+        }
     }
 
     pub(crate) async fn admin(&self, cmd: Document) -> Result<Document, String> {
@@ -187,6 +244,11 @@ impl Control {
     pub(crate) async fn seed(&self, docs: i64) -> Result<(), String> {
         let coll = self.client.database(DB).collection::<Document>(COLL);
         coll.drop().await.map_err(|e| e.to_string())?;
+        // Dropping forgets the shard key, so every seeding shards the collection again,
+        // before the documents go in (each then lands on its chunk's shard).
+        if let Some(layout) = &self.sharding {
+            self.shard_collection(layout, docs).await?;
+        }
         let pad = "x".repeat(200);
         let mut batch = Vec::new();
         for i in 0..docs {
@@ -200,13 +262,48 @@ impl Control {
         Ok(())
     }
 
-    /// Switches every member's server model on or off, keeping its settings.
+    /// Shards the lab's collection on `_id` as a user would through a router: ranged, split
+    /// at the layout's split points, chunk `i` moved to shard `i`.
+    async fn shard_collection(&self, layout: &ShardLayout, docs: i64) -> Result<(), String> {
+        let ns = format!("{DB}.{COLL}");
+        let splits = layout.split_points(docs);
+        let mut steps = vec![
+            ("enableSharding", doc! { "enableSharding": DB }),
+            (
+                "shardCollection",
+                doc! { "shardCollection": &ns, "key": { "_id": 1 } },
+            ),
+        ];
+        steps.extend(
+            splits
+                .iter()
+                .map(|at| ("split", doc! { "split": &ns, "middle": { "_id": *at } })),
+        );
+        // The first chunk stays on the primary shard, shard 0; chunk `i` goes to shard `i`.
+        steps.extend(splits.iter().enumerate().map(|(i, at)| {
+            let to = format!("shard{}", i + 1);
+            (
+                "moveChunk",
+                doc! { "moveChunk": &ns, "find": { "_id": *at }, "to": to },
+            )
+        }));
+        for (what, cmd) in steps {
+            self.admin(cmd)
+                .await
+                .map_err(|e| format!("sharding {ns}: {what}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Switches every member's (every shard's, when sharded) server model on or off, keeping
+    /// its settings.
     pub(crate) async fn set_model_enabled(&self, enabled: bool) -> Result<(), String> {
-        self.admin(
-            doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": enabled } } },
-        )
-        .await
-        .map(|_| ())
+        let mut cmd = doc! { "setParameter": 1 };
+        cmd.insert(
+            self.models_parameter(),
+            doc! { "all": { "enabled": enabled } },
+        );
+        self.admin(cmd).await.map(|_| ())
     }
 
     /// `serverStatus.labOverload`, flattened; `None` when the server has no model section.
@@ -237,7 +334,8 @@ impl Control {
     }
 
     /// Switches every member's model off (which resets its figures), then sets `model` on
-    /// every member and each `(index, settings)` of `members` over it.
+    /// every member and each `(index, settings)` of `members` over it; when sharded, the same
+    /// on the shards (the routers' models stay off: the shards do the work).
     pub(crate) async fn set_model(
         &self,
         model: &Document,
@@ -247,12 +345,12 @@ impl Control {
         for (i, m) in members {
             all.insert(i.to_string(), m.clone());
         }
-        self.admin(doc! { "setParameter": 1, "labOverloadMembers": { "all": { "enabled": false } } })
+        let parameter = self.models_parameter();
+        let mut set = doc! { "setParameter": 1 };
+        set.insert(parameter, all);
+        self.set_model_enabled(false)
             .await
-            .and(
-                self.admin(doc! { "setParameter": 1, "labOverloadMembers": all })
-                    .await,
-            )
+            .and(self.admin(set).await)
             .map(|_| ())
             .map_err(|e| {
                 let short = e.split(", labels:").next().unwrap_or(&e).to_string();
@@ -281,6 +379,48 @@ impl Control {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sharded_run_models_its_shards_and_only_the_hot_one_is_limited_further() {
+        use super::super::config::ShardLayout;
+        let mut cfg = LabConfig {
+            persona: Persona::Sharded,
+            sharding: ShardLayout {
+                hot_share: Some(0.5),
+                ..ShardLayout::default()
+            },
+            ..LabConfig::default()
+        };
+        let docs = member_documents(&cfg, 1000.0);
+        assert_eq!(docs.len(), 1);
+        assert_eq!(docs[0].0, 1);
+        let rate = docs[0]
+            .1
+            .get_document("limiter")
+            .and_then(|l| l.get_f64("ratePerSec"))
+            .expect("a rate");
+        assert!((rate - 1000.0 * 0.5 * 0.9).abs() < 1e-9, "{rate}");
+        cfg.sharding.hot_share = None;
+        assert!(member_documents(&cfg, 1000.0).is_empty());
+
+        // The shards' figures, not the routers' (whose models are off), make the totals.
+        let part = |field: &str, i: i64, rejected: i64| {
+            doc! { field: i, "counters": { "rejected": rejected }, "gauges": { "inFlight": 1i64 } }
+        };
+        let status = doc! {
+            "labOverload": { "counters": { "rejected": 0i64 } },
+            "labOverloadMembers": [part("member", 0, 0), part("member", 1, 0)],
+            "labOverloadShards": [part("shard", 0, 1), part("shard", 1, 9), part("shard", 2, 0)],
+        };
+        let flat = deployment_status(&status).expect("status");
+        assert_eq!(flat.get("counters.rejected"), Some(&10.0));
+        assert_eq!(flat.get("gauges.inFlight"), Some(&3.0));
+        assert_eq!(flat.get("shard1.counters.rejected"), Some(&9.0));
+        assert!(!flat.contains_key("member1.counters.rejected"));
+        let deltas = counter_deltas(&BTreeMap::new(), &flat);
+        assert_eq!(deltas.get("shard1.rejected"), Some(&9.0));
+        assert_eq!(counter_name("shardx.counters.a"), None);
+    }
 
     #[test]
     fn several_members_add_up_and_keep_their_own_counters() {

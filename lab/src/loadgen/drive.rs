@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use rand::{Rng, SeedableRng};
 
 use super::client::{LabClient, OpSpec};
-use super::config::{OnDeadline, OpMix};
+use super::config::{OnDeadline, OpMix, ShardKeys};
 use super::metrics::{new_hist, rec, AttemptReport, ErrorClass, Recorder};
 use super::schedule::{self, Arrival};
 
@@ -29,6 +29,9 @@ pub struct RequestOpts {
     pub on_deadline: OnDeadline,
     /// Times the application retries an overload error before its deadline.
     pub app_retries: u32,
+    /// Which shards each request touches (persona `sharded`), so that requests touching only
+    /// cold shards are also booked as such (`Recorder::cold_request`); `None`: not sharded.
+    pub shard_keys: Option<ShardKeys>,
 }
 
 impl RequestOpts {
@@ -42,6 +45,7 @@ impl RequestOpts {
             max_time: None,
             on_deadline: OnDeadline::Continue,
             app_retries: 0,
+            shard_keys: None,
         }
     }
 }
@@ -235,6 +239,11 @@ async fn request(
 ) {
     let deadline = opts.deadline;
     let begun = Instant::now();
+    // Decided from the request's keys before it runs: its outcome cannot change which shards
+    // it touches.
+    let cold = opts
+        .shard_keys
+        .is_some_and(|k| k.is_cold(op.kind, op.key, op.range_len));
     let op = OpSpec {
         give_up_at: SystemTime::now().checked_add(deadline),
         ..op
@@ -262,19 +271,33 @@ async fn request(
                 Ok(r) => {
                     let report = r.unwrap_or_else(failed);
                     recorder.in_time(scheduled, begun.elapsed(), &report);
+                    if cold {
+                        recorder.cold_request(scheduled, report.outcome.is_ok());
+                    }
                 }
                 Err(_) => {
                     recorder.timed_out(scheduled, deadline);
+                    if cold {
+                        recorder.cold_request(scheduled, false);
+                    }
                     let report = call.await.unwrap_or_else(failed);
                     recorder.late(scheduled, &report);
                 }
             }
         }
         OnDeadline::Drop => match tokio::time::timeout(deadline, call).await {
-            Ok(report) => recorder.in_time(scheduled, begun.elapsed(), &report),
+            Ok(report) => {
+                recorder.in_time(scheduled, begun.elapsed(), &report);
+                if cold {
+                    recorder.cold_request(scheduled, report.outcome.is_ok());
+                }
+            }
             Err(_) => {
                 // The driver's future is gone; the call in flight counts its attempts so far.
                 recorder.timed_out(scheduled, deadline);
+                if cold {
+                    recorder.cold_request(scheduled, false);
+                }
                 let in_flight = client.forget(req);
                 recorder.dropped(
                     scheduled,

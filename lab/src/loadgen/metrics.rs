@@ -138,6 +138,11 @@ pub struct Second {
     pub errors: [u64; 6],
     /// Attempts that failed in this second, by class.
     pub attempt_errors: [u64; 6],
+    /// Requests (scheduled in this second) that touch only cold shards (persona `sharded`:
+    /// not the layout's hot shard), booked when the application's wait for them ended.
+    pub cold_offered: u64,
+    /// Those of them that succeeded within their deadline (part of `good`).
+    pub cold_good: u64,
     /// Requests past their deadline that later succeeded.
     pub late_ok: u64,
     /// Requests past their deadline that later failed.
@@ -177,6 +182,8 @@ impl Default for Second {
             good: 0,
             errors: [0; 6],
             attempt_errors: [0; 6],
+            cold_offered: 0,
+            cold_good: 0,
             late_ok: 0,
             late_err: 0,
             reported: 0,
@@ -330,6 +337,16 @@ impl Recorder {
         self.with_at(scheduled, |s| {
             s.errors[ErrorClass::ClientDeadline.idx()] += 1;
             rec(&mut s.latency, deadline);
+        });
+    }
+
+    /// A request scheduled at `scheduled` that touches only cold shards ended, within its
+    /// deadline and `good` or not (called beside [`Recorder::in_time`] or
+    /// [`Recorder::timed_out`], for those requests only).
+    pub fn cold_request(&self, scheduled: Instant, good: bool) {
+        self.with_at(scheduled, |s| {
+            s.cold_offered += 1;
+            s.cold_good += u64::from(good);
         });
     }
 
@@ -488,9 +505,12 @@ mod tests {
             ..ok.clone()
         };
         r.late(t1, &late);
+        r.cold_request(t1, true);
+        r.cold_request(t1, false);
         let s = r.take(3);
         assert_eq!(s.len(), 3);
         assert_eq!(s[1].offered, 2);
+        assert_eq!((s[1].cold_offered, s[1].cold_good), (2, 1));
         assert_eq!(goodput(&s), vec![0, 1, 0]);
         assert_eq!(s[1].error(ErrorClass::ClientDeadline), 1);
         assert_eq!(s[1].late_err, 1);

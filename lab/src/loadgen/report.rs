@@ -199,6 +199,60 @@ fn run_label(r: &VariantRun, repeats: usize) -> String {
     }
 }
 
+/// The cold-shard figures of a sharded run (persona `sharded`): per run, the requests whose
+/// keys touch only the cold shards, and their goodput beside the total.
+fn cold_shards_section(run: &LabRun) -> String {
+    let layout = &run.config.sharding;
+    let cold: Vec<String> = (0..layout.shards)
+        .filter(|i| *i != layout.hot_index)
+        .map(|i| i.to_string())
+        .collect();
+    let rows: Vec<Vec<String>> = run
+        .runs
+        .iter()
+        .filter_map(|r| {
+            let c = r.summary.cold_shards?;
+            Some(vec![
+                run_label(r, run.config.repeats),
+                format!("{:.0}", c.goodput),
+                format!("{:.0}", r.summary.goodput),
+                c.offered.to_string(),
+                c.good.to_string(),
+                if c.offered > 0 {
+                    format!("{:.2} %", 100.0 * c.good as f64 / c.offered as f64)
+                } else {
+                    "n/a".into()
+                },
+                flags(&r.summary),
+            ])
+        })
+        .collect();
+    format!(
+        "## Cold shards\n\nRequests whose keys lie only on shards {} (not shard {}, {}): a \
+         range read crossing into shard {} or a scatter-gather counts as touching it.\n\n{}",
+        cold.join(" and "),
+        layout.hot_index,
+        if layout.hot_share.is_some() {
+            "the hot one"
+        } else {
+            "the one `hot-shard` overloads; here no shard is"
+        },
+        layout.hot_index,
+        md_table(
+            &[
+                "run",
+                "cold-shard goodput/s",
+                "total goodput/s",
+                "cold offered",
+                "cold good",
+                "cold success",
+                "flags",
+            ],
+            &rows,
+        )
+    )
+}
+
 /// `report.md`.
 pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
     let cfg = &run.config;
@@ -288,6 +342,9 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
          orphaned, abandoned (finished after the application's deadline) or failed, and on \
          rejections, ÷ all core time (server model only).\n"
     );
+    if run.runs.iter().any(|r| r.summary.cold_shards.is_some()) {
+        let _ = writeln!(s, "{}", cold_shards_section(run));
+    }
     let _ = writeln!(s, "## Details per run\n");
     let mut det = Vec::new();
     for r in &run.runs {

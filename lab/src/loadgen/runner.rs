@@ -27,7 +27,7 @@ use super::metrics::{Recorder, Second};
 use super::sampler::sampler;
 use super::schedule::{self, Arrival, ScheduleSpec};
 use super::soak::{Drops, Members};
-use super::summary::{summarize, RunSummary};
+use super::summary::{summarize, ColdShards, RunSummary};
 use emulator::{EmulatorConfig, Topology};
 
 /// One run of one variant.
@@ -73,9 +73,18 @@ pub async fn run(cfg: &LabConfig, progress: &ProgressBar) -> Result<LabRun, Stri
             members: cfg.members.max(1),
         },
         Persona::Standalone => Topology::Standalone,
+        Persona::Sharded => Topology::Sharded {
+            routers: cfg.sharding.routers.max(1),
+        },
+    };
+    // Shards matter only to the sharded persona (the emulator ignores them elsewhere).
+    let shards = match cfg.persona {
+        Persona::Sharded => cfg.sharding.shards.max(1),
+        _ => 1,
     };
     let emulator = EmulatorThread::start(EmulatorConfig {
         topology,
+        shards,
         ..EmulatorConfig::default()
     })
     .await?;
@@ -102,7 +111,7 @@ async fn run_against(
     uri: &str,
     progress: &ProgressBar,
 ) -> Result<Runs, String> {
-    let control = Arc::new(Control::connect(uri).await?);
+    let control = Arc::new(Control::connect_for(uri, cfg).await?);
     control.seed(cfg.docs).await?;
     let mut capacity = capacity;
     let mut capacity_note = if cfg.capacity > 0.0 {
@@ -225,6 +234,7 @@ async fn run_against(
             );
             summary.fork_stats = fork_stats;
             summary.steal_pct = steal_pct;
+            summary.cold_shards = cfg.shard_keys().map(|_| ColdShards::of(&seconds, len));
             summary.judge_validity(cfg.saturation_expected);
             runs.push(VariantRun {
                 variant: variant.clone(),
@@ -387,6 +397,7 @@ fn request_opts(cfg: &LabConfig, variant: &Variant) -> RequestOpts {
         max_time: app.max_time.then_some(cfg.deadline),
         on_deadline: app.on_deadline,
         app_retries: cfg.app_retries,
+        shard_keys: cfg.shard_keys(),
     }
 }
 
@@ -581,6 +592,9 @@ async fn run_interleaved(
         );
         summary.fork_stats = fork_stats;
         summary.steal_pct = super::sys::MachineTicks::default().steal_pct_until(&turn.ticks);
+        summary.cold_shards = cfg
+            .shard_keys()
+            .map(|_| ColdShards::of(&seconds, seconds_len));
         summary.judge_validity(cfg.saturation_expected);
         runs.push(VariantRun {
             variant: turn.variant.clone(),

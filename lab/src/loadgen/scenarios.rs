@@ -54,11 +54,20 @@ pub enum ScenarioName {
     /// `sustained`'s load from a fleet of 64 instances (one client each) instead of 4.
     #[value(name = "fleet-sustained")]
     FleetSustained,
+    /// Three routers in front of three shards, the collection in equal `_id` thirds, one
+    /// shard admitting a third of the others' rate: it gets 150 % of its capacity, the others
+    /// 50 %. The figure to protect is the cold shards' goodput.
+    #[value(name = "hot-shard")]
+    HotShard,
+    /// `hot-shard` with no hot shard (every shard at 50 %): the reference of its cold-shard
+    /// goodput.
+    #[value(name = "even-shards")]
+    EvenShards,
 }
 
 impl ScenarioName {
     /// Every scenario.
-    pub const ALL: [ScenarioName; 16] = [
+    pub const ALL: [ScenarioName; 18] = [
         ScenarioName::Burst,
         ScenarioName::Sustained,
         ScenarioName::Transient,
@@ -75,6 +84,8 @@ impl ScenarioName {
         ScenarioName::Faults,
         ScenarioName::FleetBurst,
         ScenarioName::FleetSustained,
+        ScenarioName::HotShard,
+        ScenarioName::EvenShards,
     ];
 
     /// The suite's scenarios, in its order. Left out for the suite's 15 minutes (docs/lab.md,
@@ -115,6 +126,8 @@ impl ScenarioName {
             ScenarioName::Faults => "faults",
             ScenarioName::FleetBurst => "fleet-burst",
             ScenarioName::FleetSustained => "fleet-sustained",
+            ScenarioName::HotShard => "hot-shard",
+            ScenarioName::EvenShards => "even-shards",
         }
     }
 
@@ -194,6 +207,14 @@ pub const HOT_MIX: &str = "point=90,range=10";
 /// `hot-member`'s costs: twice the lab's, so 150 % of the hot member stays near the burst's
 /// request rate.
 pub const HOT_COSTS_MS: (f64, f64) = (4.0, 10.0);
+
+/// Routers of `hot-shard` and `even-shards`.
+pub const SHARD_ROUTERS: usize = 3;
+/// Shards of `hot-shard` and `even-shards`, each owning a third of the keys.
+pub const SHARDS: usize = 3;
+/// The hot shard of `hot-shard` (and the shard `even-shards` leaves out of its cold-shard
+/// figure): the middle third of the keys, so range reads cross into it from both sides.
+pub const HOT_SHARD_INDEX: usize = 1;
 
 /// The scenarios' parameters; [`Default`] holds the documented defaults.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -403,6 +424,43 @@ impl ScenarioName {
                     cfg.capacity = COLD_CORES * 1000.0 / mean_ms;
                 }
             }
+            ScenarioName::HotShard | ScenarioName::EvenShards => {
+                let hot = self == ScenarioName::HotShard;
+                cfg.scenario = Scenario::steady(
+                    self.name(),
+                    if hot { "hot" } else { "even" },
+                    HOT_LOAD,
+                    steady,
+                );
+                cfg.persona = super::config::Persona::Sharded;
+                // The hot shard admits a third of the others' rate with the same cores, for
+                // `hot-member`'s reason (its rejections are as quick as theirs). The reference
+                // names the same shard, so its cold-shard figure counts the same requests.
+                cfg.sharding = super::config::ShardLayout {
+                    routers: SHARD_ROUTERS,
+                    shards: SHARDS,
+                    hot_index: HOT_SHARD_INDEX,
+                    hot_share: hot.then_some(1.0 / 3.0),
+                };
+                // Reads only, as in `hot-member`: inserts would all land on the last shard
+                // (their ObjectId `_id`s sort after every number).
+                if let Ok(mix) = super::config::OpMix::parse(HOT_MIX) {
+                    cfg.mix = mix;
+                }
+                model = serde_json::json!({
+                    "cores": COLD_CORES,
+                    "costs": { "pointReadMs": HOT_COSTS_MS.0, "rangeReadMs": HOT_COSTS_MS.1 },
+                });
+                // Capacity: three shards like the hot one, i.e. one shard's cores at these
+                // costs (nominal: calibration would read through one shard's share only).
+                // Each shard gets a third of the load: 150 % of the hot shard's capacity and
+                // 50 % of a cold one's.
+                if cfg.capacity <= 0.0 {
+                    let mean_ms = cfg.mix.share(super::config::OpKind::PointRead) * HOT_COSTS_MS.0
+                        + cfg.mix.share(super::config::OpKind::RangeRead) * HOT_COSTS_MS.1;
+                    cfg.capacity = COLD_CORES * 1000.0 / mean_ms;
+                }
+            }
             ScenarioName::FastPath => {
                 // Three times the steady length, 10 s in the suite. Its variants take turns in
                 // quarter-second slices (`runner::run_interleaved`), four rounds per second of
@@ -513,7 +571,12 @@ impl ScenarioName {
             // No overload error reaches the driver: its retry setting changes nothing.
             ScenarioName::NoLimiter => &["upstream-default", "upstream-best"],
             ScenarioName::FastPath => &["upstream-default"],
-            ScenarioName::HotMember => &["upstream-best", "upstream-best-retargeting"],
+            ScenarioName::HotMember | ScenarioName::HotShard => {
+                &["upstream-best", "upstream-best-retargeting"]
+            }
+            // The reference of `hot-shard`'s cold-shard check, which compares each fork
+            // variant with itself: upstream's runs here would judge nothing.
+            ScenarioName::EvenShards => &[],
         };
         upstream
             .iter()
@@ -624,6 +687,62 @@ mod tests {
     }
 
     #[test]
+    fn hot_shard_has_one_shard_at_a_third_of_the_others_and_its_reference_none() {
+        use super::super::config::{OpKind, Persona};
+        let p = ScenarioParams::default();
+        let (mut hot, mut even) = (LabConfig::default(), LabConfig::default());
+        ScenarioName::HotShard.apply(&mut hot, Length::Suite, &p);
+        ScenarioName::EvenShards.apply(&mut even, Length::Suite, &p);
+        for cfg in [&hot, &even] {
+            assert_eq!(cfg.persona, Persona::Sharded);
+            assert_eq!((cfg.sharding.routers, cfg.sharding.shards), (3, 3));
+            assert_eq!(cfg.sharding.hot_index, 1);
+            assert_eq!(cfg.sharding.split_points(cfg.docs), vec![333, 666]);
+            assert_eq!(cfg.mix.share(OpKind::PointRead), 0.9);
+            assert_eq!(cfg.mix.share(OpKind::RangeRead), 0.1);
+            // One shard's 3 cores at 0.9 × 4 + 0.1 × 10 = 4.6 ms per read.
+            assert!(
+                (cfg.capacity - 3000.0 / 4.6).abs() < 1e-6,
+                "{}",
+                cfg.capacity
+            );
+            assert_eq!(cfg.scenario.phases.len(), 1);
+            assert_eq!(cfg.scenario.phases[0].load, HOT_LOAD);
+            let m = cfg.model_overrides.as_ref().expect("the model");
+            assert_eq!(m["cores"], 3.0);
+            assert_eq!(m["costs"]["pointReadMs"], 4.0);
+            assert!(cfg.hot_member.is_none());
+        }
+        assert_eq!(hot.sharding.hot_share, Some(1.0 / 3.0));
+        assert_eq!(even.sharding.hot_share, None);
+        // The same load and layout: only the hot shard's limiter differs.
+        assert_eq!(
+            hot.scenario.phases[0].duration,
+            even.scenario.phases[0].duration
+        );
+        assert_eq!(hot.model_overrides, even.model_overrides);
+        let names = |s: ScenarioName| -> Vec<String> {
+            s.default_variants().into_iter().map(|v| v.name).collect()
+        };
+        assert_eq!(
+            names(ScenarioName::HotShard),
+            [
+                "upstream-best",
+                "upstream-best-retargeting",
+                "fork-budget-timeout",
+                "fork-controls"
+            ]
+        );
+        assert_eq!(
+            names(ScenarioName::EvenShards),
+            ["fork-budget-timeout", "fork-controls"]
+        );
+        // Seconds of schedule a suite repetition needs: 5 s × 4 variants, 5 s × 2.
+        assert_eq!(ScenarioName::HotShard.suite_schedule_secs(), 20.0);
+        assert_eq!(ScenarioName::EvenShards.suite_schedule_secs(), 10.0);
+    }
+
+    #[test]
     fn a_fleet_offers_the_same_total_load_from_sixteen_times_the_instances() {
         let p = ScenarioParams::default();
         for (fleet, base) in [
@@ -647,6 +766,15 @@ mod tests {
         use super::super::config::Application;
         for s in ScenarioName::ALL {
             let v = s.default_variants();
+            // `even-shards` is only the reference of `hot-shard`'s cold-shard check, which
+            // compares each fork variant with itself (docs/lab.md, "Which variants each
+            // scenario runs"); the verdict judges nothing else there.
+            if s == ScenarioName::EvenShards {
+                assert!(v.iter().all(|x| !x.is_upstream()), "{v:?}");
+                assert!(v.iter().any(|x| x.name == "fork-budget-timeout"));
+                assert!(v.iter().any(|x| x.name == "fork-controls"));
+                continue;
+            }
             assert!(v.len() >= 3, "{s:?}: {v:?}");
             assert!(v[0].is_upstream(), "{s:?}: upstream runs");
             // The recommended settings and every control are judged everywhere (issue 27).

@@ -691,6 +691,7 @@ async fn run_against(
         max_time: None,
         on_deadline: lab.application(&cfg.variant).on_deadline,
         app_retries: 0,
+        shard_keys: None,
     };
     let mut load = JoinSet::new();
     {

@@ -128,6 +128,8 @@ pub struct RunSummary {
     /// The machine's steal time over the run, percent of all CPU time (`None`: no
     /// `/proc/stat`).
     pub steal_pct: Option<f64>,
+    /// Requests touching only the cold shards (persona `sharded`; `None` otherwise).
+    pub cold_shards: Option<ColdShards>,
     /// Every reason this run does not count ([`RunSummary::invalid_reasons`], set by the
     /// runner once the run's figures are complete; empty: valid).
     pub invalid_why: Vec<String>,
@@ -305,7 +307,38 @@ pub fn summarize(
         saturated: cpu_pct.is_some_and(|c| c >= 90.0),
         fork_stats: None,
         steal_pct: None,
+        cold_shards: None,
         invalid_why: Vec::new(),
+    }
+}
+
+/// The requests of a sharded run that touch only the cold shards (every shard but the
+/// layout's hot one, `config::ShardKeys::is_cold`), over the schedule's seconds as goodput is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ColdShards {
+    /// Such requests offered.
+    pub offered: u64,
+    /// Those that succeeded within their deadline.
+    pub good: u64,
+    /// `good` per second of the schedule: the cold-shard goodput (ops/s).
+    pub goodput: f64,
+}
+
+impl ColdShards {
+    /// Over the first `len` seconds (the schedule's, as [`summarize`] counts goodput).
+    pub fn of(seconds: &[Second], len: usize) -> ColdShards {
+        let sched = &seconds[..len.min(seconds.len())];
+        let good: u64 = sched.iter().map(|s| s.cold_good).sum();
+        ColdShards {
+            offered: sched.iter().map(|s| s.cold_offered).sum(),
+            good,
+            goodput: if len > 0 {
+                good as f64 / len as f64
+            } else {
+                0.0
+            },
+        }
     }
 }
 
@@ -358,6 +391,8 @@ pub struct VariantAggregate {
     pub runs: usize,
     /// Goodput (ops/s).
     pub goodput: Option<Spread>,
+    /// Cold-shard goodput (ops/s; persona `sharded` only).
+    pub cold_goodput: Option<Spread>,
     /// Burst goodput (ops/s).
     pub burst_goodput: Option<Spread>,
     /// Latency p99 (ms).
@@ -395,6 +430,7 @@ pub fn aggregate(runs: &[&RunSummary]) -> Vec<VariantAggregate> {
             VariantAggregate {
                 runs: g.len(),
                 goodput: Spread::of(g.iter().map(|r| Some(r.goodput))),
+                cold_goodput: Spread::of(g.iter().map(|r| r.cold_shards.map(|c| c.goodput))),
                 burst_goodput: Spread::of(g.iter().map(|r| r.burst_goodput)),
                 p99_ms: Spread::of(g.iter().map(|r| r.latency.p99)),
                 attempts_per_request: Spread::of(g.iter().map(|r| r.attempts_per_request)),

@@ -71,6 +71,19 @@ impl Primary {
     }
 }
 
+/// `hot-shard`: the scenario whose cold-shard goodput issue 30 protects.
+pub const HOT_SHARD: &str = "hot-shard";
+
+/// `even-shards`: `hot-shard` without a hot shard, the reference of its cold-shard check.
+pub const HOT_SHARD_REFERENCE: &str = "even-shards";
+
+/// Whether a scenario is only a reference for another's check (`even-shards`): it runs the
+/// fork variants alone, so it has no best upstream, no place in the dominance tables and none
+/// in the check of every scenario.
+pub fn is_reference_scenario(scenario: &str) -> bool {
+    scenario == HOT_SHARD_REFERENCE
+}
+
 /// Whether a scenario is judged on success share: `transient`, the `transient-N` sweep and
 /// `faults`.
 pub fn is_success_scenario(scenario: &str) -> bool {
@@ -118,6 +131,8 @@ pub struct VariantVerdict {
     pub goodput_share: Option<Spread>,
     /// Goodput ÷ capacity during the burst or overload phase.
     pub burst_goodput_share: Option<Spread>,
+    /// Goodput of the requests touching only cold shards (ops/s; sharded scenarios).
+    pub cold_goodput: Option<Spread>,
     /// Requests completed within the deadline per second.
     pub throughput: Option<Spread>,
     /// Commands per request (driver retries and application retries).
@@ -323,6 +338,8 @@ pub struct ScenarioVerdict {
     pub invalid_runs: Vec<InvalidRun>,
     /// The figure that ranks variants.
     pub primary: Primary,
+    /// Whether the variants have a cold-shard goodput (sharded scenarios).
+    pub has_cold_shards: bool,
     /// Per variant.
     pub variants: Vec<VariantVerdict>,
     /// The judged upstream variant with the best primary figure.
@@ -575,6 +592,7 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
                 judged,
                 goodput_share: spread(&runs, |r| share(r.goodput)),
                 burst_goodput_share: spread(&runs, |r| r.burst_goodput.and_then(share)),
+                cold_goodput: spread(&runs, |r| r.cold_shards.map(|c| c.goodput)),
                 throughput: spread(&runs, |r| Some(r.goodput)),
                 attempts_per_request: spread(&runs, |r| r.attempts_per_request),
                 tries_per_request: spread(&runs, |r| r.tries_per_request),
@@ -635,6 +653,7 @@ pub fn scenario_verdict(run: &LabRun) -> ScenarioVerdict {
         valid: invalid_runs.is_empty(),
         invalid_runs,
         primary,
+        has_cold_shards: cfg.shard_keys().is_some(),
         variants,
         best_upstream,
         fork_ratios,
@@ -675,13 +694,17 @@ pub fn dominance(scenarios: &[ScenarioVerdict], fork: &str) -> Dominance {
             upstreams.push(v.name.clone());
         }
     }
+    let judged: Vec<&ScenarioVerdict> = scenarios
+        .iter()
+        .filter(|s| !is_reference_scenario(&s.name))
+        .collect();
     Dominance {
         fork_variant: fork.to_string(),
-        scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
+        scenarios: judged.iter().map(|s| s.name.clone()).collect(),
         rows: upstreams
             .into_iter()
             .map(|u| DominanceRow {
-                ratios: scenarios.iter().map(|s| s.ratio(fork, &u)).collect(),
+                ratios: judged.iter().map(|s| s.ratio(fork, &u)).collect(),
                 upstream: u,
             })
             .collect(),
@@ -700,6 +723,11 @@ pub const SUCCESS_SLACK: f64 = 0.005;
 pub const FAST_PATH_LOW: f64 = 0.97;
 /// Most driver retries per request of a fleet under sustained overload (issue 30).
 pub const FLEET_RETRIES: f64 = 0.10;
+/// Least cold-shard goodput in `hot-shard`, as a share of the same variant's in `even-shards`
+/// (issue 30).
+pub const COLD_SHARD_SHARE: f64 = 0.95;
+/// Least total goodput in `hot-shard`, as a ratio to the best upstream (issue 30).
+pub const HOT_SHARD_RATIO: f64 = 1.0;
 
 fn fmt_ratio(r: Option<f64>) -> String {
     r.map_or_else(|| "not judged".into(), |r| format!("{r:.3} ×"))
@@ -709,9 +737,10 @@ fn fmt_ratio(r: Option<f64>) -> String {
 pub fn checks(scenarios: &[ScenarioVerdict], dominance: &[Dominance]) -> Vec<Check> {
     let mut out = Vec::new();
     for fork in [RECOMMENDED, CONTROLS] {
-        // ≥ 0.98 × the best upstream in every scenario.
+        // ≥ 0.98 × the best upstream in every scenario (a reference has no upstream).
         let parts: Vec<(String, Status)> = scenarios
             .iter()
+            .filter(|s| !is_reference_scenario(&s.name))
             .map(|s| {
                 let r = s.ratio_to_best(fork);
                 (
@@ -849,6 +878,14 @@ pub fn checks(scenarios: &[ScenarioVerdict], dominance: &[Dominance]) -> Vec<Che
             });
         }
     }
+    // A hot shard must not take the cold shards' goodput with it, nor cost total goodput
+    // against upstream (issue 30).
+    if scenarios
+        .iter()
+        .any(|s| s.name == HOT_SHARD || s.name == HOT_SHARD_REFERENCE)
+    {
+        out.extend(hot_shard_checks(scenarios));
+    }
     let flood = scenarios
         .iter()
         .find(|s| s.name == "flood")
@@ -858,6 +895,63 @@ pub fn checks(scenarios: &[ScenarioVerdict], dominance: &[Dominance]) -> Vec<Che
         status: Status::at_least(flood, FLOOD_RATIO),
         detail: fmt_ratio(flood),
     });
+    out
+}
+
+/// Issue 30's checks of `hot-shard`, for the recommended settings and every control: its
+/// cold-shard goodput ≥ [`COLD_SHARD_SHARE`] × the same variant's in `even-shards` (the
+/// scenarios are paired by name; a variant not judged in either is not judged), and its total
+/// goodput ≥ [`HOT_SHARD_RATIO`] × the best upstream's.
+fn hot_shard_checks(scenarios: &[ScenarioVerdict]) -> Vec<Check> {
+    let hot = scenarios.iter().find(|s| s.name == HOT_SHARD);
+    let reference = scenarios.iter().find(|s| s.name == HOT_SHARD_REFERENCE);
+    let mut out = Vec::new();
+    for fork in [RECOMMENDED, CONTROLS] {
+        // Judged variants only: a variant not judged has no figures.
+        let cold = |s: Option<&ScenarioVerdict>| {
+            s.and_then(|s| s.variant(fork))
+                .and_then(|v| v.cold_goodput)
+                .map(|c| c.median)
+        };
+        let (in_hot, in_reference) = (cold(hot), cold(reference));
+        let share = match (in_hot, in_reference) {
+            (Some(h), Some(r)) if r > 0.0 => Some(h / r),
+            _ => None,
+        };
+        let not_judged = |what: Option<f64>, name: &str| {
+            what.map_or_else(
+                || format!("{name} not judged"),
+                |x| format!("{x:.0} ops/s in {name}"),
+            )
+        };
+        out.push(Check {
+            name: format!(
+                "{fork}: cold-shard goodput in {HOT_SHARD} ≥ {COLD_SHARD_SHARE} × its own in \
+                 {HOT_SHARD_REFERENCE}"
+            ),
+            status: Status::at_least(share, COLD_SHARD_SHARE),
+            detail: match share {
+                Some(x) => format!(
+                    "{} vs {}: {x:.3} ×",
+                    not_judged(in_hot, HOT_SHARD),
+                    not_judged(in_reference, HOT_SHARD_REFERENCE)
+                ),
+                None => format!(
+                    "{}; {}",
+                    not_judged(in_hot, HOT_SHARD),
+                    not_judged(in_reference, HOT_SHARD_REFERENCE)
+                ),
+            },
+        });
+        let total = hot.and_then(|s| s.ratio_to_best(fork));
+        out.push(Check {
+            name: format!(
+                "{fork} ≥ {HOT_SHARD_RATIO} × the best upstream in {HOT_SHARD} (total goodput)"
+            ),
+            status: Status::at_least(total, HOT_SHARD_RATIO),
+            detail: fmt_ratio(total),
+        });
+    }
     out
 }
 
@@ -996,11 +1090,21 @@ pub fn markdown(v: &Verdict) -> String {
             sc.repeats,
             sc.wall_secs
         );
+        // Sharded scenarios add the cold shards' goodput after the total's.
+        let cold_head = if sc.has_cold_shards {
+            " cold-shard ops/s |"
+        } else {
+            ""
+        };
         let _ = writeln!(
             s,
-            "| variant | valid runs | goodput ÷ cap | burst ÷ cap | ops/s | attempts/req | tries/req | wasted % | rejecting % | recovery s | success % | ratio to {RATIO_BASE} | p99 ms |"
+            "| variant | valid runs | goodput ÷ cap | burst ÷ cap | ops/s |{cold_head} attempts/req | tries/req | wasted % | rejecting % | recovery s | success % | ratio to {RATIO_BASE} | p99 ms |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            s,
+            "|---|---|---|---|---|{}---|---|---|---|---|---|---|---|",
+            if sc.has_cold_shards { "---|" } else { "" }
+        );
         for x in &sc.variants {
             let mut rec = cell(&x.recovery_secs, 0, 1.0);
             if x.not_recovered > 0 {
@@ -1011,14 +1115,20 @@ pub fn markdown(v: &Verdict) -> String {
             } else {
                 format!("{}/{}: **not judged**", x.valid_runs, x.runs)
             };
+            let cold = if sc.has_cold_shards {
+                format!(" {} |", cell(&x.cold_goodput, 0, 1.0))
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} |{} {} | {} | {} | {} | {} | {} | {} | {} |",
                 x.name,
                 runs,
                 cell(&x.goodput_share, 2, 1.0),
                 cell(&x.burst_goodput_share, 2, 1.0),
                 cell(&x.throughput, 0, 1.0),
+                cold,
                 cell(&x.attempts_per_request, 2, 1.0),
                 cell(&x.tries_per_request, 2, 1.0),
                 cell(&x.wasted_share, 1, 100.0),
@@ -1247,6 +1357,113 @@ mod tests {
             runs: out,
             wall: std::time::Duration::ZERO,
         }
+    }
+
+    /// A sharded run: each `(variant, total goodput, cold-shard goodput, valid)`.
+    fn sharded_run(scenario: &str, runs: &[(&str, f64, f64, bool)]) -> LabRun {
+        let plain: Vec<(&str, f64, bool)> = runs.iter().map(|r| (r.0, r.1, r.3)).collect();
+        let mut run = lab_run(scenario, &plain);
+        run.config.persona = super::super::config::Persona::Sharded;
+        for (r, (_, _, cold, _)) in run.runs.iter_mut().zip(runs) {
+            r.summary.cold_shards = Some(super::super::summary::ColdShards {
+                offered: 0,
+                good: 0,
+                goodput: *cold,
+            });
+        }
+        run
+    }
+
+    #[test]
+    fn hot_shard_is_judged_on_cold_goodput_against_its_reference_and_total_against_upstream() {
+        let status = |v: &Verdict, fork: &str, what: &str| {
+            v.checks
+                .iter()
+                .find(|c| c.name.starts_with(&format!("{fork}:")) && c.name.contains(what))
+                .or_else(|| {
+                    v.checks
+                        .iter()
+                        .find(|c| c.name.starts_with(fork) && c.name.contains(what))
+                })
+                .map(|c| c.status)
+        };
+        let hot = sharded_run(
+            HOT_SHARD,
+            &[
+                ("upstream-best", 100.0, 50.0, true),
+                ("upstream-best", 100.0, 50.0, true),
+                // Met: 96 of 100 cold; total 1.1 × upstream.
+                ("fork-budget-timeout", 110.0, 96.0, true),
+                ("fork-budget-timeout", 110.0, 96.0, true),
+                // Missed: 90 of 100 cold (total 1.0 × upstream: met, at the bound).
+                ("fork-controls", 100.0, 90.0, true),
+                ("fork-controls", 100.0, 90.0, true),
+            ],
+        );
+        let reference = sharded_run(
+            HOT_SHARD_REFERENCE,
+            &[
+                ("fork-budget-timeout", 300.0, 100.0, true),
+                ("fork-budget-timeout", 300.0, 100.0, true),
+                ("fork-controls", 300.0, 100.0, true),
+                ("fork-controls", 300.0, 100.0, true),
+            ],
+        );
+        let v = verdict(&[hot.clone(), reference.clone()], 1.0, None);
+        assert_eq!(status(&v, RECOMMENDED, "cold-shard"), Some(Status::Met));
+        assert_eq!(status(&v, CONTROLS, "cold-shard"), Some(Status::Missed));
+        assert_eq!(
+            status(&v, RECOMMENDED, "(total goodput)"),
+            Some(Status::Met)
+        );
+        assert_eq!(status(&v, CONTROLS, "(total goodput)"), Some(Status::Met));
+        // The reference has no upstream: it is in neither the check of every scenario nor
+        // the dominance tables.
+        assert_eq!(status(&v, RECOMMENDED, "every scenario"), Some(Status::Met));
+        assert!(v
+            .dominance
+            .iter()
+            .all(|d| !d.scenarios.iter().any(|s| s == HOT_SHARD_REFERENCE)));
+        assert!(v.scenarios.iter().all(|s| s.has_cold_shards));
+        assert!(markdown(&v).contains("cold-shard ops/s"));
+
+        // Without the reference, or with its runs invalid, the cold-shard check is not judged.
+        let v = verdict(std::slice::from_ref(&hot), 1.0, None);
+        assert_eq!(
+            status(&v, RECOMMENDED, "cold-shard"),
+            Some(Status::NotJudged)
+        );
+        let mut invalid = reference.clone();
+        for r in &mut invalid.runs {
+            r.summary.invalid_why = vec!["schedule lag".into()];
+        }
+        let v = verdict(&[hot.clone(), invalid], 1.0, None);
+        assert_eq!(
+            status(&v, RECOMMENDED, "cold-shard"),
+            Some(Status::NotJudged)
+        );
+        // A total below the best upstream's misses.
+        let behind = sharded_run(
+            HOT_SHARD,
+            &[
+                ("upstream-best", 100.0, 50.0, true),
+                ("upstream-best", 100.0, 50.0, true),
+                ("fork-budget-timeout", 99.0, 96.0, true),
+                ("fork-budget-timeout", 99.0, 96.0, true),
+            ],
+        );
+        let v = verdict(&[behind, reference], 1.0, None);
+        assert_eq!(
+            status(&v, RECOMMENDED, "(total goodput)"),
+            Some(Status::Missed)
+        );
+        // Suites without either scenario get no such check.
+        let v = verdict(
+            &[lab_run("sustained", &[("upstream-best", 1.0, true)])],
+            1.0,
+            None,
+        );
+        assert!(v.checks.iter().all(|c| !c.name.contains(HOT_SHARD)));
     }
 
     #[test]
