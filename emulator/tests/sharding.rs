@@ -781,6 +781,39 @@ async fn a_scatter_gather_waits_for_its_shards_concurrently() {
 }
 
 #[tokio::test]
+async fn a_scatter_gather_fails_at_the_first_shard_error_without_waiting_for_the_rest() {
+    // shard0 spends 400 ms on a scan; shard1 rejects at once.
+    let slow = ModelConfig {
+        enabled: true,
+        costs: CostConfig {
+            scan_ms: 400.0,
+            ..CostConfig::default()
+        },
+        ..ModelConfig::default()
+    };
+    let emu = cluster(1, 2, BTreeMap::from([(0, slow), (1, always_rejects())])).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    ok(
+        &mut raw,
+        "admin",
+        doc! { "shardCollection": "test.s", "key": { "k": "hashed" } },
+    )
+    .await;
+    quick_retries(&mut raw, 0).await;
+    let started = Instant::now();
+    let r = run(&mut raw, "test", doc! { "find": "s" }).await;
+    let took = started.elapsed();
+    assert_eq!(r.get_i32("code"), Ok(462), "{r}");
+    assert!(took < Duration::from_millis(300), "{took:?}");
+    // shard0's cancelled scan did not complete.
+    assert_eq!(
+        emu.shard_overload(0).unwrap().snapshot().counters.completed,
+        0
+    );
+    emu.shutdown().await;
+}
+
+#[tokio::test]
 async fn one_shard_keeps_todays_models_and_two_move_them_to_the_shards() {
     let on = ModelConfig {
         enabled: true,

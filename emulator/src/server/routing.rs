@@ -218,9 +218,13 @@ fn expired() -> Rejection {
     }
 }
 
-/// Runs the futures concurrently in this task and returns their outputs in order (a small
-/// join-all: no task is spawned, so dropping it cancels them all).
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+/// Runs the futures concurrently in this task until all are done, or until one output meets
+/// `stop`; returns the outputs in order (None for futures stopped unfinished, which are
+/// dropped). No task is spawned, so dropping the join cancels them all.
+async fn join_until<F: Future>(
+    futures: Vec<F>,
+    stop: impl Fn(&F::Output) -> bool,
+) -> Vec<Option<F::Output>> {
     let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {
@@ -228,7 +232,13 @@ async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
         for (future, output) in pending.iter_mut().zip(outputs.iter_mut()) {
             if output.is_none() {
                 match future.as_mut().poll(cx) {
-                    Poll::Ready(o) => *output = Some(o),
+                    Poll::Ready(o) => {
+                        let stopping = stop(&o);
+                        *output = Some(o);
+                        if stopping {
+                            return Poll::Ready(());
+                        }
+                    }
                     Poll::Pending => all_done = false,
                 }
             }
@@ -240,22 +250,42 @@ async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
         }
     })
     .await;
-    outputs.into_iter().flatten().collect()
+    outputs
 }
 
-/// Charges every shard in `targets` concurrently; the outcome per target, in `targets` order.
+/// Whether a shard layer's join waits for every target or stops at the first error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Join {
+    /// Every child request's outcome matters (batch writes: each shard's statements).
+    All,
+    /// The first error decides (a command's reply): mongos's results merger fails the command
+    /// at the first error and cancels the other remotes.
+    UntilError,
+}
+
+/// Charges every shard in `targets` concurrently; the outcome per target, in `targets` order
+/// (None for a child request cancelled after another's error with [`Join::UntilError`]).
 async fn charge(
     sharding: &Sharding,
     targets: &[usize],
     info: &CommandInfo,
     shared: &Shared,
-) -> Vec<Result<(), Rejection>> {
+    join: Join,
+) -> Vec<Option<Result<(), Rejection>>> {
     let sends: Vec<_> = targets
         .iter()
         .filter_map(|t| sharding.shards.get(*t))
         .map(|shard| send_to_shard(shard, info, shared))
         .collect();
-    join_all(sends).await
+    join_until(sends, |outcome| {
+        join == Join::UntilError && outcome.is_err()
+    })
+    .await
+}
+
+/// The first error among `outcomes`.
+fn first_error(outcomes: &[Option<Result<(), Rejection>>]) -> Option<&Rejection> {
+    outcomes.iter().flatten().find_map(|o| o.as_ref().err())
 }
 
 /// A shard's rejection as mongos reports it for a command that is not a batch write: the
@@ -411,8 +441,8 @@ pub(crate) async fn route(
         };
     }
     let targets = command_targets(sharding, name, db, body);
-    let outcomes = charge(sharding, &targets, info, shared).await;
-    match outcomes.iter().find_map(|o| o.as_ref().err()) {
+    let outcomes = charge(sharding, &targets, info, shared, Join::UntilError).await;
+    match first_error(&outcomes) {
         Some(r) => Routed::Failed(command_error(r, retry_knobs(shared).shard_labels)),
         None => Routed::Accepted { targets },
     }
@@ -430,12 +460,13 @@ async fn route_unordered(
     let mut targets: Vec<usize> = per_statement.iter().flatten().copied().collect();
     targets.sort_unstable();
     targets.dedup();
-    let outcomes = charge(sharding, &targets, info, shared).await;
+    let outcomes = charge(sharding, &targets, info, shared, Join::All).await;
     let rejection_of = |shard: usize| {
         targets
             .iter()
             .position(|t| *t == shard)
             .and_then(|i| outcomes.get(i))
+            .and_then(|o| o.as_ref())
             .and_then(|o| o.as_ref().err())
     };
     let mut outcome = ShardRejections::default();
@@ -480,13 +511,13 @@ async fn route_ordered(
             .iter()
             .position(|s| s != shards)
             .map_or(per_statement.len(), |len| start + len);
-        let outcomes = charge(sharding, shards, info, shared).await;
-        if let Some(r) = outcomes.iter().find_map(|o| o.as_ref().err()) {
+        let outcomes = charge(sharding, shards, info, shared, Join::All).await;
+        if let Some(r) = first_error(&outcomes) {
             // The shards that accepted this child batch applied all of it.
             let accepting: Vec<usize> = shards
                 .iter()
                 .zip(&outcomes)
-                .filter(|(_, o)| o.is_ok())
+                .filter(|(_, o)| matches!(o, Some(Ok(()))))
                 .map(|(s, _)| *s)
                 .collect();
             let partly_accepted = if accepting.is_empty() {
@@ -541,13 +572,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn join_all_keeps_the_order() {
-        let futures: Vec<_> = (0..5u64)
-            .map(|i| async move {
-                tokio::time::sleep(Duration::from_millis(10 * (5 - i))).await;
-                i
-            })
-            .collect();
-        assert_eq!(join_all(futures).await, vec![0, 1, 2, 3, 4]);
+    async fn join_keeps_the_order_and_stops_at_the_first_error() {
+        let futures = |fail: Option<u64>| {
+            (0..5u64)
+                .map(move |i| async move {
+                    tokio::time::sleep(Duration::from_millis(10 * (5 - i))).await;
+                    if Some(i) == fail {
+                        Err(i)
+                    } else {
+                        Ok(i)
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+        let all = join_until(futures(None), Result::is_err).await;
+        assert_eq!(all, (0..5).map(|i| Some(Ok(i))).collect::<Vec<_>>());
+        // Future 3 fails after 20 ms: 4 (10 ms) finished, 0 to 2 were still running.
+        let stopped = join_until(futures(Some(3)), Result::is_err).await;
+        assert_eq!(stopped, vec![None, None, None, Some(Err(3)), Some(Ok(4))]);
     }
 }
