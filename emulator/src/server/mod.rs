@@ -148,7 +148,9 @@ pub struct EmulatorConfig {
     /// own (its own cores, tickets, limiter and counters), as each mongod or mongos process has
     /// its own resources. Changeable at run time per member with
     /// `setParameter: {labOverload: {...}}` sent to that member, or for several members with
-    /// `setParameter: {labOverloadMembers: {"<index>" | "all": {...}}}` sent to any.
+    /// `setParameter: {labOverloadMembers: {"<index>" | "all": {...}}}` sent to any. In a
+    /// sharded deployment of two or more shards it is the model of every shard instead, and the
+    /// routers' models are off unless `member_overload` names them (see [`EmulatorConfig::shards`]).
     pub overload: crate::model::ModelConfig,
     /// Per-member models by member index (0 = the first member: the primary of a replica set,
     /// the first router), replacing `overload` for that member. An index beyond the deployment's
