@@ -302,3 +302,53 @@ async fn only_the_hot_member_sheds() {
     assert_eq!(server.get("rejected").copied(), Some(total));
     assert!(s.errors["overload"] > 0, "{s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_hot_shard_sheds_and_cold_shard_requests_are_counted_apart() {
+    // `only_the_hot_member_sheds`'s rates, through three routers to three shards: each shard
+    // gets about 22 ops/s, the hot shard's limiter admits 13.5/s, the others' 40.5/s.
+    let base = LabConfig {
+        model_overrides: Some(serde_json::json!({
+            "costs": { "pointReadMs": 60, "rangeReadMs": 130 }
+        })),
+        ..small(45.0, &["upstream-no-retries"])
+    };
+    let cfg = scenario(
+        ScenarioName::HotShard,
+        base,
+        &ScenarioParams::default(),
+        vec![Phase::new("hot", 1.5, 4.0)],
+    );
+    assert_eq!((cfg.sharding.routers, cfg.sharding.shards), (3, 3));
+    let run = run(&cfg).await;
+    let s = of(&run, "upstream-no-retries");
+    let server = s.server.as_ref().expect("server counters");
+    let shard = |i: usize, k: &str| {
+        server
+            .get(&format!("shard{i}.{k}"))
+            .copied()
+            .unwrap_or_else(|| panic!("shard{i}.{k} missing: {server:?}"))
+    };
+    // Every shard served reads: the collection is split in thirds over them.
+    for i in 0..3 {
+        assert!(shard(i, "admitted") > 10.0, "shard {i}: {server:?}");
+    }
+    assert!(shard(1, "rejected") > 10.0, "{server:?}");
+    assert_eq!(shard(0, "rejected"), 0.0, "{server:?}");
+    assert_eq!(shard(2, "rejected"), 0.0, "{server:?}");
+    // About two thirds of the requests touch only the cold shards, and they succeed.
+    let cold = s
+        .cold_shards
+        .expect("a sharded run counts its cold-shard requests");
+    let share = cold.offered as f64 / s.offered as f64;
+    assert!((0.5..0.8).contains(&share), "{cold:?} of {}", s.offered);
+    assert!(
+        cold.good <= cold.offered && cold.good <= s.good,
+        "{cold:?} {s:?}"
+    );
+    assert!(
+        cold.good as f64 >= 0.9 * cold.offered as f64,
+        "{cold:?} {s:?}"
+    );
+    assert!(s.good < s.offered, "the hot shard's requests fail: {s:?}");
+}
