@@ -13,7 +13,8 @@
 //! ```
 //!
 //! so a server that accepts fewer than `1/K` of the requests sees its traffic cut to about `K`
-//! requests per request it accepts. The arithmetic at the default `K = 2`:
+//! requests per request it accepts. The arithmetic at the SRE book's `K = 2` (the default is
+//! 1.5, [`DEFAULT_K`], which throttles above a third of requests rejected instead of half):
 //!
 //! - nothing is rejected locally while at least half of the recent requests are accepted
 //!   (`requests ≤ 2·accepts` makes the numerator zero); a server rejecting 30 % of requests, or
