@@ -266,6 +266,13 @@ impl Control {
     /// at the layout's split points, chunk `i` moved to shard `i`.
     async fn shard_collection(&self, layout: &ShardLayout, docs: i64) -> Result<(), String> {
         let ns = format!("{DB}.{COLL}");
+        // Fewer documents than shards would split twice at the same key.
+        if docs < layout.shards as i64 {
+            return Err(format!(
+                "persona sharded: {docs} documents cannot fill {} shards",
+                layout.shards
+            ));
+        }
         let splits = layout.split_points(docs);
         let mut steps = vec![
             ("enableSharding", doc! { "enableSharding": DB }),
