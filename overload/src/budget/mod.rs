@@ -25,10 +25,9 @@
 //!
 //! - every operation's first attempt **deposits** `retryBudgetPercent` % of one retry; deposits
 //!   expire after `retryBudgetWindowMS`;
-//! - a **floor** of `retryBudgetMinPerSec` retries per second is available whatever the
+//! - a **floor** of `retryBudgetMinPerSec` retries per second is always available, whatever the
 //!   traffic, held in a reserve of `retryBudgetMinPerSec × window` retries that refills
-//!   continuously; the handle lets it pay only while overload errors are rare
-//!   ([`Acceptance::rarely_rejected`]), so that a fleet's floors do not add up under overload;
+//!   continuously;
 //! - every retry **withdraws** one retry's worth, from unexpired deposits first (oldest first,
 //!   since they expire soonest) and from the reserve only when those are spent; a retry is
 //!   refused when less than one retry's worth is left;
