@@ -30,17 +30,6 @@ const SLOTS: usize = 10;
 /// The least share of recent attempts the servers must have accepted for refunds to be given.
 pub const REFUND_MIN_ACCEPTED_SHARE: f64 = 0.5;
 
-/// The least share of recent attempts the servers must have accepted for the budget's floor
-/// (its reserve) to pay for retries: the floor is for rare errors. Above a tenth rejected, a
-/// client's retries come from the share of its own traffic alone, so a fleet's floors do not
-/// add up to a retry storm against a server that sheds load (`RetryBudgetHandle`).
-pub const FLOOR_MIN_ACCEPTED_SHARE: f64 = 0.9;
-
-/// Rejections in the window that count as rare errors whatever their share: a client that
-/// sent five attempts and met one rejection has seen an error, not a server shedding a fifth
-/// of its load.
-pub const FLOOR_REJECTIONS_TOLERATED: u64 = 2;
-
 /// Attempts sent and overload rejections received over a sliding window, per slot.
 #[derive(Debug)]
 pub struct Acceptance {
@@ -89,36 +78,16 @@ impl Acceptance {
     /// Whether the servers accepted at least [`REFUND_MIN_ACCEPTED_SHARE`] of the attempts of
     /// the window before `now` (true when nothing was sent or rejected).
     pub fn mostly_accepted(&self, now: Instant) -> bool {
-        self.accepted_at_least(REFUND_MIN_ACCEPTED_SHARE, now)
-    }
-
-    /// Whether the servers accepted at least `share` of the attempts of the window before
-    /// `now` (true when nothing was sent or rejected).
-    pub fn accepted_at_least(&self, share: f64, now: Instant) -> bool {
-        let (sent, rejected) = self.totals(now);
+        let (counts, _) = self.counts_at(now);
+        let sum = |slots: &[u64; SLOTS]| slots.iter().fold(0u64, |a, b| a.saturating_add(*b));
+        let (sent, rejected) = (sum(&counts.sent), sum(&counts.rejected));
         // A rejection can be counted in a slot before its attempt's (the attempt was sent just
         // before a slot boundary), so the rejections may exceed the attempts by a few.
         if sent == 0 {
             return rejected == 0;
         }
         let accepted = sent.saturating_sub(rejected) as f64;
-        accepted >= share * sent as f64
-    }
-
-    /// Whether the window before `now` shows only rare overload errors: at most
-    /// [`FLOOR_REJECTIONS_TOLERATED`] rejections, or at least [`FLOOR_MIN_ACCEPTED_SHARE`] of
-    /// the attempts accepted. While it does, the retry budget's floor pays for retries.
-    pub fn rarely_rejected(&self, now: Instant) -> bool {
-        let (_, rejected) = self.totals(now);
-        rejected <= FLOOR_REJECTIONS_TOLERATED
-            || self.accepted_at_least(FLOOR_MIN_ACCEPTED_SHARE, now)
-    }
-
-    /// Attempts sent and rejections over the window before `now`.
-    fn totals(&self, now: Instant) -> (u64, u64) {
-        let (counts, _) = self.counts_at(now);
-        let sum = |slots: &[u64; SLOTS]| slots.iter().fold(0u64, |a, b| a.saturating_add(*b));
-        (sum(&counts.sent), sum(&counts.rejected))
+        accepted >= REFUND_MIN_ACCEPTED_SHARE * sent as f64
     }
 
     /// The counts brought up to `now` (expired slots cleared), and the index of `now`'s slot.
@@ -149,20 +118,6 @@ mod tests {
 
     fn at(start: Instant, millis: u64) -> Instant {
         start + Duration::from_millis(millis)
-    }
-
-    #[test]
-    fn two_rejections_or_under_a_tenth_are_rare() {
-        let start = Instant::now();
-        let a = Acceptance::new(Duration::from_secs(10), start);
-        traffic(&a, start, 5, 2);
-        assert!(a.rarely_rejected(start), "two of five: an error or two, not shedding");
-        traffic(&a, start, 5, 1);
-        assert!(!a.rarely_rejected(start), "three of ten");
-        traffic(&a, start, 20, 0);
-        assert!(a.rarely_rejected(start), "three of thirty: a tenth");
-        traffic(&a, start, 10, 2);
-        assert!(!a.rarely_rejected(start), "five of forty: over a tenth");
     }
 
     /// Sends `n` attempts at `now`, of which `rejected` are rejected for overload.

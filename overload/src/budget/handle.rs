@@ -65,19 +65,6 @@ impl Shared {
             .as_ref()
             .is_some_and(|acceptance| !acceptance.mostly_accepted(now))
     }
-
-    /// Whether the budget's floor may pay for a retry: only while the client's recent
-    /// overload errors are rare ([`Acceptance::rarely_rejected`]: at most two, or under a tenth
-    /// of its attempts). The floor exists for clients whose traffic earns too little for their
-    /// rare errors; it is a constant per client, so under overload a fleet's floors would add
-    /// up with the fleet (64 instances with a floor of one retry a second each send 64 retries
-    /// a second whatever the server sheds, and each starts with a reserve of ten). Past that,
-    /// retries come from the share of the client's own traffic alone.
-    fn floor_open(&self, now: Instant) -> bool {
-        self.acceptance
-            .as_ref()
-            .is_none_or(|acceptance| acceptance.rarely_rejected(now))
-    }
 }
 
 impl fmt::Debug for RetryBudgetHandle {
@@ -139,12 +126,7 @@ impl RetryBudgetHandle {
     /// For the driver: asks for one retry of `operation` (a command name, for the log) at
     /// `now`, counts the decision, and logs it.
     pub fn withdraw_at(&self, origin: RetryOrigin, operation: Option<&str>, now: Instant) -> bool {
-        let admitted = !self.inner.shedding(now)
-            && if self.inner.floor_open(now) {
-                self.inner.budget.withdraw(now)
-            } else {
-                self.inner.budget.withdraw_earned(now)
-            };
+        let admitted = !self.inner.shedding(now) && self.inner.budget.withdraw(now);
         self.inner.stats.record_budget_decision(origin, admitted);
         let logging = budget_decisions_enabled();
         if logging || cfg!(feature = "metrics") {
@@ -167,11 +149,7 @@ impl RetryBudgetHandle {
         operation: Option<&str>,
         now: Instant,
     ) -> bool {
-        let level = if self.inner.floor_open(now) {
-            self.inner.budget.level(now)
-        } else {
-            self.inner.budget.earned_level(now)
-        };
+        let level = self.inner.budget.level(now);
         let admitted = level >= 1.0 && !self.inner.shedding(now);
         if !admitted {
             self.inner.stats.record_budget_decision(origin, false);
@@ -360,56 +338,6 @@ mod tests {
         assert_eq!(handle.level_at(start), 9.0, "100 first attempts at 9 %");
         assert!(handle.withdraw_at(RetryOrigin::Driver, None, start));
         assert_eq!(budget.level(start), 8.0);
-    }
-
-    #[test]
-    fn the_floor_pays_only_while_the_servers_reject_under_a_tenth() {
-        let start = Instant::now();
-        // The defaults: 9 % of first attempts, a reserve of 10 retries that starts full.
-        let budget = RetryBudget::starting_at(RetryBudgetConfig::default(), start).unwrap();
-        let acceptance = Arc::new(Acceptance::new(Duration::from_secs(10), start));
-        let stats = Arc::new(OverloadStatsRecorder::new());
-        let handle = RetryBudgetHandle::refusing_while_shed(
-            budget,
-            stats,
-            Instant::now,
-            Arc::clone(&acceptance),
-        );
-        let origin = RetryOrigin::Driver;
-        // 20 attempts, 1 rejected: 95 % accepted, the reserve pays.
-        for i in 0..20 {
-            acceptance.sent(start);
-            if i == 0 {
-                acceptance.rejected(start);
-            }
-        }
-        assert!(handle.has_credit_at(origin, None, start));
-        assert!(handle.withdraw_at(origin, None, start));
-        // 20 more, 4 rejected: 5 of 40 (more than two), 87.5 % accepted: not shedding (over
-        // half), but the floor is closed and nothing was earned.
-        for i in 0..20 {
-            acceptance.sent(start);
-            if i < 4 {
-                acceptance.rejected(start);
-            }
-        }
-        assert!(!handle.has_credit_at(origin, None, start));
-        assert!(!handle.withdraw_at(origin, None, start));
-        // First attempts earn their share, which pays as before.
-        for _ in 0..12 {
-            handle.deposit_at(start);
-        }
-        assert!(handle.has_credit_at(origin, None, start));
-        assert!(handle.withdraw_at(origin, None, start));
-        assert!(
-            !handle.withdraw_at(origin, None, start),
-            "0.08 of a retry left"
-        );
-        assert_eq!(
-            handle.level_at(start),
-            9.08,
-            "the reserve kept its 9 retries"
-        );
     }
 
     #[test]

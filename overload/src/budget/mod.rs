@@ -118,9 +118,7 @@ mod ratio;
 
 use std::time::Instant;
 
-pub use acceptance::{
-    Acceptance, FLOOR_MIN_ACCEPTED_SHARE, FLOOR_REJECTIONS_TOLERATED, REFUND_MIN_ACCEPTED_SHARE,
-};
+pub use acceptance::{Acceptance, REFUND_MIN_ACCEPTED_SHARE};
 pub use handle::{budget_decisions_enabled, RetryBudgetHandle, RetryOrigin};
 pub use ratio::{
     InvalidBudgetConfig, RetryBudget, RetryBudgetConfig, DEFAULT_MIN_RETRIES_PER_SEC,
@@ -149,18 +147,6 @@ pub trait Budget {
     /// How many retries the budget would admit at `now` if asked in a row, with no deposits in
     /// between (fractional: `0.4` means the next withdrawal is refused). For gauges and logs.
     fn level(&self, now: Instant) -> f64;
-
-    /// As [`Self::withdraw`], paying only from what the client's own traffic earned (deposits
-    /// and refunds), never from a floor that does not scale with that traffic. A budget without
-    /// such a floor withdraws as usual.
-    fn withdraw_earned(&self, now: Instant) -> bool {
-        self.withdraw(now)
-    }
-
-    /// As [`Self::level`], counting only what [`Self::withdraw_earned`] may spend.
-    fn earned_level(&self, now: Instant) -> f64 {
-        self.level(now)
-    }
 }
 
 impl<B: Budget + ?Sized> Budget for std::sync::Arc<B> {
@@ -178,14 +164,6 @@ impl<B: Budget + ?Sized> Budget for std::sync::Arc<B> {
 
     fn level(&self, now: Instant) -> f64 {
         (**self).level(now)
-    }
-
-    fn withdraw_earned(&self, now: Instant) -> bool {
-        (**self).withdraw_earned(now)
-    }
-
-    fn earned_level(&self, now: Instant) -> f64 {
-        (**self).earned_level(now)
     }
 }
 

@@ -281,28 +281,22 @@ impl RetryBudget {
 
 impl Ledger {
     fn available(&self) -> u64 {
-        self.earned().saturating_add(self.reserve)
-    }
-
-    /// Unexpired deposits and refunds, without the reserve.
-    fn earned(&self) -> u64 {
         self.credits
             .iter()
-            .fold(0, |sum, credit| sum.saturating_add(*credit))
+            .fold(self.reserve, |sum, credit| sum.saturating_add(*credit))
     }
 }
 
-impl RetryBudget {
-    /// Charges one retry, from the deposits (oldest first) and then, if `from_reserve`, from
-    /// the reserve; refuses, charging nothing, when those cannot cover it.
-    fn charge(&self, now: Instant, from_reserve: bool) -> bool {
+impl Budget for RetryBudget {
+    fn deposit(&self, now: Instant) {
         let mut ledger = self.ledger_at(now);
-        let covered = if from_reserve {
-            ledger.available()
-        } else {
-            ledger.earned()
-        };
-        if covered < RETRY_COST {
+        let index = (ledger.newest % SLOTS as u64) as usize;
+        ledger.credits[index] = ledger.credits[index].saturating_add(self.deposit_units);
+    }
+
+    fn withdraw(&self, now: Instant) -> bool {
+        let mut ledger = self.ledger_at(now);
+        if ledger.available() < RETRY_COST {
             return false;
         }
         let mut owed = RETRY_COST;
@@ -315,26 +309,9 @@ impl RetryBudget {
             ledger.credits[index] -= taken;
             owed -= taken;
         }
-        // `covered >= RETRY_COST` guarantees the reserve covers what the slots did not (and
-        // without the reserve the slots covered it all: `owed` is 0).
+        // `available() >= RETRY_COST` guarantees the reserve covers what the slots did not.
         ledger.reserve -= owed;
         true
-    }
-}
-
-impl Budget for RetryBudget {
-    fn deposit(&self, now: Instant) {
-        let mut ledger = self.ledger_at(now);
-        let index = (ledger.newest % SLOTS as u64) as usize;
-        ledger.credits[index] = ledger.credits[index].saturating_add(self.deposit_units);
-    }
-
-    fn withdraw(&self, now: Instant) -> bool {
-        self.charge(now, true)
-    }
-
-    fn withdraw_earned(&self, now: Instant) -> bool {
-        self.charge(now, false)
     }
 
     fn refund(&self, retries: u32, now: Instant) {
@@ -348,10 +325,6 @@ impl Budget for RetryBudget {
 
     fn level(&self, now: Instant) -> f64 {
         self.ledger_at(now).available() as f64 / RETRY_COST as f64
-    }
-
-    fn earned_level(&self, now: Instant) -> f64 {
-        self.ledger_at(now).earned() as f64 / RETRY_COST as f64
     }
 }
 
@@ -524,26 +497,6 @@ mod tests {
         b.deposit(start);
         assert!(b.withdraw(start));
         assert_eq!(b.level(start), 10.0, "the reserve is untouched");
-    }
-
-    #[test]
-    fn an_earned_withdrawal_never_touches_the_reserve() {
-        let (b, start) = budget(10.0, 1, 10);
-        assert_eq!(b.earned_level(start), 0.0);
-        assert!(!b.withdraw_earned(start), "a full reserve, nothing earned");
-        assert_eq!(b.level(start), 10.0, "a refusal charges nothing");
-        for _ in 0..25 {
-            b.deposit(start);
-        }
-        assert_eq!(b.earned_level(start), 2.5);
-        assert!(b.withdraw_earned(start));
-        assert!(b.withdraw_earned(start));
-        assert!(!b.withdraw_earned(start), "half a retry left");
-        assert_eq!(b.level(start), 10.5, "the reserve is untouched");
-        assert!(
-            b.withdraw(start),
-            "the ordinary withdrawal may still use it"
-        );
     }
 
     #[test]
