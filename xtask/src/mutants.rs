@@ -138,13 +138,13 @@ pub const MUTANTS: &[Mutant] = &[
         name: "pinned-get-more-not-retried",
         defect: "the second half of B1 is back: in load-balanced mode the client bulkWrite results \
                  getMore on its pinned connection is not retried on overload",
-        // Later patches touch the module list this patch extends, so the fix is undone at its
-        // call site rather than by dropping the patch.
+        // Later patches touch the module list this patch extends, so the fix is undone inside
+        // the pinned retry loop: no command is allowed to run again on its pinned connection.
         drop_patches: &[],
         edits: &[Edit {
-            path: "driver/src/operation/bulk_write.rs",
-            find: ".execute_operation_on_connection_with_overload_retry(",
-            replace: ".execute_operation_on_connection(",
+            path: "driver/src/fork/pinned_retry.rs",
+            find: "let allowed = op.is_backpressure_retryable(self.options());",
+            replace: "let allowed = false && op.is_backpressure_retryable(self.options());",
         }],
     },
     Mutant {
