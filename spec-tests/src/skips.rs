@@ -67,13 +67,8 @@ pub const UNSUPPORTED_ENTITIES: &[(&str, &str)] = &[(
 )];
 
 /// Client `uriOptions` the Rust driver has no setting for.
-pub const UNSUPPORTED_CLIENT_URI_OPTIONS: &[(&str, &str)] = &[
-    ("socketTimeoutMS", "the Rust driver has no socketTimeoutMS"),
-    (
-        "waitQueueTimeoutMS",
-        "the Rust driver has no waitQueueTimeoutMS",
-    ),
-];
+pub const UNSUPPORTED_CLIENT_URI_OPTIONS: &[(&str, &str)] =
+    &[("socketTimeoutMS", "the Rust driver has no socketTimeoutMS")];
 
 /// Client entity fields the runner does not implement.
 pub const UNSUPPORTED_CLIENT_FIELDS: &[(&str, &str)] = &[

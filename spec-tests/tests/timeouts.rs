@@ -474,6 +474,60 @@ async fn ordinary_retries_go_on_while_time_remains() {
         sent.named("find").len()
     );
     assert!(elapsed < ms(1_000), "{elapsed:?}");
+    // Its cause is a failed attempt's error: the last retryable one (7), or the server's
+    // MaxTimeMSExpired when the emulator's maxTimeMS cut the last attempt's block first.
+    let code = cause(&error).and_then(server_code);
+    assert!(matches!(code, Some(7 | 50)), "{error:?}");
+
+    // A deadline that ends the wait for a retry's reply keeps the error of the attempt before
+    // as its cause: a server that fails the first find with a retryable code (7) and never
+    // answers the second, whatever its maxTimeMS, so only the client's deadline ends it.
+    let fake = fake_server::FakeServer::start().await;
+    let (client, sent) = client_with(&fake.uri, Some(ms(300))).await;
+    let error = client
+        .database("t")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .expect_err("the retry is never answered");
+    assert!(is_timeout(&error), "{error:?}");
+    assert!(
+        error.to_string().contains("while waiting for the reply"),
+        "{error}"
+    );
+    assert_eq!(sent.named("find").len(), 2, "one retry");
+    assert_eq!(cause(&error).and_then(server_code), Some(7), "{error:?}");
+}
+
+#[tokio::test]
+async fn without_a_limit_ordinary_retries_stop_at_the_forks_cap() {
+    // timeoutMS=0 retries an ordinary error as long as time remains, which is forever: the
+    // fork stops after 100 retries (overload::retry::MAX_ORDINARY_RETRIES_WITHOUT_A_LIMIT) and
+    // returns the last error. Retries without a backoff take well under a second here.
+    let server = Server::standalone();
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": "alwaysOn",
+            "data": { "failCommands": ["find"], "errorCode": 7 },
+        },
+    )
+    .await;
+    let (client, sent) = client_with(&server.uri, Some(Duration::ZERO)).await;
+    let error = client
+        .database("t")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .expect_err("never succeeds");
+    fail_command_off(&server.uri).await;
+    assert_eq!(server_code(&error), Some(7), "the last error: {error:?}");
+    assert_eq!(sent.named("find").len(), 101, "the first attempt and 100 retries");
+    assert!(
+        sent.named("find").iter().all(|find| max_time_of(find).is_none()),
+        "no limit, no maxTimeMS"
+    );
 }
 
 #[tokio::test]
@@ -550,6 +604,42 @@ async fn selection_that_gives_up_before_the_deadline_is_the_timeout_error_caused
 }
 
 #[tokio::test]
+async fn a_deadline_that_ends_a_first_selection_keeps_what_selection_found_as_cause() {
+    // The deadline (200 ms) ends selection long before serverSelectionTimeoutMS (5 s) would:
+    // the timeout error's cause is the selection error serverSelectionTimeoutMS would have
+    // given then, describing the topology (before, the timeout error had no cause).
+    let server = Server::replica_set();
+    let unselectable = server.uri_with("readPreference=secondary&serverSelectionTimeoutMS=5000");
+    let unreachable = "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=5000&connectTimeoutMS=100";
+    // A one-member set has no secondary: a known server that does not suit the criteria; what
+    // the topology says of it names the set. Nothing listens on port 1: no server is available.
+    for (uri, described) in [(unselectable.as_str(), "rs0"), (unreachable, "127.0.0.1:1")] {
+        let (client, _) = client_with(uri, Some(ms(200))).await;
+        let started = Instant::now();
+        let error = client
+            .database("t")
+            .collection::<Document>("c")
+            .find_one(doc! {})
+            .await
+            .expect_err("no suitable server");
+        let elapsed = started.elapsed();
+        assert!(is_timeout(&error), "{uri}: {error:?}");
+        assert!(elapsed < ms(2_000), "{uri}: ended by the deadline: {elapsed:?}");
+        assert!(
+            error.to_string().contains("during server selection"),
+            "{uri}: {error}"
+        );
+        let cause = cause(&error).unwrap_or_else(|| panic!("{uri}: no cause: {error:?}"));
+        match cause.kind.as_ref() {
+            ErrorKind::ServerSelection { message, .. } => {
+                assert!(message.contains(described), "{uri}: {message}");
+            }
+            other => panic!("{uri}: the cause is not a selection error: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_deadline_that_ends_a_retry_keeps_the_last_attempts_error_as_cause() {
     let server = Server::standalone();
     // The first attempt loses its connection after 100 ms; the retry needs a new connection,
@@ -585,6 +675,48 @@ async fn a_deadline_that_ends_a_retry_keeps_the_last_attempts_error_as_cause() {
     assert!(is_timeout(&error), "{error:?}");
     let cause = cause(&error).expect("the first attempt's error");
     assert!(matches!(*cause.kind, ErrorKind::Io(_)), "{cause:?}");
+}
+
+#[tokio::test]
+async fn a_deadline_that_ends_a_retrys_selection_keeps_the_last_attempts_error_as_cause() {
+    let server = Server::replica_set();
+    // The first attempt is held 400 ms and then fails with NotWritablePrimary (retryable);
+    // meanwhile the set's only member steps down for a minute, so the retry's selection finds
+    // no primary and the 1.2 s deadline ends it there. The timeout error says why the operation
+    // was retrying: the first attempt's error, not what selection found.
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": { "times": 1 },
+            "data": { "failCommands": ["find"], "errorCode": 10107, "blockConnection": true, "blockTimeMS": 400 },
+        },
+    )
+    .await;
+    let (client, sent) = client_with(&server.uri, Some(ms(1_200))).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let find = tokio::spawn(async move { coll.find_one(doc! {}).await });
+    while sent.named("find").is_empty() {
+        tokio::time::sleep(ms(5)).await;
+    }
+    let admin = Client::with_uri_str(&server.uri).await.expect("client");
+    admin
+        .database("admin")
+        .run_command(doc! { "replSetStepDown": 60, "secondaryCatchUpPeriodSecs": 0, "force": true })
+        .await
+        .expect("the only member steps down");
+    let error = find.await.expect("task").expect_err("no primary for the retry");
+    assert!(is_timeout(&error), "{error:?}");
+    assert!(
+        error.to_string().contains("during server selection"),
+        "the retry's selection was cut: {error}"
+    );
+    assert_eq!(sent.named("find").len(), 1, "the retry was never sent");
+    assert_eq!(
+        cause(&error).and_then(server_code),
+        Some(10107),
+        "the first attempt's error: {error:?}"
+    );
 }
 
 #[tokio::test]
@@ -1031,17 +1163,20 @@ async fn max_time_ms_expired_in_a_client_bulk_write_becomes_the_timeout_error() 
     }
 }
 
-/// A server that speaks just enough of the wire protocol (OP_MSG) for client `bulk_write`
-/// replies the emulator cannot give: it answers the handshake as a MongoDB 8.0 standalone that
-/// takes one write per batch, fails the first write of every `bulkWrite` with code 50
-/// (MaxTimeMSExpired), and answers anything else with `ok: 1`.
+/// A server that speaks just enough of the wire protocol (OP_MSG) for replies and stalls the
+/// emulator cannot give: it answers the handshake as a MongoDB 8.0 standalone that takes one
+/// write per batch (with no `topologyVersion`, so clients poll it), fails the first write of
+/// every `bulkWrite` with code 50 (MaxTimeMSExpired), fails its first `find` with code 7
+/// (HostNotFound, a retryable read error) and never answers a later one, and answers anything
+/// else with `ok: 1`. [`FakeServer::accepting_one`] accepts a single connection.
 mod fake_server {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+    use std::time::Duration;
 
     use mongodb::bson::{doc, Document};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::{TcpListener, TcpStream};
+    use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
     const OP_MSG: i32 = 2013;
     /// Larger requests are refused (the fake only ever sees small commands).
@@ -1049,27 +1184,73 @@ mod fake_server {
 
     pub struct FakeServer {
         pub uri: String,
+        address: std::net::SocketAddr,
         bulk_writes: Arc<AtomicUsize>,
+        accepted: Arc<AtomicUsize>,
         accept: tokio::task::JoinHandle<()>,
+    }
+
+    /// What every connection of one fake shares.
+    #[derive(Clone, Default)]
+    struct Counters {
+        bulk_writes: Arc<AtomicUsize>,
+        finds: Arc<AtomicUsize>,
     }
 
     impl FakeServer {
         pub async fn start() -> Self {
-            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            Self::listen(1024, None)
+        }
+
+        /// A fake that accepts its first connection (a client's monitor) and no other. Its
+        /// listen backlog is zero, which on Linux queues one connection that nobody accepts:
+        /// once [`Self::fill_accept_queue`] has taken that place, the kernel drops every later
+        /// SYN, so a client's TCP connect can only time out.
+        pub async fn accepting_one() -> Self {
+            Self::listen(0, Some(1))
+        }
+
+        fn listen(backlog: u32, limit: Option<usize>) -> Self {
+            let socket = TcpSocket::new_v4().expect("socket");
+            socket
+                .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+                .expect("bind");
+            let listener: TcpListener = socket.listen(backlog).expect("listen");
             let address = listener.local_addr().expect("address");
-            let bulk_writes = Arc::new(AtomicUsize::new(0));
-            let counter = bulk_writes.clone();
-            // Runs until the server is dropped, which aborts it.
+            let counters = Counters::default();
+            let bulk_writes = counters.bulk_writes.clone();
+            let accepted = Arc::new(AtomicUsize::new(0));
+            let accepted_count = accepted.clone();
+            // Runs until the server is dropped, which aborts it and closes the listener.
             let accept = tokio::spawn(async move {
-                while let Ok((stream, _)) = listener.accept().await {
-                    tokio::spawn(serve(stream, counter.clone()));
+                while limit.is_none_or(|limit| accepted_count.load(Ordering::SeqCst) < limit) {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        return;
+                    };
+                    tokio::spawn(serve(stream, counters.clone()));
+                    accepted_count.fetch_add(1, Ordering::SeqCst);
                 }
+                // Past its limit the listener stays open, so connections queue rather than
+                // being refused.
+                std::future::pending::<()>().await;
             });
             Self {
                 uri: format!("mongodb://{address}/?directConnection=true"),
+                address,
                 bulk_writes,
+                accepted,
                 accept,
             }
+        }
+
+        /// Once the fake has accepted every connection it will, connects once more, taking the
+        /// accept queue's one place; the connection is never accepted and stays queued while
+        /// the returned stream lives.
+        pub async fn fill_accept_queue(&self) -> TcpStream {
+            while self.accepted.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            TcpStream::connect(self.address).await.expect("queued")
         }
 
         /// How many `bulkWrite` commands arrived since the last reset.
@@ -1090,14 +1271,27 @@ mod fake_server {
 
     /// Answers one connection's requests until the client closes it (or sends something this
     /// fake does not read).
-    async fn serve(mut stream: TcpStream, bulk_writes: Arc<AtomicUsize>) {
+    async fn serve(mut stream: TcpStream, counters: Counters) {
         while let Some((request_id, command)) = read_command(&mut stream).await {
             let name = command.keys().next().cloned().unwrap_or_default();
             let reply = match name.as_str() {
                 "hello" | "isMaster" | "ismaster" => hello(),
                 "bulkWrite" => {
-                    bulk_writes.fetch_add(1, Ordering::SeqCst);
+                    counters.bulk_writes.fetch_add(1, Ordering::SeqCst);
                     expired_first_write()
+                }
+                "find" => {
+                    if counters.finds.fetch_add(1, Ordering::SeqCst) > 0 {
+                        // Never answered, whatever its maxTimeMS: only the client's deadline
+                        // can end the wait.
+                        std::future::pending::<()>().await;
+                    }
+                    doc! {
+                        "ok": 0,
+                        "code": 7,
+                        "codeName": "HostNotFound",
+                        "errmsg": "the fake's first find fails",
+                    }
                 }
                 _ => doc! { "ok": 1 },
             };
@@ -1299,6 +1493,39 @@ async fn a_connection_establishment_that_outlasts_the_deadline_is_the_timeout_er
 }
 
 #[tokio::test]
+async fn a_connect_timeout_under_timeout_ms_stays_a_network_error_that_is_retried() {
+    // A server whose monitor connection is up but which accepts no other: a new connection's
+    // TCP connect can only time out (connectTimeoutMS, 100 ms), well before the 1.5 s deadline.
+    let fake = fake_server::FakeServer::accepting_one().await;
+    let uri = format!("{}&connectTimeoutMS=100", fake.uri);
+    let (client, failures) = client_recording_checkout_failures(&uri).await;
+    let _queued = fake.fill_accept_queue().await;
+    let started = Instant::now();
+    let error = client
+        .database("t")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .timeout(ms(1_500))
+        .await
+        .expect_err("no connection can be made");
+    let elapsed = started.elapsed();
+    // Each connect timeout is a network error that the retryable read retries (while time
+    // remains, under timeoutMS) rather than a timeout error that would end it at once.
+    let connect_failures = failures
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|reason| reason.as_str() == "ConnectionError")
+        .count();
+    assert!(connect_failures >= 2, "retried: {:?}", failures.lock().unwrap());
+    // The deadline ends it, caused by the last connect timeout, a network error.
+    assert!(is_timeout(&error), "{error:?}");
+    assert!(elapsed < ms(2_500), "{elapsed:?}");
+    let cause = cause(&error).expect("the last attempt's error");
+    assert!(matches!(*cause.kind, ErrorKind::Io(_)), "{cause:?}");
+}
+
+#[tokio::test]
 async fn a_client_bulk_write_results_get_more_runs_under_the_calls_deadline() {
     let server = Server::standalone();
     let setup = Client::with_uri_str(&server.uri).await.expect("client");
@@ -1338,6 +1565,102 @@ async fn a_client_bulk_write_results_get_more_runs_under_the_calls_deadline() {
     }
     setup
         .database("admin")
+        .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 0 })
+        .await
+        .expect("setParameter");
+}
+
+#[tokio::test]
+async fn a_client_bulk_write_results_kill_cursors_gets_the_calls_timeout_afresh() {
+    let server = Server::standalone();
+    let setup = Client::with_uri_str(&server.uri).await.expect("client");
+    let admin = setup.database("admin");
+    admin
+        .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 1 })
+        .await
+        .expect("setParameter");
+    // A results getMore that fails (not by the deadline) leaves the cursor open on the server,
+    // so the driver kills it: on the batch's connection in load-balanced mode, where the call
+    // waits for it, else from the cursor's drop. Either way the killCursors gets the call's
+    // timeoutMS (600 ms) afresh, not what the getMore left of it.
+    for uri in [server.uri.clone(), server.load_balanced_uri()] {
+        let load_balanced = uri.contains("loadBalanced=true");
+        // The getMore is held 400 ms, then fails (2, BadValue); the killCursors is held 400 ms.
+        fail_point(
+            &server.uri,
+            doc! {
+                "configureFailPoint": "failCommand",
+                "mode": { "times": 2 },
+                "data": { "failCommands": ["getMore", "killCursors"], "blockConnection": true, "blockTimeMS": 400 },
+            },
+        )
+        .await;
+        admin
+            .run_command(doc! {
+                "configureFailPoint": "failGetMoreAfterCursorCheckout",
+                "mode": { "times": 1 },
+                "data": { "errorCode": 2 },
+            })
+            .await
+            .expect("configureFailPoint");
+        let (client, sent) = client_with(&uri, Some(ms(600))).await;
+        let coll = client.database("t").collection::<Document>("kill");
+        let models: Vec<InsertOneModel> = (0..3).map(|_| insert_model(&coll)).collect();
+        let started = Instant::now();
+        let error = client
+            .bulk_write(models)
+            .verbose_results()
+            .await
+            .expect_err("the getMore fails");
+        let elapsed = started.elapsed();
+        assert!(!is_timeout(&error), "{uri}: the getMore's own error: {error:?}");
+        let waited = Instant::now();
+        while sent.named("killCursors").is_empty() && waited.elapsed() < ms(2_000) {
+            tokio::time::sleep(ms(10)).await;
+        }
+        let max_time = sent.last_max_time("killCursors");
+        assert!(
+            max_time.is_some_and(|max_time| max_time > 400 && max_time <= 600),
+            "{uri}: killCursors with maxTimeMS {max_time:?}, not the ~200 ms the getMore left"
+        );
+        if load_balanced {
+            // The held killCursors took the call past its first deadline: it had its own.
+            assert!(elapsed >= ms(750) && elapsed < ms(1_500), "{uri}: {elapsed:?}");
+        }
+        fail_command_off(&server.uri).await;
+    }
+
+    // A killCursors held longer than the call's timeoutMS ends within it (load-balanced mode,
+    // where the call waits for it): the getMore fails at once, the killCursors is held 1.5 s
+    // and ends at about 600 ms, on its maxTimeMS or its deadline, whichever fires first.
+    // Without a bound it would be sent without maxTimeMS and waited for the whole 1.5 s.
+    block_commands(&server.uri, "killCursors", 1, 1_500).await;
+    admin
+        .run_command(doc! {
+            "configureFailPoint": "failGetMoreAfterCursorCheckout",
+            "mode": { "times": 1 },
+            "data": { "errorCode": 2 },
+        })
+        .await
+        .expect("configureFailPoint");
+    let (client, sent) = client_with(&server.load_balanced_uri(), Some(ms(600))).await;
+    let coll = client.database("t").collection::<Document>("kill");
+    let models: Vec<InsertOneModel> = (0..3).map(|_| insert_model(&coll)).collect();
+    let started = Instant::now();
+    let error = client
+        .bulk_write(models)
+        .verbose_results()
+        .await
+        .expect_err("the getMore fails");
+    let elapsed = started.elapsed();
+    fail_command_off(&server.uri).await;
+    assert!(!is_timeout(&error), "the getMore's own error: {error:?}");
+    assert!(!sent.named("killCursors").is_empty(), "a killCursors was sent");
+    assert!(
+        elapsed >= ms(500) && elapsed < ms(1_200),
+        "the held killCursors was cut at its 600 ms: {elapsed:?}"
+    );
+    admin
         .run_command(doc! { "setParameter": 1, "labBulkWriteBatchSize": 0 })
         .await
         .expect("setParameter");
