@@ -523,9 +523,15 @@ async fn without_a_limit_ordinary_retries_stop_at_the_forks_cap() {
         .expect_err("never succeeds");
     fail_command_off(&server.uri).await;
     assert_eq!(server_code(&error), Some(7), "the last error: {error:?}");
-    assert_eq!(sent.named("find").len(), 101, "the first attempt and 100 retries");
+    assert_eq!(
+        sent.named("find").len(),
+        101,
+        "the first attempt and 100 retries"
+    );
     assert!(
-        sent.named("find").iter().all(|find| max_time_of(find).is_none()),
+        sent.named("find")
+            .iter()
+            .all(|find| max_time_of(find).is_none()),
         "no limit, no maxTimeMS"
     );
 }
@@ -624,7 +630,10 @@ async fn a_deadline_that_ends_a_first_selection_keeps_what_selection_found_as_ca
             .expect_err("no suitable server");
         let elapsed = started.elapsed();
         assert!(is_timeout(&error), "{uri}: {error:?}");
-        assert!(elapsed < ms(2_000), "{uri}: ended by the deadline: {elapsed:?}");
+        assert!(
+            elapsed < ms(2_000),
+            "{uri}: ended by the deadline: {elapsed:?}"
+        );
         assert!(
             error.to_string().contains("during server selection"),
             "{uri}: {error}"
@@ -705,7 +714,10 @@ async fn a_deadline_that_ends_a_retrys_selection_keeps_the_last_attempts_error_a
         .run_command(doc! { "replSetStepDown": 60, "secondaryCatchUpPeriodSecs": 0, "force": true })
         .await
         .expect("the only member steps down");
-    let error = find.await.expect("task").expect_err("no primary for the retry");
+    let error = find
+        .await
+        .expect("task")
+        .expect_err("no primary for the retry");
     assert!(is_timeout(&error), "{error:?}");
     assert!(
         error.to_string().contains("during server selection"),
@@ -1517,7 +1529,11 @@ async fn a_connect_timeout_under_timeout_ms_stays_a_network_error_that_is_retrie
         .iter()
         .filter(|reason| reason.as_str() == "ConnectionError")
         .count();
-    assert!(connect_failures >= 2, "retried: {:?}", failures.lock().unwrap());
+    assert!(
+        connect_failures >= 2,
+        "retried: {:?}",
+        failures.lock().unwrap()
+    );
     // The deadline ends it, caused by the last connect timeout, a network error.
     assert!(is_timeout(&error), "{error:?}");
     assert!(elapsed < ms(2_500), "{elapsed:?}");
@@ -1613,7 +1629,10 @@ async fn a_client_bulk_write_results_kill_cursors_gets_the_calls_timeout_afresh(
             .await
             .expect_err("the getMore fails");
         let elapsed = started.elapsed();
-        assert!(!is_timeout(&error), "{uri}: the getMore's own error: {error:?}");
+        assert!(
+            !is_timeout(&error),
+            "{uri}: the getMore's own error: {error:?}"
+        );
         let waited = Instant::now();
         while sent.named("killCursors").is_empty() && waited.elapsed() < ms(2_000) {
             tokio::time::sleep(ms(10)).await;
@@ -1625,7 +1644,10 @@ async fn a_client_bulk_write_results_kill_cursors_gets_the_calls_timeout_afresh(
         );
         if load_balanced {
             // The held killCursors took the call past its first deadline: it had its own.
-            assert!(elapsed >= ms(750) && elapsed < ms(1_500), "{uri}: {elapsed:?}");
+            assert!(
+                elapsed >= ms(750) && elapsed < ms(1_500),
+                "{uri}: {elapsed:?}"
+            );
         }
         fail_command_off(&server.uri).await;
     }
@@ -1655,7 +1677,10 @@ async fn a_client_bulk_write_results_kill_cursors_gets_the_calls_timeout_afresh(
     let elapsed = started.elapsed();
     fail_command_off(&server.uri).await;
     assert!(!is_timeout(&error), "the getMore's own error: {error:?}");
-    assert!(!sent.named("killCursors").is_empty(), "a killCursors was sent");
+    assert!(
+        !sent.named("killCursors").is_empty(),
+        "a killCursors was sent"
+    );
     assert!(
         elapsed >= ms(500) && elapsed < ms(1_200),
         "the held killCursors was cut at its 600 ms: {elapsed:?}"
