@@ -666,9 +666,7 @@ async fn a_deadline_that_ends_a_retry_keeps_the_last_attempts_error_as_cause() {
     let (client, sent) = client_with(&server.uri, Some(ms(400))).await;
     let coll = client.database("t").collection::<Document>("c");
     let find = tokio::spawn(async move { coll.find_one(doc! {}).await });
-    while sent.named("find").is_empty() {
-        tokio::time::sleep(ms(5)).await;
-    }
+    sent.wait_for("find").await;
     tokio::time::sleep(ms(30)).await;
     fail_point(
         &server.uri,
@@ -705,9 +703,7 @@ async fn a_deadline_that_ends_a_retrys_selection_keeps_the_last_attempts_error_a
     let (client, sent) = client_with(&server.uri, Some(ms(1_200))).await;
     let coll = client.database("t").collection::<Document>("c");
     let find = tokio::spawn(async move { coll.find_one(doc! {}).await });
-    while sent.named("find").is_empty() {
-        tokio::time::sleep(ms(5)).await;
-    }
+    sent.wait_for("find").await;
     let admin = Client::with_uri_str(&server.uri).await.expect("client");
     admin
         .database("admin")

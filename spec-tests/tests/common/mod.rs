@@ -125,6 +125,19 @@ impl Started {
             .cloned()
             .collect()
     }
+
+    /// Waits until a command called `name` has started; panics after 5 s, so that a test whose
+    /// command never goes out fails instead of hanging.
+    pub async fn wait_for(&self, name: &str) {
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while self.named(name).is_empty() {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "no {name} started within 5 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
 }
 
 /// Counts the `find` commands a client starts: one per attempt sent.
