@@ -14,6 +14,9 @@ pub const MAX_POOL_SIZE: u32 = 100;
 /// a concurrency slot.
 pub const SLOT_WAIT: Duration = Duration::from_secs(30);
 
+/// The recommended settings' `adaptiveThrottleK` (the lab's `fork-recommended`).
+pub const RECOMMENDED_K: f64 = 2.0;
+
 /// What the application does when its deadline passes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnDeadline {
@@ -68,16 +71,20 @@ pub enum Variant {
     ForkBudget,
     /// The fork with `timeoutMS={deadline}` only: the recommended settings without the budget.
     ForkTimeout,
-    /// The fork's recommended settings: `retryBudget=true&timeoutMS={deadline}`.
-    #[value(alias = "recommended")]
+    /// The budget and `timeoutMS`: `retryBudget=true&timeoutMS={deadline}` (the recommended
+    /// settings until 2026-12-04).
     ForkBudgetTimeout,
+    /// The fork's recommended settings: `fork-budget-timeout` and the adaptive throttle at
+    /// `K = 2` (`adaptiveThrottle=true&adaptiveThrottleK=2`).
+    #[value(alias = "recommended")]
+    ForkRecommended,
     /// Every control: budget, `timeoutMS`, adaptive throttle, adaptive concurrency.
     ForkControls,
 }
 
 impl Variant {
     /// Every variant, in the report's order.
-    pub const ALL: [Variant; 9] = [
+    pub const ALL: [Variant; 10] = [
         Variant::UpstreamDefault,
         Variant::UpstreamNoRetries,
         Variant::UpstreamMaxtime,
@@ -86,6 +93,7 @@ impl Variant {
         Variant::ForkBudget,
         Variant::ForkTimeout,
         Variant::ForkBudgetTimeout,
+        Variant::ForkRecommended,
         Variant::ForkControls,
     ];
 
@@ -100,6 +108,7 @@ impl Variant {
             Variant::ForkBudget => "fork-budget",
             Variant::ForkTimeout => "fork-timeout",
             Variant::ForkBudgetTimeout => "fork-budget-timeout",
+            Variant::ForkRecommended => "fork-recommended",
             Variant::ForkControls => "fork-controls",
         }
     }
@@ -112,6 +121,7 @@ impl Variant {
             Variant::ForkBudget
                 | Variant::ForkTimeout
                 | Variant::ForkBudgetTimeout
+                | Variant::ForkRecommended
                 | Variant::ForkControls
         )
     }
@@ -125,9 +135,10 @@ impl Variant {
             Variant::UpstreamMaxtime | Variant::UpstreamBest | Variant::UpstreamBestNoRetries => {
                 MaxTime::AppOnReads
             }
-            Variant::ForkTimeout | Variant::ForkBudgetTimeout | Variant::ForkControls => {
-                MaxTime::Driver
-            }
+            Variant::ForkTimeout
+            | Variant::ForkBudgetTimeout
+            | Variant::ForkRecommended
+            | Variant::ForkControls => MaxTime::Driver,
         }
     }
 
@@ -169,12 +180,13 @@ impl Variant {
         Settings {
             max_adaptive_retries: Some(if no_retries { 0 } else { 2 }),
             budget,
-            throttle: controls.then(|| {
+            throttle: (controls || self == Variant::ForkRecommended).then(|| {
                 let defaults = ThrottleConfig::default();
                 ThrottleConfig {
                     min_requests: overrides
                         .throttle_min_requests
                         .unwrap_or(defaults.min_requests),
+                    k: if controls { defaults.k } else { RECOMMENDED_K },
                     ..defaults
                 }
             }),
@@ -232,8 +244,19 @@ mod tests {
         }
         assert_eq!(
             Variant::parse_list("recommended"),
-            Ok(vec![Variant::ForkBudgetTimeout])
+            Ok(vec![Variant::ForkRecommended])
         );
+        let throttle = |v: Variant| {
+            v.settings(Duration::from_millis(100), Overrides::default())
+                .throttle
+                .map(|t| t.k)
+        };
+        assert_eq!(throttle(Variant::ForkRecommended), Some(RECOMMENDED_K));
+        assert_eq!(
+            throttle(Variant::ForkControls),
+            Some(ThrottleConfig::default().k)
+        );
+        assert_eq!(throttle(Variant::ForkBudgetTimeout), None);
         assert!(Variant::parse_list("nope").is_err());
         assert!(Variant::parse_list(" , ").is_err());
     }

@@ -46,7 +46,7 @@ struct InstructionsArgs {
     #[arg(long, default_value_t = 11_000)]
     high: u64,
     /// Variants to count (default: upstream-default, fork-default, fork-budget-timeout,
-    /// fork-controls).
+    /// fork-recommended, fork-controls).
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
 }

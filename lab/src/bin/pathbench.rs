@@ -148,7 +148,7 @@ struct Variant {
 }
 
 /// The fork's options for each variant (upstream runs with its defaults).
-const VARIANTS: [(&str, Option<&str>); 6] = [
+const VARIANTS: [(&str, Option<&str>); 7] = [
     ("upstream-default", None),
     ("fork-default", Some("")),
     ("fork-timeout", Some("timeoutMS=100")),
@@ -156,6 +156,10 @@ const VARIANTS: [(&str, Option<&str>); 6] = [
     (
         "fork-budget-timeout",
         Some("retryBudget=true&timeoutMS=100"),
+    ),
+    (
+        "fork-recommended",
+        Some("retryBudget=true&timeoutMS=100&adaptiveThrottle=true&adaptiveThrottleK=2"),
     ),
     (
         "fork-controls",

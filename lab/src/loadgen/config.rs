@@ -468,6 +468,18 @@ impl Variant {
                 Fork,
                 &format!("retryBudget=true&{TIMEOUT_AT_DEADLINE}"),
             ),
+            // The recommended settings (docs/admission.md, "The recommended settings"): the
+            // budget and `timeoutMS`, and the throttle at `K = 2`, where it engages only once a
+            // server rejects more than half of a client's requests (a flood), not under the
+            // 30 % random rejections of `transient-30`, which the default 1.5 crosses by chance.
+            Variant::new(
+                "fork-recommended",
+                Fork,
+                &format!(
+                    "retryBudget=true&{TIMEOUT_AT_DEADLINE}&adaptiveThrottle=true\
+                     &adaptiveThrottleK=2"
+                ),
+            ),
             Variant::new("fork-throttle", Fork, "adaptiveThrottle=true"),
             Variant::new("fork-concurrency", Fork, "adaptiveConcurrency=true"),
             Variant::new(
@@ -1140,6 +1152,12 @@ mod tests {
         assert_eq!(
             cfg.uri_options(&v),
             "maxPoolSize=100&minPoolSize=0&retryBudget=true&timeoutMS=250"
+        );
+        let recommended = Variant::parse("fork-recommended").unwrap();
+        assert_eq!(
+            cfg.uri_options(&recommended),
+            "maxPoolSize=100&minPoolSize=0&retryBudget=true&timeoutMS=250&adaptiveThrottle=true\
+             &adaptiveThrottleK=2"
         );
         let custom = Variant::parse("t:fork:timeoutMS={deadline}").unwrap();
         assert!(cfg.uri_options(&custom).ends_with("&timeoutMS=250"));

@@ -23,7 +23,7 @@ pub struct CountedVariant {
 
 /// The variants counted by default. `timeoutMS` is 60 s under valgrind: the lab's 100 ms
 /// would expire while valgrind seeds the collection; the timer's cost is the same.
-pub const COUNTED: [CountedVariant; 4] = [
+pub const COUNTED: [CountedVariant; 5] = [
     CountedVariant {
         name: "upstream-default",
         bench_name: "upstream-default",
@@ -38,6 +38,13 @@ pub const COUNTED: [CountedVariant; 4] = [
         name: "fork-budget-timeout",
         bench_name: "fbt-60s",
         fork_options: Some("retryBudget=true&timeoutMS=60000"),
+    },
+    CountedVariant {
+        name: "fork-recommended",
+        bench_name: "recommended-60s",
+        fork_options: Some(
+            "retryBudget=true&timeoutMS=60000&adaptiveThrottle=true&adaptiveThrottleK=2",
+        ),
     },
     CountedVariant {
         name: "fork-controls",

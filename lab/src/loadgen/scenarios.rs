@@ -535,7 +535,7 @@ impl ScenarioName {
     /// 15 minutes do not allow every variant everywhere; docs/lab.md ("Which variants each
     /// scenario runs") lists what was cut and why.
     pub fn default_variants(self) -> Vec<Variant> {
-        const FORK: [&str; 2] = ["fork-budget-timeout", "fork-controls"];
+        const FORK: [&str; 2] = ["fork-recommended", "fork-controls"];
         let upstream: &[&str] = match self {
             // `upstream-default` is the base of `fast-path`'s ratio and of the success-share
             // checks; elsewhere upstream's best practice is what the fork must beat.
@@ -556,18 +556,29 @@ impl ScenarioName {
                 "upstream-best",
                 "upstream-best-no-retries",
             ],
-            ScenarioName::Transient | ScenarioName::Transient15 => &[
+            ScenarioName::Transient => &[
                 "upstream-default",
                 "upstream-best",
                 "upstream-best-no-retries",
             ],
-            ScenarioName::Transient1 | ScenarioName::Transient5 | ScenarioName::Transient30 => {
-                &["upstream-default", "upstream-best"]
-            }
+            // Under random rejections below capacity retries are what succeeds: upstream's
+            // configurations without them lose a share of the rejected requests (0.85 × in
+            // `transient-15` at 2026-12-04 03:40) and are judged where they are strongest.
+            ScenarioName::Transient1
+            | ScenarioName::Transient5
+            | ScenarioName::Transient15
+            | ScenarioName::Transient30 => &["upstream-default", "upstream-best"],
             ScenarioName::Faults => &["upstream-default", "upstream-best"],
             // The flood's application drops every call (the scenario's requirement), so
-            // `upstream-maxtime` is `upstream-best` there.
-            ScenarioName::Flood => &["upstream-best", "upstream-best-no-retries"],
+            // `upstream-maxtime` is `upstream-best` there. Retargeting runs here too: an
+            // application that turns it on for a hot member has it on in a flood as well,
+            // and this is the one scenario besides `hot-member` that can tell it apart from
+            // the fork (it runs nowhere else in the suite).
+            ScenarioName::Flood => &[
+                "upstream-best",
+                "upstream-best-no-retries",
+                "upstream-best-retargeting",
+            ],
             // No overload error reaches the driver: its retry setting changes nothing.
             ScenarioName::NoLimiter => &["upstream-default", "upstream-best"],
             ScenarioName::FastPath => &["upstream-default"],
@@ -729,13 +740,13 @@ mod tests {
             [
                 "upstream-best",
                 "upstream-best-retargeting",
-                "fork-budget-timeout",
+                "fork-recommended",
                 "fork-controls"
             ]
         );
         assert_eq!(
             names(ScenarioName::EvenShards),
-            ["fork-budget-timeout", "fork-controls"]
+            ["fork-recommended", "fork-controls"]
         );
         // Seconds of schedule a suite repetition needs: 5 s × 4 variants, 5 s × 2.
         assert_eq!(ScenarioName::HotShard.suite_schedule_secs(), 20.0);
@@ -771,14 +782,14 @@ mod tests {
             // scenario runs"); the verdict judges nothing else there.
             if s == ScenarioName::EvenShards {
                 assert!(v.iter().all(|x| !x.is_upstream()), "{v:?}");
-                assert!(v.iter().any(|x| x.name == "fork-budget-timeout"));
+                assert!(v.iter().any(|x| x.name == "fork-recommended"));
                 assert!(v.iter().any(|x| x.name == "fork-controls"));
                 continue;
             }
             assert!(v.len() >= 3, "{s:?}: {v:?}");
             assert!(v[0].is_upstream(), "{s:?}: upstream runs");
             // The recommended settings and every control are judged everywhere (issue 27).
-            assert!(v.iter().any(|x| x.name == "fork-budget-timeout"), "{s:?}");
+            assert!(v.iter().any(|x| x.name == "fork-recommended"), "{s:?}");
             assert!(v.iter().any(|x| x.name == "fork-controls"), "{s:?}");
             // Upstream's best practice runs wherever an application could use it.
             if s != ScenarioName::FastPath {
@@ -842,7 +853,7 @@ mod tests {
             .iter()
             .map(|s| s.suite_schedule_secs())
             .sum();
-        assert_eq!(per_rep, 260.0, "update docs/lab.md's estimate");
+        assert_eq!(per_rep, 262.0, "update docs/lab.md's estimate");
         assert!(3.0 * per_rep + 100.0 <= 900.0, "{per_rep} s a repetition");
     }
 

@@ -67,7 +67,7 @@ pub struct Row {
     pub cell: Cell,
     /// The best judged upstream configuration and its primary figure.
     pub best_upstream: Option<(String, f64)>,
-    /// `fork-budget-timeout` ÷ the best upstream.
+    /// The recommended settings ([`RECOMMENDED`]) ÷ the best upstream.
     pub recommended_ratio: Option<f64>,
     /// `fork-controls` ÷ the best upstream.
     pub controls_ratio: Option<f64>,

@@ -1,5 +1,6 @@
 //! The soak run (`lab run --soak MINUTES`, `docs/lab.md` "Soak"): the fork on its recommended
-//! settings (`fork-budget-timeout`: `retryBudget=true&timeoutMS=<deadline>`) under mixed load at
+//! settings (`fork-recommended`: `retryBudget=true&timeoutMS=<deadline>&adaptiveThrottle=true&
+//! adaptiveThrottleK=2`) under mixed load at
 //! 150 % of the calibrated capacity for minutes, with faults: the server model's overload
 //! errors, connections closed at random before and after writes (`failCommand` and
 //! `onPrimaryTransactionalWrite` fail points with `closeConnection`) and scheduled step-downs
@@ -128,11 +129,12 @@ impl SoakConfig {
         SoakConfig {
             length,
             lab,
-            variant: Variant::parse("fork-budget-timeout").unwrap_or_else(|_| {
+            variant: Variant::parse(super::verdict::RECOMMENDED).unwrap_or_else(|_| {
                 Variant::new(
-                    "fork-budget-timeout",
+                    super::verdict::RECOMMENDED,
                     super::config::Driver::Fork,
-                    "retryBudget=true&timeoutMS={deadline}",
+                    "retryBudget=true&timeoutMS={deadline}&adaptiveThrottle=true\
+                     &adaptiveThrottleK=2",
                 )
             }),
             step_down_every: Some(Duration::from_secs_f64(STEP_DOWN_EVERY_SECS)),

@@ -29,7 +29,7 @@ pub const VERDICT_SCHEMA: u32 = 2;
 pub const RATIO_BASE: &str = "upstream-default";
 
 /// The fork's recommended settings.
-pub const RECOMMENDED: &str = "fork-budget-timeout";
+pub const RECOMMENDED: &str = "fork-recommended";
 
 /// Every control of the fork together.
 pub const CONTROLS: &str = "fork-controls";
@@ -1393,8 +1393,8 @@ mod tests {
                 ("upstream-best", 100.0, 50.0, true),
                 ("upstream-best", 100.0, 50.0, true),
                 // Met: 96 of 100 cold; total 1.1 × upstream.
-                ("fork-budget-timeout", 110.0, 96.0, true),
-                ("fork-budget-timeout", 110.0, 96.0, true),
+                ("fork-recommended", 110.0, 96.0, true),
+                ("fork-recommended", 110.0, 96.0, true),
                 // Missed: 90 of 100 cold (total 1.0 × upstream: met, at the bound).
                 ("fork-controls", 100.0, 90.0, true),
                 ("fork-controls", 100.0, 90.0, true),
@@ -1403,8 +1403,8 @@ mod tests {
         let reference = sharded_run(
             HOT_SHARD_REFERENCE,
             &[
-                ("fork-budget-timeout", 300.0, 100.0, true),
-                ("fork-budget-timeout", 300.0, 100.0, true),
+                ("fork-recommended", 300.0, 100.0, true),
+                ("fork-recommended", 300.0, 100.0, true),
                 ("fork-controls", 300.0, 100.0, true),
                 ("fork-controls", 300.0, 100.0, true),
             ],
@@ -1448,8 +1448,8 @@ mod tests {
             &[
                 ("upstream-best", 100.0, 50.0, true),
                 ("upstream-best", 100.0, 50.0, true),
-                ("fork-budget-timeout", 99.0, 96.0, true),
-                ("fork-budget-timeout", 99.0, 96.0, true),
+                ("fork-recommended", 99.0, 96.0, true),
+                ("fork-recommended", 99.0, 96.0, true),
             ],
         );
         let v = verdict(&[behind, reference], 1.0, None);
@@ -1475,9 +1475,9 @@ mod tests {
                 ("upstream-best", 0.5, true),
                 // An invalid run that would have made upstream look better.
                 ("upstream-best", 0.9, false),
-                ("fork-budget-timeout", 0.6, true),
-                ("fork-budget-timeout", 0.6, true),
-                ("fork-budget-timeout", 0.1, false),
+                ("fork-recommended", 0.6, true),
+                ("fork-recommended", 0.6, true),
+                ("fork-recommended", 0.1, false),
                 ("fork-controls", 0.9, true),
                 ("fork-controls", 0.9, false),
                 ("fork-controls", 0.9, false),
@@ -1521,12 +1521,12 @@ mod tests {
             "fast-path",
             &[
                 ("upstream-default", 1000.0, true),
-                ("fork-budget-timeout", 990.0, true),
+                ("fork-recommended", 990.0, true),
                 ("upstream-default", 1000.0, true),
-                ("fork-budget-timeout", 1010.0, true),
+                ("fork-recommended", 1010.0, true),
                 // An invalid repetition of the base takes its pair out of the ratio.
                 ("upstream-default", 100.0, false),
-                ("fork-budget-timeout", 1000.0, true),
+                ("fork-recommended", 1000.0, true),
             ],
         );
         let sv = scenario_verdict(&run);

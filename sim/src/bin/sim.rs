@@ -20,7 +20,7 @@ struct Args {
     scenarios: String,
     /// Variants, comma-separated: upstream-default (upstream), upstream-no-retries,
     /// upstream-maxtime, upstream-best, upstream-best-no-retries, fork-budget, fork-timeout,
-    /// fork-budget-timeout (recommended), fork-controls, or all.
+    /// fork-budget-timeout, fork-recommended (recommended), fork-controls, or all.
     #[arg(
         long,
         default_value = "upstream-best,upstream-best-no-retries,recommended,fork-controls"
