@@ -14,9 +14,6 @@ pub const MAX_POOL_SIZE: u32 = 100;
 /// a concurrency slot.
 pub const SLOT_WAIT: Duration = Duration::from_secs(30);
 
-/// The recommended settings' `adaptiveThrottleK` (the lab's `fork-recommended`).
-pub const RECOMMENDED_K: f64 = 2.0;
-
 /// What the application does when its deadline passes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnDeadline {
@@ -74,8 +71,8 @@ pub enum Variant {
     /// The budget and `timeoutMS`: `retryBudget=true&timeoutMS={deadline}` (the recommended
     /// settings until 2026-12-04).
     ForkBudgetTimeout,
-    /// The fork's recommended settings: `fork-budget-timeout` and the adaptive throttle at
-    /// `K = 2` (`adaptiveThrottle=true&adaptiveThrottleK=2`).
+    /// The fork's recommended settings: `fork-budget-timeout` and the adaptive throttle
+    /// (`adaptiveThrottle=true`, at its default `K = 2`).
     #[value(alias = "recommended")]
     ForkRecommended,
     /// Every control: budget, `timeoutMS`, adaptive throttle, adaptive concurrency.
@@ -186,7 +183,6 @@ impl Variant {
                     min_requests: overrides
                         .throttle_min_requests
                         .unwrap_or(defaults.min_requests),
-                    k: if controls { defaults.k } else { RECOMMENDED_K },
                     ..defaults
                 }
             }),
@@ -251,11 +247,9 @@ mod tests {
                 .throttle
                 .map(|t| t.k)
         };
-        assert_eq!(throttle(Variant::ForkRecommended), Some(RECOMMENDED_K));
-        assert_eq!(
-            throttle(Variant::ForkControls),
-            Some(ThrottleConfig::default().k)
-        );
+        let default_k = Some(ThrottleConfig::default().k);
+        assert_eq!(throttle(Variant::ForkRecommended), default_k);
+        assert_eq!(throttle(Variant::ForkControls), default_k);
         assert_eq!(throttle(Variant::ForkBudgetTimeout), None);
         assert!(Variant::parse_list("nope").is_err());
         assert!(Variant::parse_list(" , ").is_err());

@@ -159,7 +159,7 @@ const VARIANTS: [(&str, Option<&str>); 7] = [
     ),
     (
         "fork-recommended",
-        Some("retryBudget=true&timeoutMS=100&adaptiveThrottle=true&adaptiveThrottleK=2"),
+        Some("retryBudget=true&timeoutMS=100&adaptiveThrottle=true"),
     ),
     (
         "fork-controls",

@@ -469,16 +469,13 @@ impl Variant {
                 &format!("retryBudget=true&{TIMEOUT_AT_DEADLINE}"),
             ),
             // The recommended settings (docs/admission.md, "The recommended settings"): the
-            // budget and `timeoutMS`, and the throttle at `K = 2`, where it engages only once a
-            // server rejects more than half of a client's requests (a flood), not under the
-            // 30 % random rejections of `transient-30`, which the default 1.5 crosses by chance.
+            // budget, `timeoutMS` and the throttle (at its default `K = 2`, it engages only once
+            // a server rejects more than half of a client's requests: a flood, not the 30 %
+            // random rejections of `transient-30`).
             Variant::new(
                 "fork-recommended",
                 Fork,
-                &format!(
-                    "retryBudget=true&{TIMEOUT_AT_DEADLINE}&adaptiveThrottle=true\
-                     &adaptiveThrottleK=2"
-                ),
+                &format!("retryBudget=true&{TIMEOUT_AT_DEADLINE}&adaptiveThrottle=true"),
             ),
             Variant::new("fork-throttle", Fork, "adaptiveThrottle=true"),
             Variant::new("fork-concurrency", Fork, "adaptiveConcurrency=true"),
@@ -1156,8 +1153,7 @@ mod tests {
         let recommended = Variant::parse("fork-recommended").unwrap();
         assert_eq!(
             cfg.uri_options(&recommended),
-            "maxPoolSize=100&minPoolSize=0&retryBudget=true&timeoutMS=250&adaptiveThrottle=true\
-             &adaptiveThrottleK=2"
+            "maxPoolSize=100&minPoolSize=0&retryBudget=true&timeoutMS=250&adaptiveThrottle=true"
         );
         let custom = Variant::parse("t:fork:timeoutMS={deadline}").unwrap();
         assert!(cfg.uri_options(&custom).ends_with("&timeoutMS=250"));

@@ -42,9 +42,7 @@ pub const COUNTED: [CountedVariant; 5] = [
     CountedVariant {
         name: "fork-recommended",
         bench_name: "recommended-60s",
-        fork_options: Some(
-            "retryBudget=true&timeoutMS=60000&adaptiveThrottle=true&adaptiveThrottleK=2",
-        ),
+        fork_options: Some("retryBudget=true&timeoutMS=60000&adaptiveThrottle=true"),
     },
     CountedVariant {
         name: "fork-controls",

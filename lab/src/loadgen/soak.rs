@@ -1,7 +1,6 @@
 //! The soak run (`lab run --soak MINUTES`, `docs/lab.md` "Soak"): the fork on its recommended
-//! settings (`fork-recommended`: `retryBudget=true&timeoutMS=<deadline>&adaptiveThrottle=true&
-//! adaptiveThrottleK=2`) under mixed load at
-//! 150 % of the calibrated capacity for minutes, with faults: the server model's overload
+//! settings (`fork-recommended`: `retryBudget=true&timeoutMS=<deadline>&adaptiveThrottle=true`)
+//! under mixed load at 150 % of the calibrated capacity for minutes, with faults: the server model's overload
 //! errors, connections closed at random before and after writes (`failCommand` and
 //! `onPrimaryTransactionalWrite` fail points with `closeConnection`) and scheduled step-downs
 //! (`replSetStepDown`) of a three-member replica set.
@@ -133,8 +132,7 @@ impl SoakConfig {
                 Variant::new(
                     super::verdict::RECOMMENDED,
                     super::config::Driver::Fork,
-                    "retryBudget=true&timeoutMS={deadline}&adaptiveThrottle=true\
-                     &adaptiveThrottleK=2",
+                    "retryBudget=true&timeoutMS={deadline}&adaptiveThrottle=true",
                 )
             }),
             step_down_every: Some(Duration::from_secs_f64(STEP_DOWN_EVERY_SECS)),
