@@ -19,7 +19,7 @@ started=$(date +%s)
     echo "## The grid: 60 s of virtual time per run"
     echo
     $bin --scenarios all --clients 4,16,64,1000,10k,100k --secs 60 \
-        --variants upstream-best,upstream-best-no-retries,fork-timeout,recommended,fork-controls
+        --variants upstream-best,upstream-best-no-retries,fork-timeout,fork-budget-timeout,recommended,fork-controls
     echo
     echo "## Comparison with the lab (four instances)"
     echo
