@@ -1,7 +1,7 @@
 //! The soak run (`lab run --soak MINUTES`, `docs/lab.md` "Soak"): the fork on its recommended
 //! settings (`fork-recommended`: `retryBudget=true&timeoutMS=<deadline>&adaptiveThrottle=true`)
-//! under mixed load at 150 % of the calibrated capacity for minutes, with faults: the server model's overload
-//! errors, connections closed at random before and after writes (`failCommand` and
+//! under mixed load at 150 % of the calibrated capacity for minutes, with faults: the server
+//! model's overload errors, connections closed at random before and after writes (`failCommand` and
 //! `onPrimaryTransactionalWrite` fail points with `closeConnection`) and scheduled step-downs
 //! (`replSetStepDown`) of a three-member replica set.
 //!
