@@ -66,7 +66,7 @@ pub enum Variant {
     UpstreamBestNoRetries,
     /// The fork with `retryBudget=true` only; the application of `upstream-default`.
     ForkBudget,
-    /// The fork with `timeoutMS={deadline}` only: the recommended settings without the budget.
+    /// The fork with `timeoutMS={deadline}` only.
     ForkTimeout,
     /// The budget and `timeoutMS`: `retryBudget=true&timeoutMS={deadline}` (the recommended
     /// settings until 2026-12-04).

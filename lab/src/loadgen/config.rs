@@ -1150,7 +1150,7 @@ mod tests {
             cfg.uri_options(&v),
             "maxPoolSize=100&minPoolSize=0&retryBudget=true&timeoutMS=250"
         );
-        let recommended = Variant::parse("fork-recommended").unwrap();
+        let recommended = Variant::parse(super::super::verdict::RECOMMENDED).unwrap();
         assert_eq!(
             cfg.uri_options(&recommended),
             "maxPoolSize=100&minPoolSize=0&retryBudget=true&timeoutMS=250&adaptiveThrottle=true"
