@@ -43,11 +43,34 @@
 //!   doubles about once per window once the server accepts again
 //!   (`the_throttle_releases_after_the_overload_ends` measures it).
 //!
+//! # Sparse clients
+//!
+//! One instance of a fleet of thousands may send a request every few seconds, never
+//! `min_requests` in a window, while the fleet together floods the server; with the window
+//! alone such a client never throttles (the simulator's 10,000-client `flood` kept 0.13 of
+//! capacity, no better than sending every request without retries). So the throttle also keeps
+//! the same counts per whole window for [`HISTORY_WINDOWS`] windows (two minutes by default, the
+//! SRE book's own window), and when the window holds fewer than `min_requests` it applies the
+//! rule to that history instead, on two conditions:
+//!
+//! - the history holds at least `min_requests` requests: the same evidence a busy client
+//!   needs, gathered over a longer time;
+//! - the server's latest answer to this client was an overload rejection
+//!   ([`AdaptiveThrottle::record_accept`] reports the others). A client that went quiet during
+//!   an overload and comes back after it starts throttled on its old history, but only until
+//!   the server accepts one of its requests; a client whose last answer was an acceptance is
+//!   never throttled on old counts.
+//!
+//! The history's decisions are counted in the history only, not in the window: a busy client
+//! coming back from idleness would otherwise fill its fresh window with local rejections made
+//! on old counts and keep itself throttled for a window after the server recovered.
+//!
 //! # What counts as accepted
 //!
 //! A request is counted as accepted unless the server rejected it for overload (an error
-//! labelled `SystemOverloadedError`) or the throttle rejected it locally: the driver reports
-//! only the overload rejections ([`AdaptiveThrottle::record_overload`]). Any other outcome,
+//! labelled `SystemOverloadedError`) or the throttle rejected it locally: the counts need only
+//! the overload rejections ([`AdaptiveThrottle::record_overload`]; the answers reported by
+//! [`AdaptiveThrottle::record_accept`] serve the sparse rule above). Any other outcome,
 //! a success, a duplicate-key error, a timeout, a network error, a cancelled operation, counts
 //! as accepted, because none of them says that the server refused work to protect itself:
 //!
@@ -124,6 +147,21 @@ pub const MAX_REJECTION_PROBABILITY: f64 = 0.9;
 const K_SCALE: u64 = 1000;
 /// Counts are kept in this many slots of `window / SLOTS` each.
 const SLOTS: usize = 10;
+/// How many windows a sparse client's history holds: two minutes at the default window, the
+/// SRE book's own window.
+pub const HISTORY_WINDOWS: usize = 12;
+/// The history's span in slots.
+const HISTORY_SLOTS: u64 = (HISTORY_WINDOWS * SLOTS) as u64;
+
+/// Which counts a decision was made from, and so which counts it goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Counts {
+    /// The window's: the client sends enough for them, or the server is not rejecting.
+    Window,
+    /// The history's only: a sparse client's decision, left out of the window so that a busy
+    /// client's window never fills with decisions made on old counts.
+    History,
+}
 
 /// The options of an [`AdaptiveThrottle`].
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -217,6 +255,7 @@ pub struct AdaptiveThrottle {
     /// `K` in thousandths.
     k_milli: u64,
     slot_nanos: u64,
+    window_nanos: u64,
     window: Mutex<Window>,
     /// Times are kept as nanoseconds since this instant.
     origin: Instant,
@@ -225,6 +264,10 @@ pub struct AdaptiveThrottle {
     /// [`Self::rejection_probability`], asked before every first attempt's server selection,
     /// answers without the lock while the server refuses nothing.
     last_refusal: AtomicU64,
+    /// One more than the latest time (nanoseconds since `origin`) the server answered a request
+    /// without an overload error, 0 for never; kept only while a refusal is in the history,
+    /// where it decides whether a sparse client reads its history.
+    last_accept: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -236,6 +279,18 @@ struct Window {
     requests: [u64; SLOTS],
     /// Requests not accepted: rejected locally, or by the server for overload.
     refused: [u64; SLOTS],
+    /// The sparse client's history: the same counts in [`HISTORY_WINDOWS`] buckets of one
+    /// window each; bucket `n` (time / window) lives at `n % HISTORY_WINDOWS`.
+    history: History,
+    /// One more than the latest time the server rejected a request for overload, 0 for never.
+    last_overload: u64,
+}
+
+#[derive(Debug)]
+struct History {
+    newest: u64,
+    requests: [u64; HISTORY_WINDOWS],
+    refused: [u64; HISTORY_WINDOWS],
 }
 
 impl AdaptiveThrottle {
@@ -266,14 +321,22 @@ impl AdaptiveThrottle {
             config,
             k_milli,
             slot_nanos: window_nanos / SLOTS as u64,
+            window_nanos,
             window: Mutex::new(Window {
                 latest: 0,
                 newest: 0,
                 requests: [0; SLOTS],
                 refused: [0; SLOTS],
+                history: History {
+                    newest: 0,
+                    requests: [0; HISTORY_WINDOWS],
+                    refused: [0; HISTORY_WINDOWS],
+                },
+                last_overload: 0,
             }),
             origin,
             last_refusal: AtomicU64::new(0),
+            last_accept: AtomicU64::new(0),
         })
     }
 
@@ -290,13 +353,12 @@ impl AdaptiveThrottle {
     /// A rejected request also counts as not accepted.
     pub fn admit(&self, now: Instant, jitter: &mut impl Jitter) -> ThrottleDecision {
         let mut window = self.window_at(now);
-        let probability = self.probability(window.counts());
+        let (probability, from) = self.probability(&window);
         let draw = jitter.sample();
         let reject = !draw.is_nan() && draw.clamp(0.0, 1.0) < probability;
-        let index = window.newest_index();
-        window.requests[index] = window.requests[index].saturating_add(1);
+        window.count_request(from);
         if reject {
-            window.refused[index] = window.refused[index].saturating_add(1);
+            window.count_refusal(from);
             self.note_refusal(&window);
             ThrottleDecision::Reject
         } else {
@@ -308,19 +370,31 @@ impl AdaptiveThrottle {
     /// `SystemOverloadedError`). Every other outcome counts as accepted and needs no call.
     pub fn record_overload(&self, now: Instant) {
         let mut window = self.window_at(now);
-        let index = window.newest_index();
-        window.refused[index] = window.refused[index].saturating_add(1);
+        window.count_refusal(Counts::Window);
+        window.last_overload = window.latest.saturating_add(1);
         self.note_refusal(&window);
+    }
+
+    /// Notes, at `now`, that the server answered a first attempt without an overload error.
+    /// Only a sparse client's history needs it (module documentation, "Sparse clients"), so
+    /// it costs one atomic load while no refusal is in the history.
+    pub fn record_accept(&self, now: Instant) {
+        if self.no_refusal_within(now, HISTORY_SLOTS) {
+            return;
+        }
+        let nanos = self.nanos_since_origin(now);
+        self.last_accept
+            .fetch_max(nanos.saturating_add(1), Ordering::Relaxed);
     }
 
     /// The probability with which a first attempt at `now` would be rejected, in
     /// `[0, MAX_REJECTION_PROBABILITY]`.
     pub fn rejection_probability(&self, now: Instant) -> f64 {
-        if self.no_refusal_in_window(now) {
+        if self.no_refusal_within(now, HISTORY_SLOTS) {
             return 0.0;
         }
         let window = self.window_at(now);
-        self.probability(window.counts())
+        self.probability(&window).0
     }
 
     /// Records that the window's newest slot (at `window.latest`) holds a refusal.
@@ -329,18 +403,23 @@ impl AdaptiveThrottle {
             .fetch_max(window.latest.saturating_add(1), Ordering::Relaxed);
     }
 
-    /// Whether every slot the window can still hold at `now` is free of refusals: a refusal at
-    /// time `t` is in slot `⌊t / slot⌋`, which is cleared once the newest slot is `SLOTS`
-    /// later, by `t + window + slot` at the latest. Conservative: `false` answers nothing.
-    fn no_refusal_in_window(&self, now: Instant) -> bool {
+    /// Whether no refusal made less than `slots` slots (plus one) before `now` can still be
+    /// counted: a refusal at time `t` is in slot `⌊t / slot⌋`, which the window clears once its
+    /// newest slot is `SLOTS` later, by `t + window + slot` at the latest, and the history
+    /// [`HISTORY_SLOTS`] later. Conservative: `false` answers nothing.
+    fn no_refusal_within(&self, now: Instant, slots: u64) -> bool {
         let last = self.last_refusal.load(Ordering::Relaxed);
         if last == 0 {
             return true;
         }
+        let span = self.slot_nanos.saturating_mul(slots + 1);
+        self.nanos_since_origin(now) >= (last - 1).saturating_add(span)
+    }
+
+    /// `now` as nanoseconds since the origin, saturated (times before it count as 0).
+    fn nanos_since_origin(&self, now: Instant) -> u64 {
         let since_origin = now.saturating_duration_since(self.origin).as_nanos();
-        let now_nanos = u64::try_from(since_origin).unwrap_or(u64::MAX);
-        let span = self.slot_nanos.saturating_mul(SLOTS as u64 + 1);
-        now_nanos >= (last - 1).saturating_add(span)
+        u64::try_from(since_origin).unwrap_or(u64::MAX)
     }
 
     /// The window's counts at `now`.
@@ -348,11 +427,24 @@ impl AdaptiveThrottle {
         self.window_at(now).counts()
     }
 
-    /// `max(0, (requests − K·accepts) / (requests + 1))`, zero below the minimum, capped.
-    fn probability(&self, counts: ThrottleCounts) -> f64 {
-        if counts.requests < u64::from(self.config.min_requests) {
-            return 0.0;
+    /// The rule applied to the window, or to the history for a sparse client (module
+    /// documentation, "Sparse clients"), and which counts the decision goes to.
+    fn probability(&self, window: &Window) -> (f64, Counts) {
+        let counts = window.counts();
+        if counts.requests >= u64::from(self.config.min_requests) {
+            return (self.formula(counts), Counts::Window);
         }
+        // The server's latest answer was an overload rejection.
+        let overloaded = window.last_overload > self.last_accept.load(Ordering::Relaxed);
+        let history = window.history.counts();
+        if !overloaded || history.requests < u64::from(self.config.min_requests) {
+            return (0.0, Counts::Window);
+        }
+        (self.formula(history), Counts::History)
+    }
+
+    /// `max(0, (requests − K·accepts) / (requests + 1))`, capped.
+    fn formula(&self, counts: ThrottleCounts) -> f64 {
         // In thousandths of a request, exactly: u64 × 10^4 fits in u128.
         let requests = u128::from(counts.requests) * u128::from(K_SCALE);
         let weighted_accepts = u128::from(counts.accepts) * u128::from(self.k_milli);
@@ -369,10 +461,7 @@ impl AdaptiveThrottle {
         // No code panics while holding the lock, so a poisoned lock still guards consistent
         // counts; recovering it keeps one panicking caller elsewhere from disabling the driver.
         let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        let since_origin = now.saturating_duration_since(self.origin).as_nanos();
-        let t = u64::try_from(since_origin)
-            .unwrap_or(u64::MAX)
-            .max(window.latest);
+        let t = self.nanos_since_origin(now).max(window.latest);
         window.latest = t;
         let slot = t / self.slot_nanos;
         if slot > window.newest {
@@ -386,6 +475,7 @@ impl AdaptiveThrottle {
             }
             window.newest = slot;
         }
+        window.history.advance_to(t / self.window_nanos);
         window
     }
 }
@@ -395,11 +485,62 @@ impl Window {
         (self.newest % SLOTS as u64) as usize
     }
 
+    /// Counts a request in the newest history bucket and, unless the history decided it, in the
+    /// newest slot.
+    fn count_request(&mut self, from: Counts) {
+        if from == Counts::Window {
+            let index = self.newest_index();
+            self.requests[index] = self.requests[index].saturating_add(1);
+        }
+        let bucket = self.history.newest_index();
+        self.history.requests[bucket] = self.history.requests[bucket].saturating_add(1);
+    }
+
+    /// Counts a request not accepted, likewise.
+    fn count_refusal(&mut self, from: Counts) {
+        if from == Counts::Window {
+            let index = self.newest_index();
+            self.refused[index] = self.refused[index].saturating_add(1);
+        }
+        let bucket = self.history.newest_index();
+        self.history.refused[bucket] = self.history.refused[bucket].saturating_add(1);
+    }
+
     fn counts(&self) -> ThrottleCounts {
         let sum = |slots: &[u64; SLOTS]| slots.iter().fold(0u64, |s, n| s.saturating_add(*n));
         let requests = sum(&self.requests);
         // A rejection recorded in a later slot than its request can outlive it by a slot, so
         // the refusals can exceed the requests at the window's edge; never below zero accepts.
+        let accepts = requests.saturating_sub(sum(&self.refused));
+        ThrottleCounts { requests, accepts }
+    }
+}
+
+impl History {
+    fn newest_index(&self) -> usize {
+        (self.newest % HISTORY_WINDOWS as u64) as usize
+    }
+
+    /// Clears the buckets time has moved past, up to `bucket`.
+    fn advance_to(&mut self, bucket: u64) {
+        if bucket <= self.newest {
+            return;
+        }
+        // Bounded like the window's slots.
+        let to_clear = (bucket - self.newest).min(HISTORY_WINDOWS as u64);
+        for step in 1..=to_clear {
+            let index = ((self.newest + step) % HISTORY_WINDOWS as u64) as usize;
+            self.requests[index] = 0;
+            self.refused[index] = 0;
+        }
+        self.newest = bucket;
+    }
+
+    fn counts(&self) -> ThrottleCounts {
+        let sum = |buckets: &[u64; HISTORY_WINDOWS]| {
+            buckets.iter().fold(0u64, |s, n| s.saturating_add(*n))
+        };
+        let requests = sum(&self.requests);
         let accepts = requests.saturating_sub(sum(&self.refused));
         ThrottleCounts { requests, accepts }
     }
@@ -706,7 +847,9 @@ mod tests {
                     continue;
                 }
                 sent += 1;
-                if !server.accepts(millis) {
+                if server.accepts(millis) {
+                    t.record_accept(now);
+                } else {
                     server_rejected += 1;
                     t.record_overload(now);
                 }
@@ -773,6 +916,76 @@ mod tests {
         );
     }
 
+    /// A client sending one request every 2 s (five a window, under the minimum of 20) to a
+    /// server that rejects them all: from its history once it holds 20 requests.
+    #[test]
+    fn a_sparse_client_throttles_from_its_history() {
+        let (t, start) = throttle(DEFAULT_K, 10, DEFAULT_MIN_REQUESTS);
+        for i in 0..19 {
+            traffic(&t, at(start, i * 2_000), 1, 1);
+        }
+        assert_eq!(
+            t.rejection_probability(at(start, 38_000)),
+            0.0,
+            "19 requests"
+        );
+        traffic(&t, at(start, 38_000), 1, 1);
+        assert_eq!(
+            t.rejection_probability(at(start, 39_000)),
+            MAX_REJECTION_PROBABILITY
+        );
+        // The history's decisions stay out of the window: it still holds its five requests.
+        assert_eq!(
+            t.admit(at(start, 39_000), &mut || 0.0),
+            ThrottleDecision::Reject
+        );
+        assert_eq!(t.counts(at(start, 39_000)).requests, 5);
+        // One answer that is not an overload rejection ends the history's say.
+        t.record_accept(at(start, 39_500));
+        assert_eq!(t.rejection_probability(at(start, 40_000)), 0.0);
+    }
+
+    /// The same sparse client with a third of its requests rejected is never throttled.
+    #[test]
+    fn a_sparse_client_is_not_throttled_for_scattered_rejections() {
+        let (t, start) = throttle(DEFAULT_K, 10, DEFAULT_MIN_REQUESTS);
+        let mut local = 0;
+        for i in 0..60u64 {
+            let now = at(start, i * 2_000);
+            if t.admit(now, &mut || 0.0) == ThrottleDecision::Reject {
+                local += 1;
+            } else if i % 3 == 0 {
+                t.record_overload(now);
+            } else {
+                t.record_accept(now);
+            }
+        }
+        assert_eq!(local, 0);
+    }
+
+    /// A busy client floods the server, goes idle while the overload ends, and comes back
+    /// within the history's two minutes: its history still says "overloaded", and the last
+    /// answer it had was a rejection, so it starts throttled; the first request the server
+    /// accepts ends that, and the history's rejections never enter the new window.
+    #[test]
+    fn a_client_back_from_idleness_releases_at_its_first_accepted_request() {
+        let runs = simulate(
+            80,
+            |s| match s {
+                0..30 => 400,
+                30..60 => 0,
+                _ => 50,
+            },
+            |s| if s < 30 { 100 } else { 1000 },
+        );
+        let back: Vec<u64> = runs[60..].iter().map(|r| r.2).collect();
+        assert!(back[0] <= 30, "local rejections after the return: {back:?}");
+        assert!(
+            back[1..].iter().all(|&local| local == 0),
+            "local rejections after the return: {back:?}"
+        );
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -808,13 +1021,13 @@ mod tests {
         fn any_sequence_keeps_the_invariants(
             events in proptest::collection::vec(
                 (prop_oneof![6 => 0i64..200, 1 => 0i64..20_000, 1 => -5_000i64..0],
-                 any::<bool>(), 0.0f64..1.0),
+                 0u8..3, 0.0f64..1.0),
                 1..400,
             ),
         ) {
             let (t, start) = throttle(DEFAULT_K, 10, DEFAULT_MIN_REQUESTS);
             let (mut clock, mut latest) = (0i64, 0i64);
-            for (step, overload, draw) in events {
+            for (step, event, draw) in events {
                 clock += step;
                 latest = latest.max(clock);
                 let now = if clock >= 0 {
@@ -822,22 +1035,25 @@ mod tests {
                 } else {
                     start - Duration::from_millis(clock.unsigned_abs())
                 };
-                if overload {
-                    t.record_overload(now);
-                } else {
-                    let p = t.rejection_probability(now);
-                    let decision = t.admit(now, &mut || draw);
-                    prop_assert_eq!(decision == ThrottleDecision::Reject, draw < p);
+                match event {
+                    0 => t.record_overload(now),
+                    1 => t.record_accept(now),
+                    _ => {
+                        let p = t.rejection_probability(now);
+                        let decision = t.admit(now, &mut || draw);
+                        prop_assert_eq!(decision == ThrottleDecision::Reject, draw < p);
+                    }
                 }
                 let p = t.rejection_probability(now);
                 let counts = t.counts(now);
                 prop_assert!(counts.accepts <= counts.requests);
                 prop_assert!((0.0..1.0).contains(&p), "{p}");
-                // The lock-free answer for a window without refusals is the window's own.
-                prop_assert_eq!(p, t.probability(counts));
+                // The lock-free answer is the one taken under the lock.
+                prop_assert_eq!(p, t.probability(&t.window_at(now)).0);
             }
-            // The window ends 10 s after the latest time the throttle saw.
-            let later = at(start, latest as u64 + 10_000);
+            // The history ends twelve windows (and part of a thirteenth) after the latest time
+            // the throttle saw.
+            let later = at(start, latest as u64 + 130_000);
             prop_assert_eq!(t.rejection_probability(later), 0.0);
             prop_assert_eq!(t.admit(later, &mut || 0.0), ThrottleDecision::Send);
         }

@@ -388,8 +388,8 @@ where
     }
 
     /// The attempt ended at `now` as `end`, having been sent at `sent` (`None`: never sent, the
-    /// checkout failed). Tells the throttle of an overload rejection, releases the slot with the
-    /// outcome, and samples a success's service time.
+    /// checkout failed). Tells the throttle whether the server answered or rejected it for
+    /// overload, releases the slot with the outcome, and samples a success's service time.
     pub fn finish(mut self, end: AttemptEnd, sent: Option<Instant>, now: Instant) {
         let latency = sent.map(|sent| now.saturating_duration_since(sent));
         if let (AttemptEnd::Succeeded, Some(key), Some(latency)) = (end, self.key.as_ref(), latency)
@@ -403,9 +403,16 @@ where
         let Some(server) = self.server.take() else {
             return;
         };
-        if overloaded && self.throttled {
+        if self.throttled {
             if let Some(ref throttle) = server.throttle {
-                throttle.record_overload(now);
+                match end {
+                    _ if overloaded => throttle.record_overload(now),
+                    AttemptEnd::Succeeded | AttemptEnd::Failed { replied: true, .. } => {
+                        throttle.record_accept(now)
+                    }
+                    // No answer says nothing about whether the server accepts work.
+                    AttemptEnd::Failed { replied: false, .. } => {}
+                }
             }
         }
         let Some(permit) = self.permit.take() else {
