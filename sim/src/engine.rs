@@ -34,6 +34,19 @@ const ARRIVAL_SALT: u64 = 0x243f_6a88_85a3_08d3;
 const POLICY_SALT: u64 = 0x1319_8a2e_0370_7344;
 const SERVER_SALT: u64 = 0xa409_3822_299f_31d0;
 
+/// The uniform draw that decides whether an attempt meets a random rejection, keyed by the
+/// request's client, arrival and attempt number (which every variant shares) and the seed:
+/// splitmix64's finaliser over their mix, scaled to `[0, 1)`.
+fn rejection_draw(seed: u64, client: u32, arrival: Nanos, attempt: u32) -> f64 {
+    let mut z = (seed ^ SERVER_SALT)
+        .wrapping_add(arrival.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .wrapping_add(u64::from(client) << 32 | u64::from(attempt));
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// Everything one run needs.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -62,12 +75,13 @@ pub struct RunConfig {
 impl RunConfig {
     /// The lab's settings for `scenario`, `variant` and `clients`.
     pub fn new(scenario: Scenario, variant: Variant, clients: u32, seed: u64) -> Self {
+        let deadline = scenario.deadline.unwrap_or(Duration::from_millis(100));
         Self {
             scenario,
             variant,
             clients,
             seed,
-            deadline: Duration::from_millis(100),
+            deadline,
             rtt: Duration::from_micros(200),
             capacity: None,
             limiter_share: 0.9,
@@ -82,6 +96,7 @@ impl RunConfig {
         let mut s = self.server.clone();
         s.cores = self.scenario.cores;
         s.rejection_ms = self.scenario.rejection_ms;
+        s.random_rejection = self.scenario.random_rejection;
         s.half_rtt = clock::nanos(self.rtt) / 2;
         let cap = self.effective_capacity(&s);
         s.limiter_rate = (self.limiter_share > 0.0).then_some(self.limiter_share * cap);
@@ -488,6 +503,7 @@ impl<'c> Sim<'c> {
                     kind: o.kind,
                     max_time,
                     client_deadline: o.app_deadline,
+                    rejection_draw: rejection_draw(self.cfg.seed, o.client, o.arrival, o.attempts),
                 };
                 o.stage = Stage::InFlight { attempt, sent: now };
                 self.q.push(

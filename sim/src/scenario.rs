@@ -11,6 +11,9 @@ pub enum ScenarioName {
     Sustained,
     /// 500 % of capacity on a one-core server; every rejection costs 0.3 ms of core time.
     Flood,
+    /// 50 % of capacity with 30 % of attempts rejected at random for overload and a 1 s
+    /// deadline: the lab's `transient-30`, where no control should take anything away.
+    Transient,
 }
 
 /// How long the phases last: the lab's lengths (`Length` in `lab/src/loadgen/config.rs`).
@@ -45,19 +48,32 @@ pub struct Scenario {
     pub cores: u32,
     /// Core time per rejection (ms; the lab's 0.3 everywhere, `flood`'s named constant).
     pub rejection_ms: f64,
+    /// Share of attempts the server rejects at random for overload, whatever its load (the
+    /// emulator's `randomRejectionShare`): `transient`'s 0.3, 0 elsewhere.
+    pub random_rejection: f64,
+    /// The application's deadline, when the scenario has its own (`transient`: the lab's
+    /// `TRANSIENT_DEADLINE`, 1 s); `--deadline-ms` overrides it.
+    pub deadline: Option<std::time::Duration>,
 }
 
 /// `flood`'s load as a multiple of capacity (`FLOOD_LOAD`).
 pub const FLOOD_LOAD: f64 = 5.0;
 /// `sustained`'s load (`Scenario::sustained`).
 pub const SUSTAINED_LOAD: f64 = 2.0;
+/// `transient`'s load and share of attempts rejected at random (the lab's `transient-30`).
+pub const TRANSIENT_LOAD: f64 = 0.5;
+pub const TRANSIENT_REJECTION: f64 = 0.3;
+/// `transient`'s deadline: the lab's (`TRANSIENT_DEADLINE`), long enough that the spec's
+/// backoff does not decide which requests fail.
+pub const TRANSIENT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl ScenarioName {
     /// Every scenario.
-    pub const ALL: [ScenarioName; 3] = [
+    pub const ALL: [ScenarioName; 4] = [
         ScenarioName::Burst,
         ScenarioName::Sustained,
         ScenarioName::Flood,
+        ScenarioName::Transient,
     ];
 
     /// The name on the command line.
@@ -66,6 +82,7 @@ impl ScenarioName {
             ScenarioName::Burst => "burst",
             ScenarioName::Sustained => "sustained",
             ScenarioName::Flood => "flood",
+            ScenarioName::Transient => "transient",
         }
     }
 
@@ -125,13 +142,25 @@ impl ScenarioName {
                 Some(0),
                 1,
             ),
+            ScenarioName::Transient => (
+                vec![Phase {
+                    name: "transient",
+                    load: TRANSIENT_LOAD,
+                    secs: steady,
+                }],
+                None,
+                2,
+            ),
         };
+        let transient = self == ScenarioName::Transient;
         let mut s = Scenario {
             name: self,
             phases,
             burst,
             cores,
             rejection_ms: 0.3,
+            random_rejection: if transient { TRANSIENT_REJECTION } else { 0.0 },
+            deadline: transient.then_some(TRANSIENT_DEADLINE),
         };
         if let Some(secs) = secs {
             let total = s.secs();
@@ -158,6 +187,8 @@ impl Scenario {
             burst: Some(0),
             cores: 2,
             rejection_ms: 0.3,
+            random_rejection: 0.0,
+            deadline: None,
         }
     }
 
@@ -174,6 +205,12 @@ impl Scenario {
     pub fn validate(&self) -> Result<(), String> {
         if self.phases.is_empty() {
             return Err("a scenario needs a phase".into());
+        }
+        if !(0.0..=1.0).contains(&self.random_rejection) {
+            return Err(format!(
+                "random rejection share {} is not from 0 to 1",
+                self.random_rejection
+            ));
         }
         for p in &self.phases {
             if !(p.load.is_finite() && (0.0..=1000.0).contains(&p.load)) {

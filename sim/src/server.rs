@@ -65,6 +65,9 @@ pub struct ServerConfig {
     pub write_ms: f64,
     /// Core time to reject a request at the limiter (ms; lab: 0.3).
     pub rejection_ms: f64,
+    /// Share of attempts rejected at random for overload before the limiter, at the same
+    /// cost (the emulator's `randomRejectionShare`; 0: none).
+    pub random_rejection: f64,
     /// Core time to stop an expired request at an interrupt point (ms; lab: 0.5).
     pub expiry_ms: f64,
     /// The ingress limiter's rate (requests/s); `None`: no limiter.
@@ -93,6 +96,7 @@ impl Default for ServerConfig {
             range_read_ms: 5.0,
             write_ms: 3.0,
             rejection_ms: 0.3,
+            random_rejection: 0.0,
             expiry_ms: 0.5,
             limiter_rate: None,
             burst_secs: 0.25,
@@ -190,6 +194,10 @@ pub struct Request {
     /// When the application stops waiting (the lab's `labDeadlineMs` oracle): work completed
     /// later is wasted.
     pub client_deadline: Nanos,
+    /// A uniform draw in `[0, 1)` keyed by the request and attempt, not by the run's random
+    /// streams, so that every variant meets the same random rejections: the attempt is
+    /// rejected at random when it is below [`ServerConfig::random_rejection`].
+    pub rejection_draw: f64,
 }
 
 /// The server's answer to one attempt.
@@ -316,6 +324,11 @@ impl Server {
             req.max_time
                 .unwrap_or_else(|| clock::ms(self.cfg.safety_limit_ms)),
         );
+        if req.rejection_draw < self.cfg.random_rejection {
+            self.stats.rejected += 1;
+            self.burn(now, req.tag, Reply::Overloaded, self.cfg.rejection_ms, q);
+            return;
+        }
         if let Some(rate) = self.cfg.limiter_rate {
             let cap = bucket_cap(rate, self.cfg.burst_secs);
             let dt = now.saturating_sub(self.last_refill) as f64 / 1e9;
@@ -587,6 +600,7 @@ mod tests {
             kind,
             max_time,
             client_deadline: Nanos::MAX,
+            rejection_draw: 1.0,
         }
     }
 

@@ -15,7 +15,7 @@ use sim::{Length, RunConfig, ScenarioName, Variant};
 #[derive(Parser, Debug)]
 #[command(name = "sim", version)]
 struct Args {
-    /// Scenarios, comma-separated: burst, sustained, flood, or all.
+    /// Scenarios, comma-separated: burst, sustained, flood, transient, or all.
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Variants, comma-separated: upstream-default (upstream), upstream-no-retries,
@@ -38,9 +38,9 @@ struct Args {
     /// Seed of every random draw.
     #[arg(long, default_value_t = 4)]
     seed: u64,
-    /// The application's deadline (ms).
-    #[arg(long, default_value_t = 100.0)]
-    deadline_ms: f64,
+    /// The application's deadline (ms; default 100, `transient`'s 1000).
+    #[arg(long)]
+    deadline_ms: Option<f64>,
     /// Network round trip (ms).
     #[arg(long, default_value_t = 0.2)]
     rtt_ms: f64,
@@ -112,7 +112,9 @@ fn parse_scenarios(list: &str) -> Result<Vec<ScenarioName>, String> {
             .into_iter()
             .find(|s| s.name() == entry)
             .ok_or_else(|| {
-                format!("--scenarios: unknown {entry:?}: use burst, sustained, flood or all")
+                format!(
+                    "--scenarios: unknown {entry:?}: use burst, sustained, flood, transient or all"
+                )
             })?;
         out.push(s);
     }
@@ -160,7 +162,9 @@ fn config(
     seed: u64,
 ) -> Result<RunConfig, String> {
     let mut cfg = RunConfig::new(scenario.build(length, secs), variant, clients, seed);
-    cfg.deadline = millis("deadline-ms", args.deadline_ms, 3_600_000.0)?;
+    if let Some(ms) = args.deadline_ms {
+        cfg.deadline = millis("deadline-ms", ms, 3_600_000.0)?;
+    }
     cfg.rtt = millis("rtt-ms", args.rtt_ms, 10_000.0)?;
     cfg.capacity = args.capacity;
     cfg.limiter_share = args.limiter_share;
@@ -211,7 +215,8 @@ fn grid(args: &Args) -> Result<(), String> {
         "Seed {}; deadline {} ms; RTT {} ms; ingress limiter at {} × capacity; schedule {:?}{}; \
          budget floor {}, share {} %, throttle minimum {} (unset: the fork's defaults).",
         args.seed,
-        args.deadline_ms,
+        args.deadline_ms
+            .map_or("100 (transient 1000)".to_owned(), |ms| ms.to_string()),
         args.rtt_ms,
         args.limiter_share,
         args.length,
