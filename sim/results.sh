@@ -39,6 +39,15 @@ started=$(date +%s)
     $bin --scenarios sustained,flood --clients 4,64,1000,10k --secs 60 --variants recommended,fork-controls \
         --budget-min-per-sec 0 --throttle-min-requests 0
     echo
+    echo "## Fleets over five minutes: the histories filled"
+    echo
+    echo "A sparse client's throttle and budget judge it on up to two minutes of history once that"
+    echo "holds 20 requests; at 10,000 clients that takes about two minutes, so the 60 s grid shows"
+    echo "only their start. The same scenarios over 300 s of virtual time:"
+    echo
+    $bin --scenarios sustained,flood,transient --clients 64,1000,10k,100k --secs 300 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls
+    echo
     echo "## Seed spread: sustained, 60 s, seeds 4 to 8"
     echo
     echo "The grid's cells are one seed each; these rows show how far five seeds move the cells the"

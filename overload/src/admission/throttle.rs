@@ -367,7 +367,8 @@ impl AdaptiveThrottle {
     }
 
     /// Counts, at `now`, a first attempt the server rejected for overload (an error labelled
-    /// `SystemOverloadedError`). Every other outcome counts as accepted and needs no call.
+    /// `SystemOverloadedError`). Every other outcome counts as accepted without a call; an
+    /// answer is still worth [`Self::record_accept`] for a sparse client's history.
     pub fn record_overload(&self, now: Instant) {
         let mut window = self.window_at(now);
         window.count_refusal(Counts::Window);
