@@ -108,11 +108,19 @@ async fn the_throttle_rejects_first_attempts_locally_and_never_sends_or_retries_
         "local rejections are not server errors"
     );
 
-    // Once the overload ends, the window (1 s here) empties and first attempts flow again.
+    // Once the overload ends, the window (1 s here) empties; the client's last answer was a
+    // rejection, so its history (twelve windows) still decides, and the pinned draw of 0
+    // rejects. A draw above the cap of 0.9 sends one; the server accepts it, and from then on
+    // first attempts flow again.
     fail_command_off(&server.uri).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let error = find_one(&coll).await.expect_err("the history still says overloaded");
+    assert!(is_local_rejection(&error), "{error:?}");
+    with_pinned_jitter(0.95, coll.find_one(doc! {}))
+        .await
+        .expect("a draw above the cap is sent");
     find_one(&coll).await.expect("the throttle released");
-    assert_eq!(attempts.count(), 3 * 20 + 1);
+    assert_eq!(attempts.count(), 3 * 20 + 2);
 }
 
 #[tokio::test]

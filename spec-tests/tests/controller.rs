@@ -376,8 +376,9 @@ async fn decisions_are_events_on_the_operations_span() {
     );
 }
 
-/// The throttle rejects a first attempt locally on the paused clock, and its 10 s window, advanced
-/// past in virtual time, lets first attempts through again.
+/// The throttle rejects a first attempt locally on the paused clock; past its 10 s window its
+/// history still rejects until the server accepts a request, and past the history's two
+/// minutes nothing is left.
 #[tokio::test(flavor = "current_thread")]
 async fn the_throttle_rejects_and_forgets_on_the_paused_clock() {
     let server = Server::standalone();
@@ -391,8 +392,9 @@ async fn the_throttle_rejects_and_forgets_on_the_paused_clock() {
     overload_finds(&server.uri).await;
     let before = attempts.count();
     let clock = Metronome::start();
-    // The warm-up leaves the window before the overloaded finds.
-    tokio::time::advance(Duration::from_secs(11)).await;
+    // The warm-up leaves the window and the history (twelve windows) before the overloaded
+    // finds.
+    tokio::time::advance(Duration::from_secs(131)).await;
     for _ in 0..5 {
         let error = with_pinned_jitter(0.0, coll.find_one(doc! {}))
             .await
@@ -411,9 +413,15 @@ async fn the_throttle_rejects_and_forgets_on_the_paused_clock() {
     fail_command_off(&server.uri).await;
     let clock = Metronome::start();
     tokio::time::advance(Duration::from_secs(11)).await;
+    let error = with_pinned_jitter(0.0, coll.find_one(doc! {}))
+        .await
+        .expect_err("the history, not the window, decides a sparse client");
+    assert!(is_local_rejection(&error), "{error:?}");
+    // Twelve windows later (and part of a thirteenth) the history is empty too.
+    tokio::time::advance(Duration::from_secs(130)).await;
     let result = with_pinned_jitter(0.0, coll.find_one(doc! {})).await;
     drop(clock);
-    result.expect("the window forgot the rejections");
+    result.expect("the history forgot the rejections");
     assert_eq!(attempts.count() - before, 6);
 }
 
