@@ -114,7 +114,9 @@ async fn the_throttle_rejects_first_attempts_locally_and_never_sends_or_retries_
     // first attempts flow again.
     fail_command_off(&server.uri).await;
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let error = find_one(&coll).await.expect_err("the history still says overloaded");
+    let error = find_one(&coll)
+        .await
+        .expect_err("the history still says overloaded");
     assert!(is_local_rejection(&error), "{error:?}");
     with_pinned_jitter(0.95, coll.find_one(doc! {}))
         .await
