@@ -231,8 +231,8 @@ pub const MUTANTS: &[Mutant] = &[
         drop_patches: &[],
         edits: &[Edit {
             path: "overload/src/control/admission.rs",
-            find: "                throttle.record_overload(now);\n",
-            replace: "",
+            find: "                    _ if overloaded => throttle.record_overload(now),\n",
+            replace: "                    _ if overloaded => {}\n",
         }],
     },
     Mutant {
