@@ -255,7 +255,6 @@ pub struct AdaptiveThrottle {
     /// `K` in thousandths.
     k_milli: u64,
     slot_nanos: u64,
-    window_nanos: u64,
     window: Mutex<Window>,
     /// Times are kept as nanoseconds since this instant.
     origin: Instant,
@@ -321,7 +320,6 @@ impl AdaptiveThrottle {
             config,
             k_milli,
             slot_nanos: window_nanos / SLOTS as u64,
-            window_nanos,
             window: Mutex::new(Window {
                 latest: 0,
                 newest: 0,
@@ -476,7 +474,9 @@ impl AdaptiveThrottle {
             }
             window.newest = slot;
         }
-        window.history.advance_to(t / self.window_nanos);
+        // A history bucket is one whole window: SLOTS slots.
+        let bucket = window.newest / SLOTS as u64;
+        window.history.advance_to(bucket);
         window
     }
 }

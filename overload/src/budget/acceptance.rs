@@ -48,7 +48,6 @@ pub const REFUND_MIN_ACCEPTED_SHARE: f64 = 0.5;
 #[derive(Debug)]
 pub struct Acceptance {
     slot_nanos: u64,
-    window_nanos: u64,
     counts: Mutex<Counts>,
 }
 
@@ -73,7 +72,6 @@ impl Acceptance {
             .max(1);
         Self {
             slot_nanos,
-            window_nanos: slot_nanos.saturating_mul(SLOTS as u64),
             counts: Mutex::new(Counts {
                 origin,
                 newest: 0,
@@ -103,7 +101,8 @@ impl Acceptance {
     }
 
     /// Whether the servers accepted at least [`REFUND_MIN_ACCEPTED_SHARE`] of the attempts of
-    /// the window before `now` (true when nothing was sent or rejected).
+    /// the window before `now`, or of the history when the window holds fewer than
+    /// [`MIN_ATTEMPTS`] (true when nothing was sent or rejected).
     pub fn mostly_accepted(&self, now: Instant) -> bool {
         let (counts, _) = self.counts_at(now);
         let sum = |slots: &[u64]| slots.iter().fold(0u64, |a, b| a.saturating_add(*b));
@@ -134,7 +133,8 @@ impl Acceptance {
             }
             counts.newest = slot;
         }
-        let bucket = slot.max(counts.newest) * self.slot_nanos / self.window_nanos.max(1);
+        // A history bucket is one whole window: SLOTS slots.
+        let bucket = counts.newest / SLOTS as u64;
         if bucket > counts.history_newest {
             let to_clear = (bucket - counts.history_newest).min(HISTORY_WINDOWS as u64);
             for step in 1..=to_clear {
