@@ -16,6 +16,7 @@ pub mod identity;
 pub mod labels;
 pub mod retry;
 pub mod stats;
+mod tally;
 pub mod trace;
 pub mod transaction;
 

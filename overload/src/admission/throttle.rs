@@ -100,6 +100,7 @@ use std::time::{Duration, Instant};
 
 use super::InvalidAdmissionConfig;
 use crate::backoff::Jitter;
+use crate::tally::Tally;
 
 /// Connection-string name of [`ThrottleConfig::k`] (provisional).
 pub const OPTION_K: &str = "adaptiveThrottleK";
@@ -149,9 +150,7 @@ const K_SCALE: u64 = 1000;
 const SLOTS: usize = 10;
 /// How many windows a sparse client's history holds: two minutes at the default window, the
 /// SRE book's own window.
-pub const HISTORY_WINDOWS: usize = 12;
-/// The history's span in slots.
-const HISTORY_SLOTS: u64 = (HISTORY_WINDOWS * SLOTS) as u64;
+pub const HISTORY_WINDOWS: usize = crate::tally::HISTORY_WINDOWS;
 
 /// Which counts a decision was made from, and so which counts it goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,9 +245,9 @@ pub struct ThrottleCounts {
 /// [module documentation](self) for the rule and its arithmetic.
 ///
 /// Thread safety: the counts sit behind one [`Mutex`], taken once per first attempt and once
-/// per overload rejection for a few dozen instructions (at most ten slots are cleared or
+/// per overload rejection for a few dozen instructions (at most 22 slots are cleared or
 /// summed), the same trade as the retry budget's. [`Self::rejection_probability`] takes it only
-/// when a refusal may still be in the window.
+/// when a refusal may still be in the window or the server's latest answer was a rejection.
 #[derive(Debug)]
 pub struct AdaptiveThrottle {
     config: ThrottleConfig,
@@ -263,9 +262,13 @@ pub struct AdaptiveThrottle {
     /// [`Self::rejection_probability`], asked before every first attempt's server selection,
     /// answers without the lock while the server refuses nothing.
     last_refusal: AtomicU64,
-    /// One more than the latest time (nanoseconds since `origin`) the server answered a request
-    /// without an overload error, 0 for never; kept only while a refusal is in the history,
-    /// where it decides whether a sparse client reads its history.
+    /// One more than the latest time (nanoseconds since `origin`) the server rejected a request
+    /// for overload, 0 for never.
+    last_overload: AtomicU64,
+    /// One more than the latest time the server answered a request without an overload error,
+    /// recorded only for the first answer after an overload rejection (the only one that
+    /// changes which came last), 0 for never. The two decide whether a sparse client reads its
+    /// history.
     last_accept: AtomicU64,
 }
 
@@ -273,23 +276,11 @@ pub struct AdaptiveThrottle {
 struct Window {
     /// The latest time seen; earlier times count as this one.
     latest: u64,
-    /// The number (time / slot length) of the newest slot; slot `n` lives at `n % SLOTS`.
-    newest: u64,
-    requests: [u64; SLOTS],
-    /// Requests not accepted: rejected locally, or by the server for overload.
-    refused: [u64; SLOTS],
-    /// The sparse client's history: the same counts in [`HISTORY_WINDOWS`] buckets of one
-    /// window each; bucket `n` (time / window) lives at `n % HISTORY_WINDOWS`.
-    history: History,
-    /// One more than the latest time the server rejected a request for overload, 0 for never.
-    last_overload: u64,
-}
-
-#[derive(Debug)]
-struct History {
-    newest: u64,
-    requests: [u64; HISTORY_WINDOWS],
-    refused: [u64; HISTORY_WINDOWS],
+    /// Requests, and those not accepted (rejected locally, or by the server for overload), per
+    /// slot of `window / SLOTS`; slot `n` is time / slot length.
+    slots: Tally<SLOTS>,
+    /// The sparse client's history: the same counts per whole window.
+    history: Tally<HISTORY_WINDOWS>,
 }
 
 impl AdaptiveThrottle {
@@ -322,18 +313,12 @@ impl AdaptiveThrottle {
             slot_nanos: window_nanos / SLOTS as u64,
             window: Mutex::new(Window {
                 latest: 0,
-                newest: 0,
-                requests: [0; SLOTS],
-                refused: [0; SLOTS],
-                history: History {
-                    newest: 0,
-                    requests: [0; HISTORY_WINDOWS],
-                    refused: [0; HISTORY_WINDOWS],
-                },
-                last_overload: 0,
+                slots: Tally::new(),
+                history: Tally::new(),
             }),
             origin,
             last_refusal: AtomicU64::new(0),
+            last_overload: AtomicU64::new(0),
             last_accept: AtomicU64::new(0),
         })
     }
@@ -370,15 +355,17 @@ impl AdaptiveThrottle {
     pub fn record_overload(&self, now: Instant) {
         let mut window = self.window_at(now);
         window.count_refusal(Counts::Window);
-        window.last_overload = window.latest.saturating_add(1);
+        self.last_overload
+            .fetch_max(window.latest.saturating_add(1), Ordering::Relaxed);
         self.note_refusal(&window);
     }
 
     /// Notes, at `now`, that the server answered a first attempt without an overload error.
-    /// Only a sparse client's history needs it (module documentation, "Sparse clients"), so
-    /// it costs one atomic load while no refusal is in the history.
+    /// Only a sparse client's history needs it (module documentation, "Sparse clients"), and
+    /// only the first answer after an overload rejection changes anything, so every other call
+    /// costs two atomic loads.
     pub fn record_accept(&self, now: Instant) {
-        if self.no_refusal_within(now, HISTORY_SLOTS) {
+        if !self.answered_overloaded() {
             return;
         }
         let nanos = self.nanos_since_origin(now);
@@ -386,10 +373,18 @@ impl AdaptiveThrottle {
             .fetch_max(nanos.saturating_add(1), Ordering::Relaxed);
     }
 
+    /// Whether the server's latest answer to this throttle's requests was an overload
+    /// rejection.
+    fn answered_overloaded(&self) -> bool {
+        self.last_overload.load(Ordering::Relaxed) > self.last_accept.load(Ordering::Relaxed)
+    }
+
     /// The probability with which a first attempt at `now` would be rejected, in
     /// `[0, MAX_REJECTION_PROBABILITY]`.
     pub fn rejection_probability(&self, now: Instant) -> f64 {
-        if self.no_refusal_within(now, HISTORY_SLOTS) {
+        // The window rejects only with a refusal in it, the history only while the latest
+        // answer was a rejection.
+        if self.no_refusal_in_window(now) && !self.answered_overloaded() {
             return 0.0;
         }
         let window = self.window_at(now);
@@ -402,16 +397,15 @@ impl AdaptiveThrottle {
             .fetch_max(window.latest.saturating_add(1), Ordering::Relaxed);
     }
 
-    /// Whether no refusal made less than `slots` slots (plus one) before `now` can still be
-    /// counted: a refusal at time `t` is in slot `⌊t / slot⌋`, which the window clears once its
-    /// newest slot is `SLOTS` later, by `t + window + slot` at the latest, and the history
-    /// [`HISTORY_SLOTS`] later. Conservative: `false` answers nothing.
-    fn no_refusal_within(&self, now: Instant, slots: u64) -> bool {
+    /// Whether every slot the window can still hold at `now` is free of refusals: a refusal at
+    /// time `t` is in slot `⌊t / slot⌋`, which is cleared once the newest slot is `SLOTS`
+    /// later, by `t + window + slot` at the latest. Conservative: `false` answers nothing.
+    fn no_refusal_in_window(&self, now: Instant) -> bool {
         let last = self.last_refusal.load(Ordering::Relaxed);
         if last == 0 {
             return true;
         }
-        let span = self.slot_nanos.saturating_mul(slots + 1);
+        let span = self.slot_nanos.saturating_mul(SLOTS as u64 + 1);
         self.nanos_since_origin(now) >= (last - 1).saturating_add(span)
     }
 
@@ -433,10 +427,8 @@ impl AdaptiveThrottle {
         if counts.requests >= u64::from(self.config.min_requests) {
             return (self.formula(counts), Counts::Window);
         }
-        // The server's latest answer was an overload rejection.
-        let overloaded = window.last_overload > self.last_accept.load(Ordering::Relaxed);
-        let history = window.history.counts();
-        if !overloaded || history.requests < u64::from(self.config.min_requests) {
+        let history = Window::counts_of(&window.history);
+        if !self.answered_overloaded() || history.requests < u64::from(self.config.min_requests) {
             return (0.0, Counts::Window);
         }
         (self.formula(history), Counts::History)
@@ -462,87 +454,40 @@ impl AdaptiveThrottle {
         let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
         let t = self.nanos_since_origin(now).max(window.latest);
         window.latest = t;
-        let slot = t / self.slot_nanos;
-        if slot > window.newest {
-            // After SLOTS steps every slot is clear, so the loop is bounded however long the
-            // throttle was idle.
-            let to_clear = (slot - window.newest).min(SLOTS as u64);
-            for step in 1..=to_clear {
-                let index = ((window.newest + step) % SLOTS as u64) as usize;
-                window.requests[index] = 0;
-                window.refused[index] = 0;
-            }
-            window.newest = slot;
-        }
+        window.slots.advance_to(t / self.slot_nanos);
         // A history bucket is one whole window: SLOTS slots.
-        let bucket = window.newest / SLOTS as u64;
+        let bucket = window.slots.newest() / SLOTS as u64;
         window.history.advance_to(bucket);
         window
     }
 }
 
 impl Window {
-    fn newest_index(&self) -> usize {
-        (self.newest % SLOTS as u64) as usize
-    }
-
-    /// Counts a request in the newest history bucket and, unless the history decided it, in the
-    /// newest slot.
+    /// Counts a request in the history and, unless the history decided it, in the window.
     fn count_request(&mut self, from: Counts) {
         if from == Counts::Window {
-            let index = self.newest_index();
-            self.requests[index] = self.requests[index].saturating_add(1);
+            self.slots.add_event();
         }
-        let bucket = self.history.newest_index();
-        self.history.requests[bucket] = self.history.requests[bucket].saturating_add(1);
+        self.history.add_event();
     }
 
     /// Counts a request not accepted, likewise.
     fn count_refusal(&mut self, from: Counts) {
         if from == Counts::Window {
-            let index = self.newest_index();
-            self.refused[index] = self.refused[index].saturating_add(1);
+            self.slots.add_refused();
         }
-        let bucket = self.history.newest_index();
-        self.history.refused[bucket] = self.history.refused[bucket].saturating_add(1);
+        self.history.add_refused();
     }
 
     fn counts(&self) -> ThrottleCounts {
-        let sum = |slots: &[u64; SLOTS]| slots.iter().fold(0u64, |s, n| s.saturating_add(*n));
-        let requests = sum(&self.requests);
+        Self::counts_of(&self.slots)
+    }
+
+    fn counts_of<const N: usize>(tally: &Tally<N>) -> ThrottleCounts {
+        let (requests, refused) = tally.sums();
         // A rejection recorded in a later slot than its request can outlive it by a slot, so
-        // the refusals can exceed the requests at the window's edge; never below zero accepts.
-        let accepts = requests.saturating_sub(sum(&self.refused));
-        ThrottleCounts { requests, accepts }
-    }
-}
-
-impl History {
-    fn newest_index(&self) -> usize {
-        (self.newest % HISTORY_WINDOWS as u64) as usize
-    }
-
-    /// Clears the buckets time has moved past, up to `bucket`.
-    fn advance_to(&mut self, bucket: u64) {
-        if bucket <= self.newest {
-            return;
-        }
-        // Bounded like the window's slots.
-        let to_clear = (bucket - self.newest).min(HISTORY_WINDOWS as u64);
-        for step in 1..=to_clear {
-            let index = ((self.newest + step) % HISTORY_WINDOWS as u64) as usize;
-            self.requests[index] = 0;
-            self.refused[index] = 0;
-        }
-        self.newest = bucket;
-    }
-
-    fn counts(&self) -> ThrottleCounts {
-        let sum = |buckets: &[u64; HISTORY_WINDOWS]| {
-            buckets.iter().fold(0u64, |s, n| s.saturating_add(*n))
-        };
-        let requests = sum(&self.requests);
-        let accepts = requests.saturating_sub(sum(&self.refused));
+        // the refusals can exceed the requests at the edge; never below zero accepts.
+        let accepts = requests.saturating_sub(refused);
         ThrottleCounts { requests, accepts }
     }
 }

@@ -16,7 +16,7 @@
 //! where the budget charges every retry as before and bounds attempts per request to about
 //! `1 + share`.
 //!
-//! A sparse client, one of a fleet that sends fewer than [`MIN_ATTEMPTS`] attempts a window,
+//! A sparse client, one of a fleet that sends fewer than `MIN_ATTEMPTS` (20) attempts a window,
 //! is judged on its history instead: the same counts per whole window over the last twelve
 //! windows (two minutes by default). With the window alone, a client that had sent one attempt
 //! in it, rejected at random, read as a shedding server and had the retry of that very request
@@ -32,14 +32,14 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::tally::{Tally, HISTORY_WINDOWS};
+
 /// Slots of the window; each holds the counts of `window / SLOTS`.
 const SLOTS: usize = 10;
-/// Windows of history a sparse client reads (two minutes at the default 10 s window, the
-/// throttle's `HISTORY_WINDOWS`).
-const HISTORY_WINDOWS: usize = 12;
-/// Below this many attempts in the window, the history decides: the adaptive throttle's
-/// default minimum of requests (`adaptiveThrottleMinRequests`), for the same reason.
-pub const MIN_ATTEMPTS: u64 = 20;
+/// Below this many attempts in the window, the history (the throttle's, twelve windows)
+/// decides: the adaptive throttle's default minimum of requests
+/// (`adaptiveThrottleMinRequests`), for the same reason.
+pub const MIN_ATTEMPTS: u64 = crate::admission::throttle::DEFAULT_MIN_REQUESTS as u64;
 
 /// The least share of recent attempts the servers must have accepted for refunds to be given.
 pub const REFUND_MIN_ACCEPTED_SHARE: f64 = 0.5;
@@ -54,14 +54,10 @@ pub struct Acceptance {
 #[derive(Debug)]
 struct Counts {
     origin: Instant,
-    /// The number (time / slot length) of the newest slot.
-    newest: u64,
-    sent: [u64; SLOTS],
-    rejected: [u64; SLOTS],
-    /// The same counts in buckets of one window each; bucket `n` lives at `n % HISTORY_WINDOWS`.
-    history_newest: u64,
-    history_sent: [u64; HISTORY_WINDOWS],
-    history_rejected: [u64; HISTORY_WINDOWS],
+    /// Attempts sent and rejected for overload per slot; slot `n` is time / slot length.
+    window: Tally<SLOTS>,
+    /// The same counts per whole window.
+    history: Tally<HISTORY_WINDOWS>,
 }
 
 impl Acceptance {
@@ -74,84 +70,52 @@ impl Acceptance {
             slot_nanos,
             counts: Mutex::new(Counts {
                 origin,
-                newest: 0,
-                sent: [0; SLOTS],
-                rejected: [0; SLOTS],
-                history_newest: 0,
-                history_sent: [0; HISTORY_WINDOWS],
-                history_rejected: [0; HISTORY_WINDOWS],
+                window: Tally::new(),
+                history: Tally::new(),
             }),
         }
     }
 
     /// One attempt sent at `now` (a first attempt or a retry).
     pub fn sent(&self, now: Instant) {
-        let (mut counts, index) = self.counts_at(now);
-        counts.sent[index] = counts.sent[index].saturating_add(1);
-        let bucket = counts.history_index();
-        counts.history_sent[bucket] = counts.history_sent[bucket].saturating_add(1);
+        let mut counts = self.counts_at(now);
+        counts.window.add_event();
+        counts.history.add_event();
     }
 
     /// One attempt rejected for overload, answered at `now`.
     pub fn rejected(&self, now: Instant) {
-        let (mut counts, index) = self.counts_at(now);
-        counts.rejected[index] = counts.rejected[index].saturating_add(1);
-        let bucket = counts.history_index();
-        counts.history_rejected[bucket] = counts.history_rejected[bucket].saturating_add(1);
+        let mut counts = self.counts_at(now);
+        counts.window.add_refused();
+        counts.history.add_refused();
     }
 
     /// Whether the servers accepted at least [`REFUND_MIN_ACCEPTED_SHARE`] of the attempts of
     /// the window before `now`, or of the history when the window holds fewer than
-    /// [`MIN_ATTEMPTS`] (true when nothing was sent or rejected).
+    /// `MIN_ATTEMPTS` (20) (true when nothing was sent or rejected).
     pub fn mostly_accepted(&self, now: Instant) -> bool {
-        let (counts, _) = self.counts_at(now);
-        let sum = |slots: &[u64]| slots.iter().fold(0u64, |a, b| a.saturating_add(*b));
-        let (mut sent, mut rejected) = (sum(&counts.sent), sum(&counts.rejected));
-        if sent < MIN_ATTEMPTS {
-            sent = sum(&counts.history_sent);
-            rejected = sum(&counts.history_rejected);
-        }
+        let counts = self.counts_at(now);
+        let (sent, rejected) = match counts.window.sums() {
+            (sent, _) if sent < MIN_ATTEMPTS => counts.history.sums(),
+            sums => sums,
+        };
         // A rejection can be counted in a slot before its attempt's (the attempt was sent just
         // before a slot boundary), so the rejections may exceed the attempts by a few.
         rejected <= sent.saturating_sub(rejected)
     }
 
-    /// The counts brought up to `now` (expired slots cleared), and the index of `now`'s slot.
-    /// A time earlier than one already seen counts in the newest slot.
-    fn counts_at(&self, now: Instant) -> (MutexGuard<'_, Counts>, usize) {
+    /// The counts brought up to `now` (expired slots cleared). A time earlier than one already
+    /// seen counts in the newest slot.
+    fn counts_at(&self, now: Instant) -> MutexGuard<'_, Counts> {
         // No code panics while holding the lock; a poisoned one still holds consistent counts.
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let since = now.saturating_duration_since(counts.origin).as_nanos();
         let slot = u64::try_from(since).unwrap_or(u64::MAX) / self.slot_nanos;
-        if slot > counts.newest {
-            // Bounded: after SLOTS steps every slot is clear.
-            let to_clear = (slot - counts.newest).min(SLOTS as u64);
-            for step in 1..=to_clear {
-                let index = ((counts.newest + step) % SLOTS as u64) as usize;
-                counts.sent[index] = 0;
-                counts.rejected[index] = 0;
-            }
-            counts.newest = slot;
-        }
+        counts.window.advance_to(slot);
         // A history bucket is one whole window: SLOTS slots.
-        let bucket = counts.newest / SLOTS as u64;
-        if bucket > counts.history_newest {
-            let to_clear = (bucket - counts.history_newest).min(HISTORY_WINDOWS as u64);
-            for step in 1..=to_clear {
-                let index = ((counts.history_newest + step) % HISTORY_WINDOWS as u64) as usize;
-                counts.history_sent[index] = 0;
-                counts.history_rejected[index] = 0;
-            }
-            counts.history_newest = bucket;
-        }
-        let index = (counts.newest % SLOTS as u64) as usize;
-        (counts, index)
-    }
-}
-
-impl Counts {
-    fn history_index(&self) -> usize {
-        (self.history_newest % HISTORY_WINDOWS as u64) as usize
+        let bucket = counts.window.newest() / SLOTS as u64;
+        counts.history.advance_to(bucket);
+        counts
     }
 }
 
