@@ -111,6 +111,10 @@ pub struct OverloadStats {
     pub concurrency_waits: u64,
     /// Of those, the ones whose deadline passed before a slot came free.
     pub concurrency_wait_timeouts: u64,
+    /// Of those, the ones that went back to server selection because their server changed
+    /// while they waited (its pool was cleared, or it stepped down). Not retries: nothing was
+    /// sent.
+    pub concurrency_wait_reselections: u64,
     /// Each server's concurrency limit, slots in use and latency estimates, by `host:port`; the
     /// driver fills it from the limits it holds (empty while the limit is off).
     pub concurrency_limits: BTreeMap<String, ConcurrencySnapshot>,
@@ -142,6 +146,7 @@ pub struct OverloadStatsRecorder {
     local_rejections: AtomicU64,
     concurrency_waits: AtomicU64,
     concurrency_wait_timeouts: AtomicU64,
+    concurrency_wait_reselections: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -176,6 +181,7 @@ impl OverloadStatsRecorder {
             local_rejections: AtomicU64::new(0),
             concurrency_waits: AtomicU64::new(0),
             concurrency_wait_timeouts: AtomicU64::new(0),
+            concurrency_wait_reselections: AtomicU64::new(0),
         }
     }
 
@@ -295,6 +301,16 @@ impl OverloadStatsRecorder {
         }
     }
 
+    /// Counts one wait for a concurrency slot that ended because its server changed: the
+    /// operation selects a server again.
+    pub fn record_concurrency_reselection(&self) {
+        self.concurrency_waits.fetch_add(1, Ordering::Relaxed);
+        self.concurrency_wait_reselections
+            .fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(METRIC_CONCURRENCY_WAITS, "result" => "server_changed").increment(1);
+    }
+
     /// Publishes a server's concurrency limit and slots in use as gauges (`metrics` feature);
     /// without the feature it does nothing, since snapshots read the limits themselves.
     pub fn record_concurrency_limit(&self, server: &str, limit: &ConcurrencySnapshot) {
@@ -333,6 +349,9 @@ impl OverloadStatsRecorder {
             local_rejections: self.local_rejections.load(Ordering::Relaxed),
             concurrency_waits: self.concurrency_waits.load(Ordering::Relaxed),
             concurrency_wait_timeouts: self.concurrency_wait_timeouts.load(Ordering::Relaxed),
+            concurrency_wait_reselections: self
+                .concurrency_wait_reselections
+                .load(Ordering::Relaxed),
             concurrency_limits: BTreeMap::new(),
         }
     }

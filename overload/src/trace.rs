@@ -121,6 +121,18 @@ pub fn concurrency_wait(
     );
 }
 
+/// Logs, at DEBUG, the end of an operation's wait for a concurrency slot on `server` after
+/// `waited` because the server changed (pool cleared, or a new role): it selects again.
+pub fn concurrency_wait_abandoned(operation: &str, server: &str, waited: std::time::Duration) {
+    tracing::debug!(
+        target: TARGET,
+        operation,
+        server,
+        waitedMS = waited.as_secs_f64() * 1000.0,
+        "concurrency slot wait abandoned: the server changed, selecting again"
+    );
+}
+
 /// Logs, at DEBUG, a change of `server`'s concurrency limit (the limit in force, a whole number
 /// of operations) from `from` to `to`.
 pub fn concurrency_limit_changed(server: &str, from: u32, to: u32) {

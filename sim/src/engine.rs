@@ -531,6 +531,12 @@ impl<'c> Sim<'c> {
                 o.stage = Stage::Idle;
                 self.driver_end(now, op, Outcome::Deadline);
             }
+            // Only an attempt whose caller reports a server change gets this, and the
+            // simulated servers never change role: look again, as after a wait.
+            StartAnswer::Reselect => {
+                let wait = o.wait;
+                self.q.push(now, Event::SlotPoll { op, wait });
+            }
         }
     }
 

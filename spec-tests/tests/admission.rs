@@ -257,3 +257,86 @@ async fn a_cancelled_operation_gives_its_slot_back() {
     let limits = client.overload_stats().concurrency_limits;
     assert_eq!(limits.values().map(|l| l.in_flight).sum::<u32>(), 0);
 }
+
+#[tokio::test]
+async fn a_slot_waiter_whose_primary_steps_down_goes_to_the_new_primary() {
+    use mongodb::event::{command::CommandEvent, EventHandler};
+    use std::sync::{Arc, Mutex};
+
+    let server = Server::replica_set_of(2);
+    // One slot per server: maxPoolSize 1 caps the limit at 1.
+    let uri =
+        server.uri_with("adaptiveConcurrency=true&maxPoolSize=1&adaptiveConcurrencyMinLimit=1");
+    let mut options = ClientOptions::parse(&uri).await.expect("valid uri");
+    let finds: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = Arc::clone(&finds);
+    options.command_event_handler = Some(EventHandler::callback(move |event: CommandEvent| {
+        if let CommandEvent::Started(e) = event {
+            if e.command_name == "find" {
+                sink.lock().unwrap().push(e.connection.address.to_string());
+            }
+        }
+    }));
+    let client = mongodb::Client::with_options(options).expect("client");
+    let coll = client.database("t").collection::<Document>("c");
+    coll.find_one(doc! {}).await.expect("warm up");
+    let old_primary = finds.lock().unwrap()[0].clone();
+
+    // A find held 1 s on the primary takes its only slot; a second find waits for it.
+    fail_find(
+        &server.uri,
+        doc! { "times": 1 }.into(),
+        doc! { "blockConnection": true, "blockTimeMS": 1000 },
+    )
+    .await;
+    let slow = {
+        let coll = coll.clone();
+        tokio::spawn(async move { coll.find_one(doc! {}).await.map(|_| ()) })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiter = {
+        let coll = coll.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let found = coll.find_one(doc! {}).timeout(Duration::from_secs(5)).await;
+            found.map(|_| start.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // The primary steps down while the second find waits for its slot there.
+    let admin = mongodb::Client::with_uri_str(&server.uri)
+        .await
+        .expect("admin client");
+    admin
+        .database("admin")
+        .run_command(doc! { "replSetStepDown": 60, "secondaryCatchUpPeriodSecs": 0, "force": true })
+        .await
+        .expect("the primary steps down");
+
+    let waited = waiter.await.expect("task").expect("the second find");
+    let _ = slow.await.expect("task");
+    let finds = finds.lock().unwrap().clone();
+    // The slow find, answered after the step-down, fails as not primary and is retried on the
+    // new primary; the second find goes there directly.
+    assert_eq!(
+        finds.len(),
+        4,
+        "warm-up, slow find, its retry, second find: {finds:?}"
+    );
+    assert_eq!(finds[1], old_primary, "{finds:?}");
+    assert!(
+        finds[2..].iter().all(|address| *address != old_primary),
+        "the second find went to the new primary, not to the member it waited on: {finds:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(800),
+        "it did not wait out the slow find's slot: {waited:?}"
+    );
+    let stats = client.overload_stats();
+    assert_eq!(stats.concurrency_wait_reselections, 1, "{stats:?}");
+    assert_eq!(
+        stats.retries_made, 1,
+        "the slow find's retry only: a reselection is not a retry: {stats:?}"
+    );
+}

@@ -74,6 +74,9 @@ pub struct ForkStats {
     pub concurrency_waits: u64,
     /// Of those, the ones whose deadline passed first.
     pub concurrency_wait_timeouts: u64,
+    /// Of those, the ones that went back to server selection because their server changed
+    /// while they waited (a cleared pool, a step-down).
+    pub concurrency_wait_reselections: u64,
     /// The concurrency limits of the instances' servers, summed, at the end of the run.
     pub concurrency_limit: u64,
 }
@@ -91,6 +94,7 @@ impl ForkStats {
         self.local_rejections += other.local_rejections;
         self.concurrency_waits += other.concurrency_waits;
         self.concurrency_wait_timeouts += other.concurrency_wait_timeouts;
+        self.concurrency_wait_reselections += other.concurrency_wait_reselections;
         self.concurrency_limit += other.concurrency_limit;
     }
 }
@@ -475,6 +479,7 @@ mod fork_api {
             local_rejections: s.local_rejections,
             concurrency_waits: s.concurrency_waits,
             concurrency_wait_timeouts: s.concurrency_wait_timeouts,
+            concurrency_wait_reselections: s.concurrency_wait_reselections,
             concurrency_limit: s
                 .concurrency_limits
                 .values()

@@ -484,7 +484,12 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
                 format!("{} / {}", f.app_retries_made, f.app_retries_refused),
                 format!("{:.0}", f.backoff_slept_ms),
                 f.local_rejections.to_string(),
-                format!("{} / {}", f.concurrency_waits, f.concurrency_wait_timeouts),
+                format!(
+                    "{} / {} / {}",
+                    f.concurrency_waits,
+                    f.concurrency_wait_timeouts,
+                    f.concurrency_wait_reselections
+                ),
                 f.concurrency_limit.to_string(),
             ])
         })
@@ -505,7 +510,7 @@ pub fn markdown(run: &LabRun, charts: &[(String, PathBuf)]) -> String {
                     "application retries made / refused",
                     "backoff slept ms",
                     "local rejections",
-                    "slot waits / timed out",
+                    "slot waits / timed out / reselected",
                     "concurrency limits (sum)",
                 ],
                 &fork_stats

@@ -22,6 +22,12 @@ use crate::stats::{OverloadStats, OverloadStatsRecorder};
 /// rise wakes nobody.
 pub const SLOT_RECHECK: Duration = Duration::from_millis(20);
 
+/// Most times one attempt goes back to server selection because its server changed while it
+/// waited for a slot ([`SlotRequest::server_changed`]); after that it waits on the server it
+/// was given. A server that keeps changing (a flapping member) cannot hold an attempt in
+/// selection and admission for longer than that many waits.
+pub const MAX_RESELECTIONS: u32 = 3;
+
 /// What a server's slot waiters wait on: the caller's own primitive (the driver's is tokio's
 /// `Notify`), signalled once for each slot released.
 pub trait ReleaseSignal: Default + Send + Sync {
@@ -183,6 +189,10 @@ pub enum StartAnswer<'c, K, S: super::ReleaseSignal> {
     /// The deadline passed while waiting for a slot: fail with the timeout error. The string
     /// says where.
     TimedOut(String),
+    /// The server this attempt was selected for changed while it waited for a slot
+    /// ([`SlotRequest::server_changed`]): select a server again and ask anew. Nothing was
+    /// sent, so this is not a retry.
+    Reselect,
 }
 
 /// An attempt asking to start; see [`Controller::start_attempt`].
@@ -324,6 +334,26 @@ where
             Some(end) => StartAnswer::WaitUntil(end.min(now + SLOT_RECHECK)),
             None => StartAnswer::WaitUntil(now + SLOT_RECHECK),
         }
+    }
+
+    /// The server this request waits for changed while it waited: the driver saw its pool
+    /// cleared (a network error marks a server unknown) or its role change (a primary that
+    /// stepped down). The selection that chose it is stale: sent there once a slot came free,
+    /// the attempt would meet a paused pool or a "not primary" error, and its retry would
+    /// queue for a slot again, so the waits of a failover add up past the deadline. The wait
+    /// ends here and the attempt goes back to server selection, which waits for the server to
+    /// be known again or picks the new primary. Call it only while waiting (after
+    /// [`StartAnswer::WaitUntil`]); the caller bounds how often one attempt does
+    /// ([`MAX_RESELECTIONS`]).
+    pub fn server_changed(&mut self, now: Instant) -> StartAnswer<'c, K, S> {
+        if let (Some(server), Some(_)) = (self.server.as_ref(), self.give_up) {
+            self.controller.publish(Decision::SlotWaitAbandoned {
+                operation: self.operation,
+                server: &server.name,
+                waited: now.saturating_duration_since(self.started),
+            });
+        }
+        StartAnswer::Reselect
     }
 
     fn slot_wait_ended(&self, server: &ServerState<S>, now: Instant, acquired: bool, limit: u32) {

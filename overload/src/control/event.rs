@@ -76,6 +76,13 @@ pub enum Decision<'a> {
         acquired: bool,
         limit: u32,
     },
+    /// A wait for a concurrency slot ended because the server changed (its pool was cleared,
+    /// or its role changed): the attempt goes back to server selection.
+    SlotWaitAbandoned {
+        operation: &'a str,
+        server: &'a str,
+        waited: Duration,
+    },
     /// A server's concurrency limit changed.
     LimitChanged { server: &'a str, from: u32, to: u32 },
 }
@@ -88,6 +95,7 @@ impl Decision<'_> {
             Self::RetryRefused { .. } => "retry_refused",
             Self::LocalRejection { .. } => "local_rejection",
             Self::SlotWaitEnded { .. } => "slot_wait_ended",
+            Self::SlotWaitAbandoned { .. } => "slot_wait_abandoned",
             Self::LimitChanged { .. } => "limit_changed",
         }
     }
@@ -139,6 +147,14 @@ pub(crate) fn publish(decision: &Decision<'_>, stats: &OverloadStatsRecorder) {
         } => {
             stats.record_concurrency_wait(!acquired);
             crate::trace::concurrency_wait(operation, server, waited, acquired, limit);
+        }
+        Decision::SlotWaitAbandoned {
+            operation,
+            server,
+            waited,
+        } => {
+            stats.record_concurrency_reselection();
+            crate::trace::concurrency_wait_abandoned(operation, server, waited);
         }
         Decision::LimitChanged { server, from, to } => {
             crate::trace::concurrency_limit_changed(server, from, to);

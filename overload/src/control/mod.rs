@@ -58,7 +58,9 @@
 //! `timeoutMS` was asked for). A wait too long for the clock to represent has no end. While it
 //! waits, the caller looks again at least every [`SLOT_RECHECK`]: a limit can rise without any
 //! slot being released (a round of low latency, the end of a probe), and such a rise wakes
-//! nobody.
+//! nobody. A wait also ends when the caller reports that the server changed under it (its pool
+//! cleared, a primary stepped down: [`SlotRequest::server_changed`]); the attempt then goes
+//! back to server selection, at most [`MAX_RESELECTIONS`] times.
 //!
 //! Retrying, in order:
 //!
@@ -118,7 +120,9 @@ use std::hash::Hash;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-pub use admission::{Attempt, AttemptEnd, ReleaseSignal, SlotRequest, StartAnswer, SLOT_RECHECK};
+pub use admission::{
+    Attempt, AttemptEnd, ReleaseSignal, SlotRequest, StartAnswer, MAX_RESELECTIONS, SLOT_RECHECK,
+};
 pub use event::{Decision, Observer, Refusal};
 
 use crate::admission::{ClientLag, ConcurrencyConfig, ThrottleConfig};

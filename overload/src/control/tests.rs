@@ -588,6 +588,7 @@ fn sent<K, S: ReleaseSignal>(answer: StartAnswer<'_, K, S>) -> Attempt<'_, K, S>
         StartAnswer::WaitUntil(until) => panic!("waits until {until:?}"),
         StartAnswer::RejectLocally(why) => panic!("rejected: {why}"),
         StartAnswer::TimedOut(why) => panic!("timed out: {why}"),
+        StartAnswer::Reselect => panic!("sent back to selection"),
     }
 }
 
@@ -623,6 +624,41 @@ fn a_slot_wait_under_a_deadline_ends_in_a_timeout() {
         (stats.concurrency_waits, stats.concurrency_wait_timeouts),
         (1, 1)
     );
+    drop(holder);
+}
+
+#[test]
+fn a_slot_wait_whose_server_changed_goes_back_to_selection_and_is_counted_apart() {
+    let ctl = controller(one_slot());
+    let server = server();
+    let holder = sent(
+        ctl.start_attempt("insert", &server, AttemptKind::First, None, at(0))
+            .poll(at(0), &mut full()),
+    );
+    let deadline = Some(Deadline::at(at(1_000)));
+    let mut waiter = ctl.start_attempt("insert", &server, AttemptKind::First, deadline, at(10));
+    assert!(matches!(
+        waiter.poll(at(10), &mut full()),
+        StartAnswer::WaitUntil(_)
+    ));
+    // The primary stepped down while the insert waited: it selects again, sending nothing.
+    assert!(matches!(
+        waiter.server_changed(at(25)),
+        StartAnswer::Reselect
+    ));
+    let stats = ctl.snapshot();
+    assert_eq!(
+        (
+            stats.concurrency_waits,
+            stats.concurrency_wait_timeouts,
+            stats.concurrency_wait_reselections,
+            stats.retries_made,
+        ),
+        (1, 0, 1, 0)
+    );
+    // The holder's slot is still its own: the abandoned wait took none.
+    let in_flight: u32 = stats.concurrency_limits.values().map(|l| l.in_flight).sum();
+    assert_eq!(in_flight, 1, "only the holder's slot is in use");
     drop(holder);
 }
 
@@ -973,6 +1009,7 @@ proptest! {
                     break;
                 }
                 StartAnswer::Send(_) => prop_assert!(false, "the only slot is held"),
+                StartAnswer::Reselect => prop_assert!(false, "nobody said the server changed"),
             }
         }
     }
