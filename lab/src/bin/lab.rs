@@ -681,6 +681,13 @@ fn instructions(a: &InstructionsArgs) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if std::env::var_os("RUST_LOG").is_some() {
+        // The fork's overload events (`overload::trace`) and the emulator's, to stderr.
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     match cli.command {
         Command::Instructions(a) => match instructions(&a) {
             Ok(()) => ExitCode::SUCCESS,
