@@ -48,9 +48,27 @@
 //! the others' share. The allowance's price is one queued operation per client: `n` clients
 //! settle at `tolerance × c + n` in all.
 //!
-//! The limit does not grow while fewer than half of its slots were used in the last round trip
-//! (Netflix's rule): a client that sends little learns nothing about the server's capacity and
-//! must not build a limit it never tested.
+//! # Where the limit rests, and where a cut starts
+//!
+//! A healthy server needs no limit, so a new server's limit starts at `max_limit` and returns
+//! there while the server is healthy: a round trip that used fewer than half the slots (it did
+//! not test the limit; Netflix's rule) with latency within the tolerance moves the limit
+//! towards `max_limit`, and one with latency above it does not grow it. When latency rises
+//! above the tolerance, the cut starts from the slots the round used, not from a limit above
+//! them (slots nobody used held nothing back), so a limit resting at the maximum binds within
+//! a round trip of a queue forming. And a round that drained (fewer operations in flight at
+//! its end than at its start) does not cut: the server is working off a backlog.
+//!
+//! Both follow from the lab's `faults` scenario (step-downs and dropped connections at half of
+//! capacity). Each dropped connection marks the primary unknown to that client until its
+//! monitor checks again, half a second later, so every client meets several outages a second
+//! and releases the operations that queued in server selection at once when each ends. A
+//! limit that started at 20, did not grow in the light traffic between outages and took those
+//! backlogs' latency for a growing queue held each backlog back while its deadlines ran out:
+//! with every control on, 7 points of success share below upstream's defaults, against 1 or
+//! less with the rules above. The price is the first round trip of an overload: the limit
+//! binds one round trip later than a limit resting at 20 would (`docs/admission.md` has the
+//! figures of both).
 //!
 //! # The baseline, and how it is kept honest
 //!
@@ -141,9 +159,6 @@ pub const DEFAULT_MIN_LIMIT: u32 = 2;
 pub const DEFAULT_MAX_LIMIT: u32 = 100;
 /// The highest `max_limit`. `maxPoolSize=0` (no pool limit) maps to it.
 pub const MAX_MAX_LIMIT: u32 = 100_000;
-/// The limit a new server starts at (clamped into `[min_limit, max_limit]`): Netflix's initial
-/// limit. It holds until the first baseline exists, then grows as fast as latency allows.
-pub const INITIAL_LIMIT: u32 = 20;
 /// Default tolerance: latency may reach 1.5 × the baseline before the limit shrinks (Netflix
 /// Gradient2's `rttTolerance`). Envoy's 1.25 settles closer to capacity, but operations of a
 /// MongoDB application differ more in latency than an HTTP route's requests, and the lab
@@ -367,8 +382,11 @@ struct Round {
     started: u64,
     sum: u128,
     count: u64,
-    /// The most slots in use during the round: the limit grows only if it was half used.
+    /// The most slots in use during the round: the limit grows only if it was half used, and
+    /// a cut starts from it.
     peak_in_flight: u32,
+    /// The slots in use when the round started: fewer at its end means the round drained.
+    in_flight_at_start: u32,
 }
 
 impl fmt::Debug for ConcurrencyLimit {
@@ -385,7 +403,7 @@ fn nanos(duration: Duration) -> u64 {
 }
 
 impl ConcurrencyLimit {
-    /// A limit with these options at [`INITIAL_LIMIT`], reading `clock` only when a permit is
+    /// A limit with these options at its maximum (see [`ConcurrencyConfig::max_limit`]), reading `clock` only when a permit is
     /// dropped without being released (the driver passes tokio's clock,
     /// `|| tokio::time::Instant::now().into_std()`, so a paused test clock governs it too).
     ///
@@ -411,7 +429,9 @@ impl ConcurrencyLimit {
         clock: fn() -> Instant,
     ) -> Result<Self, InvalidAdmissionConfig> {
         config.validate()?;
-        let initial = INITIAL_LIMIT.clamp(config.min_limit, config.max_limit);
+        // A new server's limit holds nothing back until its latency says the server queues:
+        // it starts at the maximum, and the first cut starts from the slots in use then.
+        let initial = config.max_limit;
         Ok(Self {
             shared: Arc::new(Shared {
                 config,
@@ -603,6 +623,7 @@ impl Shared {
                 state.round = Round {
                     started: t,
                     peak_in_flight: state.in_flight,
+                    in_flight_at_start: state.in_flight,
                     ..Round::default()
                 };
             }
@@ -641,7 +662,17 @@ impl Shared {
         lag.exceeds(Duration::from_nanos(tolerated as u64))
     }
 
-    /// One round's update of the limit from its mean latency.
+    /// One round's update of the limit from its mean latency (see the module documentation):
+    ///
+    /// - Latency above the tolerance cuts from the slots the round used, not from a limit
+    ///   above them (those slots held nothing back), so a limit that rested at its maximum
+    ///   binds within a round trip of a queue forming. No cut from a round that drained (fewer
+    ///   operations in flight at its end than at its start): the server is working off a
+    ///   backlog, such as the one a client releases when a failover or a cleared pool ends,
+    ///   and holding it back only makes its deadlines pass.
+    /// - A round that used under half the slots did not test the limit: it does not grow
+    ///   from it, except back towards its maximum, where it started, while latency is within
+    ///   the tolerance.
     fn update(&self, state: &mut State, mean: u64) {
         let baseline = state.baseline.unwrap_or(mean) as f64;
         let gradient = if mean == 0 {
@@ -649,14 +680,27 @@ impl Shared {
         } else {
             (self.config.tolerance * baseline / mean as f64).clamp(GRADIENT_MIN, GRADIENT_MAX)
         };
-        let target = gradient * state.limit + QUEUE_ALLOWANCE;
-        // No growth from a round that used under half the slots: it did not test the limit.
-        let target = if f64::from(state.round.peak_in_flight) * 2.0 < state.limit {
-            target.min(state.limit)
+        let used = f64::from(state.round.peak_in_flight);
+        let tested = used * 2.0 >= state.limit;
+        let queueing = gradient < 1.0;
+        // Drained: fewer in flight than when the round started, which the limit did not hold
+        // back then (a limit that binds refills its slots at once, so only a lowered limit
+        // makes its in-flight count fall).
+        let at_start = state.round.in_flight_at_start;
+        let draining = state.in_flight < at_start && f64::from(at_start) + 1.0 < state.limit;
+        let from = if queueing && !draining {
+            state.limit.min(used.max(self.min))
         } else {
-            target
+            state.limit
         };
-        state.limit = (state.limit + SMOOTHING * (target - state.limit)).clamp(self.min, self.max);
+        let target = gradient * from + QUEUE_ALLOWANCE;
+        let target = match (queueing, tested) {
+            (true, _) if draining => from,
+            (true, false) => target.min(from),
+            (false, false) => self.max,
+            (_, true) => target,
+        };
+        state.limit = (from + SMOOTHING * (target - from)).clamp(self.min, self.max);
         // At the minimum means the limit in force (its integer part) is the minimum: the
         // fractional limit approaches the minimum without reaching it.
         if state.limit >= self.min + 1.0 {
@@ -666,6 +710,7 @@ impl Shared {
         state.round = Round {
             started: state.latest,
             peak_in_flight: state.in_flight,
+            in_flight_at_start: state.in_flight,
             ..Round::default()
         };
     }
@@ -718,6 +763,7 @@ impl Shared {
         state.round = Round {
             started: t,
             peak_in_flight: state.in_flight,
+            in_flight_at_start: state.in_flight,
             ..Round::default()
         };
     }
@@ -817,6 +863,26 @@ mod tests {
         }
     }
 
+    /// Acquires `width` operations at once and answers them all `latency` later, `rounds` times,
+    /// starting at `*now` and advancing it.
+    fn answer_in_rounds(
+        limit: &ConcurrencyLimit,
+        now: &mut Instant,
+        rounds: u32,
+        width: u32,
+        latency: u64,
+    ) {
+        for _ in 0..rounds {
+            let permits: Vec<_> = (0..width)
+                .map(|_| limit.try_acquire(*now).expect("a free slot"))
+                .collect();
+            *now += ms(latency);
+            for permit in permits {
+                permit.release(*now, Outcome::Answered(ms(latency)));
+            }
+        }
+    }
+
     /// A server whose latency grows with the operations in flight beyond its capacity, and
     /// clients that always have more work than their limits admit: every tick (1 ms) each
     /// client completes the operations that are done and starts as many as its limit allows.
@@ -896,7 +962,11 @@ mod tests {
         assert_eq!(config.tolerance, 1.5);
         assert_eq!(config.probe_interval, Duration::from_secs(30));
         let (limit, _) = limiter(config);
-        assert_eq!(limit.limit(), INITIAL_LIMIT);
+        assert_eq!(
+            limit.limit(),
+            100,
+            "a new server's limit starts at its maximum"
+        );
         assert_eq!(limit.in_flight(), 0);
     }
 
@@ -936,9 +1006,9 @@ mod tests {
     }
 
     #[test]
-    fn the_initial_limit_is_clamped_into_the_bounds() {
+    fn the_limit_starts_at_its_maximum() {
         assert_eq!(limiter(config(1, 5)).0.limit(), 5);
-        assert_eq!(limiter(config(30, 50)).0.limit(), 30);
+        assert_eq!(limiter(config(30, 50)).0.limit(), 50);
         assert_eq!(limiter(config(1, 1)).0.limit(), 1);
         assert_eq!(limiter(config(100_000, 100_000)).0.limit(), 100_000);
     }
@@ -1036,11 +1106,11 @@ mod tests {
         for permit in permits {
             permit.release(start + ms(5), Outcome::Overloaded);
         }
-        assert_eq!(limit.limit(), 18);
+        assert_eq!(limit.limit(), 90);
         // An operation admitted after the decrease can lower it again.
         let later = limit.try_acquire(start + ms(6)).unwrap();
         later.release(start + ms(8), Outcome::Overloaded);
-        assert_eq!(limit.limit(), 16, "20 × 0.9 × 0.9 = 16.2");
+        assert_eq!(limit.limit(), 81, "100 × 0.9 × 0.9");
         // Sustained rejections take it to the minimum and no lower.
         for i in 0..100u64 {
             let permit = limit.try_acquire(start + ms(10 + 2 * i)).unwrap();
@@ -1060,13 +1130,64 @@ mod tests {
         assert!(limits.windows(2).all(|w| w[1] >= w[0] || w[1] == 2));
     }
 
+    /// Cuts the limit, from its baseline of 10 ms, with rounds of every slot in use at 30 ms.
+    fn cut_by_a_queue(limit: &ConcurrencyLimit, now: &mut Instant, rounds: u32) {
+        answer_serially(limit, now, BASELINE_SAMPLES as u32, 10);
+        for _ in 0..rounds {
+            let permits: Vec<_> = std::iter::from_fn(|| limit.try_acquire(*now)).collect();
+            *now += ms(30);
+            for permit in permits {
+                permit.release(*now, Outcome::Answered(ms(30)));
+            }
+        }
+    }
+
     #[test]
-    fn the_limit_does_not_grow_while_under_half_used() {
+    fn a_lightly_used_limit_returns_to_its_maximum_only_while_the_server_is_healthy() {
         let (limit, start) = limiter(config(2, 100));
         let mut now = start;
-        // One operation at a time, for a long time, at a steady latency.
-        answer_serially(&limit, &mut now, 1000, 5);
-        assert_eq!(limit.limit(), INITIAL_LIMIT);
+        cut_by_a_queue(&limit, &mut now, 20);
+        let cut = limit.limit();
+        assert!(cut < 20, "the queue cut the limit: {cut}");
+        // One operation at a time at three times the baseline: the server still queues, and a
+        // round that used under half the slots does not raise the limit.
+        answer_serially(&limit, &mut now, 200, 30);
+        assert!(limit.limit() <= cut, "{} > {cut}", limit.limit());
+        // One at a time at the baseline: healthy, so the limit goes back to where it started
+        // (within a slot: it approaches the maximum by a fifth of the distance a round trip).
+        answer_serially(&limit, &mut now, 200, 10);
+        assert!(limit.limit() >= 99, "{}", limit.limit());
+    }
+
+    #[test]
+    fn a_cut_starts_from_the_slots_in_use() {
+        let (limit, start) = limiter(config(2, 100));
+        let mut now = start;
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
+        assert_eq!(limit.limit(), 100);
+        // Ten operations in flight and latency three times the baseline: one round trip later
+        // the limit binds below the ten, instead of a tenth below 100.
+        answer_in_rounds(&limit, &mut now, 1, 10, 30);
+        assert!(limit.limit() < 10, "{}", limit.limit());
+    }
+
+    #[test]
+    fn a_draining_backlog_is_not_cut() {
+        let (limit, start) = limiter(config(2, 100));
+        let mut now = start;
+        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 2);
+        // A backlog of 40 released at once (a failover ended), which the server works off one
+        // every 2 ms: latencies from 2 to 80 ms against a 2 ms baseline.
+        let mut permits: Vec<_> = (0..40).map(|_| limit.try_acquire(now).unwrap()).collect();
+        let sent = now;
+        permits.reverse();
+        while let Some(permit) = permits.pop() {
+            now += ms(2);
+            permit.release(now, Outcome::Answered(now - sent));
+        }
+        // Only the round the backlog arrived in cuts (from the 40 in use); the rounds in which
+        // it drained hold the limit, so the next backlog of that size mostly goes through.
+        assert!(limit.limit() >= 30, "{}", limit.limit());
     }
 
     #[test]
@@ -1110,7 +1231,7 @@ mod tests {
             now += ms(1);
             drop(permits);
         }
-        assert_eq!(limit.limit(), INITIAL_LIMIT);
+        assert_eq!(limit.limit(), 100);
     }
 
     #[test]
@@ -1217,7 +1338,7 @@ mod tests {
         let snapshot = limit.snapshot();
         assert!(!snapshot.probing);
         assert_eq!(snapshot.baseline, Some(ms(10)));
-        assert_eq!(snapshot.limit, INITIAL_LIMIT);
+        assert_eq!(snapshot.limit, 100, "the limit before the probe, restored");
     }
 
     #[test]
@@ -1226,16 +1347,16 @@ mod tests {
         let lag = Arc::new(ClientLag::new());
         limit.read_client_lag(Arc::clone(&lag));
         let mut now = start;
-        // A 10 ms baseline, then latency at 4 × the baseline: the limit falls...
+        // A 10 ms baseline, then ten at a time at 4 × the baseline: the limit falls...
         answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
         let before = limit.limit();
-        answer_serially(&limit, &mut now, 20, 40);
+        answer_in_rounds(&limit, &mut now, 1, 10, 40);
         assert!(limit.limit() < before, "{} !< {before}", limit.limit());
         // ...unless the client's own lag (here 30 ms, above the 5 ms that tolerance 1.5
         // allows over 10 ms) explains it.
         lag.record(ms(30));
         let held = limit.limit();
-        answer_serially(&limit, &mut now, 50, 40);
+        answer_in_rounds(&limit, &mut now, 50, 5, 40);
         assert_eq!(
             limit.limit(),
             held,
