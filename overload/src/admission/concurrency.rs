@@ -68,9 +68,9 @@
 //! limit that started at 20, did not grow in the light traffic between outages and took those
 //! backlogs' latency for a growing queue held each backlog back while its deadlines ran out:
 //! with every control on, 7 points of success share below upstream's defaults, against about
-//! 1 with the rules above. The price is the first round trip of an overload: the limit
-//! binds one round trip later than a limit resting at 20 would (`docs/admission.md` has the
-//! figures of both).
+//! 1 with the rules above. The price is the start of an overload: the limit binds a round trip
+//! or two later than a limit resting at 20 would (`docs/admission.md` has the figures of
+//! both).
 //!
 //! # The baseline, and how it is kept honest
 //!
@@ -213,8 +213,8 @@ pub struct ConcurrencyConfig {
     /// `adaptiveConcurrencyMinLimit`: the lowest limit, and the limit during a baseline probe.
     /// From 1 to `max_limit`; default [`DEFAULT_MIN_LIMIT`].
     pub min_limit: u32,
-    /// The highest limit: the pool's `maxPoolSize`. From 1 to [`MAX_MAX_LIMIT`]; default
-    /// [`DEFAULT_MAX_LIMIT`].
+    /// The highest limit, where a new server's limit starts: the pool's `maxPoolSize`. From 1
+    /// to [`MAX_MAX_LIMIT`]; default [`DEFAULT_MAX_LIMIT`].
     pub max_limit: u32,
     /// `adaptiveConcurrencyTolerance`: the latency, as a multiple of the baseline, at which the
     /// limit holds still. From [`MIN_TOLERANCE`] to [`MAX_TOLERANCE`]; default
@@ -387,7 +387,8 @@ struct Round {
     /// The most slots in use during the round: the limit grows only if it was half used, and
     /// a cut starts from it.
     peak_in_flight: u32,
-    /// The slots in use when the round started: fewer at its end means the round drained.
+    /// The slots in use when the round started: fewer at its end means the round drained, more
+    /// than twice as many during it that a backlog arrived.
     in_flight_at_start: u32,
 }
 
@@ -405,7 +406,7 @@ fn nanos(duration: Duration) -> u64 {
 }
 
 impl ConcurrencyLimit {
-    /// A limit with these options at its maximum (see [`ConcurrencyConfig::max_limit`]), reading `clock` only when a permit is
+    /// A limit with these options, starting at its maximum, reading `clock` only when a permit is
     /// dropped without being released (the driver passes tokio's clock,
     /// `|| tokio::time::Instant::now().into_std()`, so a paused test clock governs it too).
     ///
@@ -694,15 +695,15 @@ impl Shared {
         // A round whose operations in flight more than doubled met a backlog released at once
         // (the end of an outage), not yet a queue that persists: the next round decides.
         let jumped = f64::from(at_start) * 2.0 < used;
-        let draining = draining || jumped;
-        let from = if queueing && !draining {
+        let backlog = draining || jumped;
+        let from = if queueing && !backlog {
             state.limit.min(used.max(self.min))
         } else {
             state.limit
         };
         let target = gradient * from + QUEUE_ALLOWANCE;
         let target = match (queueing, tested) {
-            (true, _) if draining => from,
+            (true, _) if backlog => from,
             (true, false) => target.min(from),
             (false, false) => self.max,
             (_, true) => target,
