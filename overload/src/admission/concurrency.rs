@@ -1206,16 +1206,9 @@ mod tests {
     fn queueing_latency_lowers_the_limit() {
         let (limit, start) = limiter(config(2, 100));
         let mut now = start;
-        answer_serially(&limit, &mut now, BASELINE_SAMPLES as u32, 10);
+        // A 10 ms baseline, then latency triples (a queue): the limit falls to the minimum.
+        cut_by_a_queue(&limit, &mut now, 200);
         assert_eq!(limit.snapshot().baseline, Some(ms(10)));
-        // Latency triples (a queue): every round trip lowers the limit, to the minimum.
-        for _ in 0..200 {
-            let permits: Vec<_> = std::iter::from_fn(|| limit.try_acquire(now)).collect();
-            now += ms(30);
-            for permit in permits {
-                permit.release(now, Outcome::Answered(ms(30)));
-            }
-        }
         assert_eq!(limit.limit(), 2);
     }
 

@@ -24,7 +24,7 @@ pub const SLOT_RECHECK: Duration = Duration::from_millis(20);
 
 /// Most times one attempt goes back to server selection because its server changed while it
 /// waited for a slot ([`SlotRequest::server_changed`]); after that it waits on the server it
-/// was given. A server that keeps changing (a flapping member) cannot hold an attempt in
+/// was given, as without the change. A server that keeps changing (a flapping member) cannot hold an attempt in
 /// selection and admission for longer than that many waits.
 pub const MAX_RESELECTIONS: u32 = 3;
 
@@ -340,19 +340,29 @@ where
     /// cleared (a network error marks a server unknown) or its role change (a primary that
     /// stepped down). The selection that chose it is stale: sent there once a slot came free,
     /// the attempt would meet a paused pool or a "not primary" error, and its retry would
-    /// queue for a slot again, so the waits of a failover add up past the deadline. The wait
-    /// ends here and the attempt goes back to server selection, which waits for the server to
-    /// be known again or picks the new primary. Call it only while waiting (after
-    /// [`StartAnswer::WaitUntil`]); the caller bounds how often one attempt does
-    /// ([`MAX_RESELECTIONS`]).
-    pub fn server_changed(&mut self, now: Instant) -> StartAnswer<'c, K, S> {
-        if let (Some(server), Some(_)) = (self.server.as_ref(), self.give_up) {
-            self.controller.publish(Decision::SlotWaitAbandoned {
-                operation: self.operation,
-                server: &server.name,
-                waited: now.saturating_duration_since(self.started),
-            });
+    /// queue for a slot again, so the waits of a failover add up past the deadline. So the
+    /// wait ends ([`StartAnswer::Reselect`]) and the attempt goes back to server selection,
+    /// which waits for the server to be known again or picks the new primary, unless the
+    /// attempt already went back `reselections` ≥ [`MAX_RESELECTIONS`] times (or is not
+    /// waiting): then this is an ordinary look, as [`Self::poll`].
+    pub fn server_changed(
+        &mut self,
+        now: Instant,
+        reselections: u32,
+        jitter: &mut impl Jitter,
+    ) -> StartAnswer<'c, K, S> {
+        let waiting = self.give_up.is_some();
+        let Some(server) = self.server.as_ref().filter(|_| waiting) else {
+            return self.poll(now, jitter);
+        };
+        if reselections >= MAX_RESELECTIONS {
+            return self.poll(now, jitter);
         }
+        self.controller.publish(Decision::SlotWaitAbandoned {
+            operation: self.operation,
+            server: &server.name,
+            waited: now.saturating_duration_since(self.started),
+        });
         StartAnswer::Reselect
     }
 

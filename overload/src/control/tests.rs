@@ -582,6 +582,15 @@ fn one_slot() -> Settings {
     }
 }
 
+/// A first attempt sent at `at(0)` that holds a slot of `server` (the only one, with
+/// [`one_slot`]) until dropped.
+fn hold_the_slot<'c>(ctl: &'c Ctl, server: &String) -> Attempt<'c, String, Releases> {
+    sent(
+        ctl.start_attempt("find", server, AttemptKind::First, None, at(0))
+            .poll(at(0), &mut full()),
+    )
+}
+
 fn sent<K, S: ReleaseSignal>(answer: StartAnswer<'_, K, S>) -> Attempt<'_, K, S> {
     match answer {
         StartAnswer::Send(attempt) => attempt,
@@ -606,10 +615,7 @@ fn without_admission_controls_every_attempt_is_sent() {
 fn a_slot_wait_under_a_deadline_ends_in_a_timeout() {
     let ctl = controller(one_slot());
     let server = server();
-    let holder = sent(
-        ctl.start_attempt("find", &server, AttemptKind::First, None, at(0))
-            .poll(at(0), &mut full()),
-    );
+    let holder = hold_the_slot(&ctl, &server);
     let deadline = Some(Deadline::at(at(50)));
     let mut waiter = ctl.start_attempt("find", &server, AttemptKind::First, deadline, at(10));
     // Rechecks every 20 ms, the last one at the deadline.
@@ -631,10 +637,7 @@ fn a_slot_wait_under_a_deadline_ends_in_a_timeout() {
 fn a_slot_wait_whose_server_changed_goes_back_to_selection_and_is_counted_apart() {
     let ctl = controller(one_slot());
     let server = server();
-    let holder = sent(
-        ctl.start_attempt("insert", &server, AttemptKind::First, None, at(0))
-            .poll(at(0), &mut full()),
-    );
+    let holder = hold_the_slot(&ctl, &server);
     let deadline = Some(Deadline::at(at(1_000)));
     let mut waiter = ctl.start_attempt("insert", &server, AttemptKind::First, deadline, at(10));
     assert!(matches!(
@@ -643,7 +646,7 @@ fn a_slot_wait_whose_server_changed_goes_back_to_selection_and_is_counted_apart(
     ));
     // The primary stepped down while the insert waited: it selects again, sending nothing.
     assert!(matches!(
-        waiter.server_changed(at(25)),
+        waiter.server_changed(at(25), 0, &mut full()),
         StartAnswer::Reselect
     ));
     let stats = ctl.snapshot();
@@ -659,7 +662,23 @@ fn a_slot_wait_whose_server_changed_goes_back_to_selection_and_is_counted_apart(
     // The holder's slot is still its own: the abandoned wait took none.
     let in_flight: u32 = stats.concurrency_limits.values().map(|l| l.in_flight).sum();
     assert_eq!(in_flight, 1, "only the holder's slot is in use");
+
+    // An attempt that already went back MAX_RESELECTIONS times keeps waiting on its server.
+    let mut flapping = ctl.start_attempt("insert", &server, AttemptKind::First, deadline, at(30));
+    assert!(matches!(
+        flapping.poll(at(30), &mut full()),
+        StartAnswer::WaitUntil(_)
+    ));
+    assert!(matches!(
+        flapping.server_changed(at(40), MAX_RESELECTIONS, &mut full()),
+        StartAnswer::WaitUntil(_)
+    ));
+    // And one that has not waited yet has no wait to end: an ordinary look, which sends it
+    // once the slot is free.
     drop(holder);
+    let mut fresh = ctl.start_attempt("insert", &server, AttemptKind::First, deadline, at(50));
+    let _sent = sent(fresh.server_changed(at(50), 0, &mut full()));
+    assert_eq!(ctl.snapshot().concurrency_wait_reselections, 1);
 }
 
 #[test]
@@ -669,10 +688,7 @@ fn a_slot_wait_without_a_deadline_ends_in_a_local_rejection_at_the_slot_wait() {
         ..one_slot()
     });
     let server = server();
-    let _holder = sent(
-        ctl.start_attempt("find", &server, AttemptKind::First, None, at(0))
-            .poll(at(0), &mut full()),
-    );
+    let _holder = hold_the_slot(&ctl, &server);
     let mut waiter = ctl.start_attempt("find", &server, AttemptKind::First, None, at(0));
     assert!(matches!(waiter.poll(at(0), &mut full()), StartAnswer::WaitUntil(t) if t == at(20)));
     assert!(matches!(waiter.poll(at(190), &mut full()), StartAnswer::WaitUntil(t) if t == at(200)));
@@ -688,10 +704,7 @@ fn a_slot_wait_without_a_deadline_ends_in_a_local_rejection_at_the_slot_wait() {
 fn a_released_slot_goes_to_a_waiter_and_wakes_it() {
     let ctl = controller(one_slot());
     let server = server();
-    let holder = sent(
-        ctl.start_attempt("find", &server, AttemptKind::First, None, at(0))
-            .poll(at(0), &mut full()),
-    );
+    let holder = hold_the_slot(&ctl, &server);
     let mut waiter = ctl.start_attempt("find", &server, AttemptKind::First, None, at(0));
     assert!(matches!(
         waiter.poll(at(0), &mut full()),
@@ -711,10 +724,7 @@ fn a_huge_slot_wait_never_ends_and_never_panics() {
         ..one_slot()
     });
     let server = server();
-    let _holder = sent(
-        ctl.start_attempt("find", &server, AttemptKind::First, None, at(0))
-            .poll(at(0), &mut full()),
-    );
+    let _holder = hold_the_slot(&ctl, &server);
     let mut waiter = ctl.start_attempt("find", &server, AttemptKind::First, None, at(0));
     for t in [0, 1_000, 1_000_000_000] {
         assert!(
