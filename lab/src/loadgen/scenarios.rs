@@ -175,8 +175,11 @@ pub const FLEET_INSTANCES: usize = 64;
 pub const FAULTS_REJECT_SHARE: f64 = 0.05;
 /// Suite length of each `transient-N` scenario (s): four of them share the suite's 15 minutes.
 pub const TRANSIENT_SWEEP_SUITE_SECS: f64 = 3.0;
-/// Suite length of `faults` (s): three step-downs at one every 2 s.
-pub const FAULTS_SUITE_SECS: f64 = 6.0;
+/// Suite length of `faults` (s): step-downs at 2, 4, 6 and 8 s. At 6 s (two step-downs that
+/// counted) one run's success share moved by about 4 points from run to run, eight times the
+/// half-point check it serves; the run-to-run spread comes from the few failovers, so more of
+/// them per run narrows it.
+pub const FAULTS_SUITE_SECS: f64 = 10.0;
 
 /// Retries of the application in `app-retries`.
 pub const APP_RETRIES: u32 = 2;
@@ -551,11 +554,11 @@ impl ScenarioName {
                 "upstream-best",
                 "upstream-best-no-retries",
             ],
-            ScenarioName::WriteHeavy => &[
-                "upstream-maxtime",
-                "upstream-best",
-                "upstream-best-no-retries",
-            ],
+            // Not `upstream-maxtime`: its writes carry no bound and its application waits
+            // for them, so at twice capacity every run ends with 500-900 calls still running
+            // (invalid by construction; 0.09-0.12 of capacity as counted). `upstream-best` is
+            // the same configuration with the call dropped at the deadline.
+            ScenarioName::WriteHeavy => &["upstream-best", "upstream-best-no-retries"],
             ScenarioName::Transient => &[
                 "upstream-default",
                 "upstream-best",
@@ -845,16 +848,18 @@ mod tests {
     }
 
     /// The suite's 15 minutes: three repetitions of every scenario's schedule, plus about
-    /// 100–130 s of calibration and set-up (docs/lab.md, "Which variants each scenario runs").
-    /// A scenario or variant added to the suite must fit, or something else must go.
+    /// 70 s of calibration and set-up (77–81 s in the three suites of 2026-12-04's evening,
+    /// about 10 s of them `upstream-maxtime`'s unfinished calls in `write-heavy`, which no
+    /// longer runs there; docs/lab.md, "Which variants each scenario runs"). A scenario or
+    /// variant added to the suite must fit, or something else must go.
     #[test]
     fn one_repetition_of_the_suite_fits_its_budget() {
         let per_rep: f64 = ScenarioName::SUITE
             .iter()
             .map(|s| s.suite_schedule_secs())
             .sum();
-        assert_eq!(per_rep, 262.0, "update docs/lab.md's estimate");
-        assert!(3.0 * per_rep + 100.0 <= 900.0, "{per_rep} s a repetition");
+        assert_eq!(per_rep, 273.0, "update docs/lab.md's estimate");
+        assert!(3.0 * per_rep + 70.0 <= 900.0, "{per_rep} s a repetition");
     }
 
     #[test]
