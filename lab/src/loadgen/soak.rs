@@ -430,22 +430,68 @@ impl Members {
 
     /// Steps the current primary down; `Ok(false)` when no member is primary right now.
     pub(crate) async fn step_down(&self) -> Result<bool, String> {
-        for c in &self.clients {
+        let Some(p) = self.primary().await? else {
+            return Ok(false);
+        };
+        Members::admin(
+            &self.clients[p],
+            doc! {
+                "replSetStepDown": STEP_DOWN_FOR_SECS,
+                "secondaryCatchUpPeriodSecs": 0,
+                "labElectionDelayMS": ELECTION_DELAY_MS,
+            },
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// The index of the member that says it is primary, if one does.
+    async fn primary(&self) -> Result<Option<usize>, String> {
+        for (i, c) in self.clients.iter().enumerate() {
             let hello = Members::admin(c, doc! { "hello": 1 }).await?;
             if hello.get_bool("isWritablePrimary").unwrap_or(false) {
-                Members::admin(
-                    c,
-                    doc! {
-                        "replSetStepDown": STEP_DOWN_FOR_SECS,
-                        "secondaryCatchUpPeriodSecs": 0,
-                        "labElectionDelayMS": ELECTION_DELAY_MS,
-                    },
-                )
-                .await?;
-                return Ok(true);
+                return Ok(Some(i));
             }
         }
-        Ok(false)
+        Ok(None)
+    }
+
+    /// Steps primaries down until member `index` is primary, so that every run that starts
+    /// after it meets the same primary, and with scheduled step-downs the same sequence of
+    /// primaries. Members draw their random faults and rejections with salts of their own, so
+    /// a run that started on another primary would meet other faults for the same requests.
+    /// Bounded: at most `2 × members` step-downs, and `within` in all.
+    pub(crate) async fn make_primary(&self, index: usize, within: Duration) -> Result<(), String> {
+        if index >= self.clients.len() {
+            return Err(format!("no member {index} among {}", self.clients.len()));
+        }
+        let deadline = Instant::now() + within;
+        let mut step_downs = 0;
+        let mut refused = None;
+        while Instant::now() < deadline {
+            match self.primary().await? {
+                Some(p) if p == index => return Ok(()),
+                Some(_) if step_downs < 2 * self.clients.len() => match self.step_down().await {
+                    Ok(stepped) => step_downs += usize::from(stepped),
+                    // Refused while every other member is still unelectable after its own
+                    // recent step-down (262): ask again once one is.
+                    Err(e) => refused = Some(e),
+                },
+                Some(p) => {
+                    return Err(format!(
+                        "member {p} is still primary after {step_downs} step-downs"
+                    ))
+                }
+                None => {}
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Err(format!(
+            "member {index} did not become primary within {within:?}{}",
+            refused
+                .map(|e| format!(" (last step-down refused: {e})"))
+                .unwrap_or_default()
+        ))
     }
 
     pub(crate) async fn shutdown(self) {
@@ -1128,6 +1174,42 @@ pub fn write(r: &SoakReport, out: &std::path::Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lab's runs start on member 0 however many step-downs came before (faults' common
+    /// random numbers depend on it): from each primary the set can be left on, and from a set
+    /// already on member 0 without a step-down.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn make_primary_hands_the_set_back_to_member_0() {
+        let emu = emulator::Emulator::start(EmulatorConfig {
+            topology: Topology::ReplicaSet {
+                name: "lab".into(),
+                members: 3,
+            },
+            ..EmulatorConfig::default()
+        })
+        .await
+        .expect("emulator starts");
+        let members = Members::connect(&emu.uri()).await.expect("members");
+        let within = Duration::from_secs(10);
+        assert_eq!(members.primary().await, Ok(Some(0)));
+        members
+            .make_primary(0, within)
+            .await
+            .expect("already primary");
+        assert_eq!(emu.elections(), 0, "no step-down when member 0 is primary");
+        for target in [1, 2, 0] {
+            members
+                .make_primary(target, within)
+                .await
+                .expect("hand-over");
+            assert_eq!(members.primary().await, Ok(Some(target)));
+        }
+        // Round-robin elections: 0 → 1 (one), 1 → 2 (one), 2 → 0 (one).
+        assert_eq!(emu.elections(), 3);
+        assert!(members.make_primary(3, within).await.is_err());
+        members.shutdown().await;
+        emu.shutdown().await;
+    }
 
     #[test]
     fn reads_vm_rss_and_member_hosts() {
