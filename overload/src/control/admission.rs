@@ -336,21 +336,26 @@ where
         }
     }
 
-    /// The server this request waits for changed while it waited: the driver saw its pool
-    /// cleared (a network error marks a server unknown) or its role change (a primary that
-    /// stepped down). The selection that chose it is stale: sent there once a slot came free,
-    /// the attempt would meet a paused pool or a "not primary" error, and its retry would
-    /// queue for a slot again, so the waits of a failover add up past the deadline. So the
-    /// wait ends ([`StartAnswer::Reselect`]) and the attempt goes back to server selection,
-    /// which waits for the server to be known again or picks the new primary, unless the
-    /// attempt already went back `reselections` ≥ [`MAX_RESELECTIONS`] times (or is not
-    /// waiting): then this is an ordinary look, as [`Self::poll`].
-    pub fn server_changed(
+    /// The driver's look after each wait ([`StartAnswer::WaitUntil`]): `server_changed` says
+    /// whether the server this request waits for changed meanwhile (its pool was cleared, since
+    /// a network error marks a server unknown, or its role changed, as a primary that stepped
+    /// down). Unchanged, this is [`Self::poll`]. Changed, the selection that chose the server
+    /// is stale: sent there once a slot came free, the attempt would meet a paused pool or a
+    /// "not primary" error, and its retry would queue for a slot again, so the waits of a
+    /// failover add up past the deadline. So the wait ends ([`StartAnswer::Reselect`]) and the
+    /// attempt goes back to server selection, which waits for the server to be known again or
+    /// picks the new primary, unless the attempt already went back `reselections` ≥
+    /// [`MAX_RESELECTIONS`] times (or is not waiting): then this too is an ordinary look.
+    pub fn after_wait(
         &mut self,
         now: Instant,
+        server_changed: bool,
         reselections: u32,
         jitter: &mut impl Jitter,
     ) -> StartAnswer<'c, K, S> {
+        if !server_changed {
+            return self.poll(now, jitter);
+        }
         let waiting = self.give_up.is_some();
         let Some(server) = self.server.as_ref().filter(|_| waiting) else {
             return self.poll(now, jitter);

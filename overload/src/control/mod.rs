@@ -59,7 +59,7 @@
 //! waits, the caller looks again at least every [`SLOT_RECHECK`]: a limit can rise without any
 //! slot being released (a round of low latency, the end of a probe), and such a rise wakes
 //! nobody. A wait also ends when the caller reports that the server changed under it (its pool
-//! cleared, a primary stepped down: [`SlotRequest::server_changed`]); the attempt then goes
+//! cleared, a primary stepped down: [`SlotRequest::after_wait`]); the attempt then goes
 //! back to server selection, at most [`MAX_RESELECTIONS`] times.
 //!
 //! Retrying, in order:

@@ -644,9 +644,14 @@ fn a_slot_wait_whose_server_changed_goes_back_to_selection_and_is_counted_apart(
         waiter.poll(at(10), &mut full()),
         StartAnswer::WaitUntil(_)
     ));
+    // A look after a wait in which the server did not change keeps waiting.
+    assert!(matches!(
+        waiter.after_wait(at(20), false, 0, &mut full()),
+        StartAnswer::WaitUntil(_)
+    ));
     // The primary stepped down while the insert waited: it selects again, sending nothing.
     assert!(matches!(
-        waiter.server_changed(at(25), 0, &mut full()),
+        waiter.after_wait(at(25), true, 0, &mut full()),
         StartAnswer::Reselect
     ));
     let stats = ctl.snapshot();
@@ -670,14 +675,14 @@ fn a_slot_wait_whose_server_changed_goes_back_to_selection_and_is_counted_apart(
         StartAnswer::WaitUntil(_)
     ));
     assert!(matches!(
-        flapping.server_changed(at(40), MAX_RESELECTIONS, &mut full()),
+        flapping.after_wait(at(40), true, MAX_RESELECTIONS, &mut full()),
         StartAnswer::WaitUntil(_)
     ));
     // And one that has not waited yet has no wait to end: an ordinary look, which sends it
     // once the slot is free.
     drop(holder);
     let mut fresh = ctl.start_attempt("insert", &server, AttemptKind::First, deadline, at(50));
-    let _sent = sent(fresh.server_changed(at(50), 0, &mut full()));
+    let _sent = sent(fresh.after_wait(at(50), true, 0, &mut full()));
     assert_eq!(ctl.snapshot().concurrency_wait_reselections, 1);
 }
 
