@@ -12,7 +12,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{client_counting_finds, fail_command_off, fail_find, is_local_rejection, Server};
+use common::{
+    client_counting_finds, fail_command_off, fail_find, is_local_rejection, slow_find, slow_finds,
+    Server,
+};
 use mongodb::{
     bson::{doc, Document},
     error::{Error, ErrorKind},
@@ -133,20 +136,8 @@ async fn a_slot_wait_ends_at_the_deadline_and_a_released_slot_goes_to_a_waiter()
     let (client, attempts) = client_counting_finds(&uri).await;
     let coll = client.database("t").collection::<Document>("c");
     coll.find_one(doc! {}).await.expect("warm up");
-    fail_find(
-        &server.uri,
-        doc! { "times": 2 }.into(),
-        doc! { "blockConnection": true, "blockTimeMS": 700 },
-    )
-    .await;
-
     // Two slow finds take both slots.
-    let slow: Vec<_> = (0..2)
-        .map(|_| {
-            let coll = coll.clone();
-            tokio::spawn(async move { coll.find_one(doc! {}).await.map(|_| ()) })
-        })
-        .collect();
+    let slow = slow_finds(&server.uri, &coll, 2, 700).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(
         attempts.count(),
@@ -198,16 +189,7 @@ async fn without_timeout_ms_a_slot_wait_ends_at_the_server_selection_timeout() {
     let (client, attempts) = client_counting_finds(&uri).await;
     let coll = client.database("t").collection::<Document>("c");
     coll.find_one(doc! {}).await.expect("warm up");
-    fail_find(
-        &server.uri,
-        doc! { "times": 1 }.into(),
-        doc! { "blockConnection": true, "blockTimeMS": 800 },
-    )
-    .await;
-    let slow = {
-        let coll = coll.clone();
-        tokio::spawn(async move { coll.find_one(doc! {}).await.map(|_| ()) })
-    };
+    let slow = slow_find(&server.uri, &coll, 800).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let start = Instant::now();
@@ -283,16 +265,7 @@ async fn a_slot_waiter_whose_primary_steps_down_goes_to_the_new_primary() {
     let old_primary = finds.lock().unwrap()[0].clone();
 
     // A find held 1 s on the primary takes its only slot; a second find waits for it.
-    fail_find(
-        &server.uri,
-        doc! { "times": 1 }.into(),
-        doc! { "blockConnection": true, "blockTimeMS": 1000 },
-    )
-    .await;
-    let slow = {
-        let coll = coll.clone();
-        tokio::spawn(async move { coll.find_one(doc! {}).await.map(|_| ()) })
-    };
+    let slow = slow_find(&server.uri, &coll, 1000).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let waiter = {
         let coll = coll.clone();

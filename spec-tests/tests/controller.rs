@@ -17,7 +17,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client_counting_finds, fail_command_off, fail_find, is_local_rejection, Server};
+use common::{
+    client_counting_finds, fail_command_off, fail_find, is_local_rejection, slow_find, Server,
+};
 use mongodb::{
     bson::{doc, Document},
     error::{Error, ErrorKind},
@@ -103,16 +105,7 @@ async fn a_huge_server_selection_timeout_waits_for_a_slot_without_panicking() {
     let client = Client::with_options(options).expect("client");
     let coll: Collection<Document> = client.database("t").collection("c");
     coll.find_one(doc! {}).await.expect("warm up");
-    fail_find(
-        &server.uri,
-        doc! { "times": 1 }.into(),
-        doc! { "blockConnection": true, "blockTimeMS": 300 },
-    )
-    .await;
-    let holder = {
-        let coll = coll.clone();
-        tokio::spawn(async move { coll.find_one(doc! {}).await.map(|_| ()) })
-    };
+    let holder = slow_find(&server.uri, &coll, 300).await;
     until_in_flight(&client, 1).await;
     // The waiter runs as a task so that a panic is seen as one rather than failing the test
     // with the panic's own message.
@@ -434,13 +427,7 @@ async fn hold_the_only_slot(
 ) -> tokio::task::JoinHandle<Result<(), Error>> {
     let coll: Collection<Document> = client.database("t").collection("c");
     coll.find_one(doc! {}).await.expect("warm up");
-    fail_find(
-        &server.uri,
-        doc! { "times": 1 }.into(),
-        doc! { "blockConnection": true, "blockTimeMS": block_ms },
-    )
-    .await;
-    let holder = tokio::spawn(async move { coll.find_one(doc! {}).await.map(|_| ()) });
+    let holder = slow_find(&server.uri, &coll, block_ms).await;
     until_in_flight(client, 1).await;
     holder
 }

@@ -181,6 +181,40 @@ pub async fn fail_command_off(uri: &str) {
         .expect("configureFailPoint off");
 }
 
+/// Starts `count` finds on `coll` in the background that the server at `uri` holds for
+/// `block_ms` each (a `blockConnection` fail point on its next `count` finds), so that they
+/// keep `count` of the client's connections and concurrency slots that long. The caller waits
+/// for them to be in flight as its test needs.
+pub async fn slow_finds(
+    uri: &str,
+    coll: &mongodb::Collection<mongodb::bson::Document>,
+    count: i32,
+    block_ms: i32,
+) -> Vec<tokio::task::JoinHandle<mongodb::error::Result<()>>> {
+    fail_find(
+        uri,
+        mongodb::bson::doc! { "times": count }.into(),
+        mongodb::bson::doc! { "blockConnection": true, "blockTimeMS": block_ms },
+    )
+    .await;
+    (0..count)
+        .map(|_| {
+            let coll = coll.clone();
+            tokio::spawn(async move { coll.find_one(mongodb::bson::doc! {}).await.map(|_| ()) })
+        })
+        .collect()
+}
+
+/// [`slow_finds`] of one find.
+pub async fn slow_find(
+    uri: &str,
+    coll: &mongodb::Collection<mongodb::bson::Document>,
+    block_ms: i32,
+) -> tokio::task::JoinHandle<mongodb::error::Result<()>> {
+    let mut one = slow_finds(uri, coll, 1, block_ms).await;
+    one.pop().expect("one find started")
+}
+
 /// Sets a `failCommand` fail point on `find` through a separate client (so that its commands
 /// are not operations of the client under test).
 pub async fn fail_find(uri: &str, mode: mongodb::bson::Bson, data: mongodb::bson::Document) {
