@@ -392,6 +392,18 @@ struct Round {
     in_flight_at_start: u32,
 }
 
+impl Round {
+    /// A round that starts at `started` (ns) with `in_flight` slots in use and no samples.
+    fn starting(started: u64, in_flight: u32) -> Round {
+        Round {
+            started,
+            peak_in_flight: in_flight,
+            in_flight_at_start: in_flight,
+            ..Round::default()
+        }
+    }
+}
+
 impl fmt::Debug for ConcurrencyLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimit")
@@ -623,12 +635,7 @@ impl Shared {
                 state.baseline = Some(median(&mut state.pending));
                 state.pending_len = 0;
                 state.next_probe = t.saturating_add(self.probe_interval);
-                state.round = Round {
-                    started: t,
-                    peak_in_flight: state.in_flight,
-                    in_flight_at_start: state.in_flight,
-                    ..Round::default()
-                };
+                state.round = Round::starting(t, state.in_flight);
             }
             return;
         }
@@ -715,12 +722,7 @@ impl Shared {
             state.floored = false;
         }
         state.latency = Some(mean);
-        state.round = Round {
-            started: state.latest,
-            peak_in_flight: state.in_flight,
-            in_flight_at_start: state.in_flight,
-            ..Round::default()
-        };
+        state.round = Round::starting(state.latest, state.in_flight);
     }
 
     /// The multiplicative decrease on an overload error of an operation admitted at
@@ -768,12 +770,7 @@ impl Shared {
         state.floored = state.limit < self.min + 1.0;
         let t = state.latest;
         state.next_probe = t.saturating_add(self.probe_interval);
-        state.round = Round {
-            started: t,
-            peak_in_flight: state.in_flight,
-            in_flight_at_start: state.in_flight,
-            ..Round::default()
-        };
+        state.round = Round::starting(t, state.in_flight);
     }
 }
 
