@@ -23,9 +23,9 @@ use crate::stats::{OverloadStats, OverloadStatsRecorder};
 pub const SLOT_RECHECK: Duration = Duration::from_millis(20);
 
 /// Most times one attempt goes back to server selection because its server changed while it
-/// waited for a slot ([`SlotRequest::server_changed`]); after that it waits on the server it
-/// was given, as without the change. A server that keeps changing (a flapping member) cannot hold an attempt in
-/// selection and admission for longer than that many waits.
+/// waited for a slot ([`SlotRequest::after_wait`]); after that it waits on the server it was
+/// given, as without the change. A server that keeps changing (a flapping member) cannot hold
+/// an attempt in selection and admission for longer than that many waits.
 pub const MAX_RESELECTIONS: u32 = 3;
 
 /// What a server's slot waiters wait on: the caller's own primitive (the driver's is tokio's
@@ -190,7 +190,7 @@ pub enum StartAnswer<'c, K, S: super::ReleaseSignal> {
     /// says where.
     TimedOut(String),
     /// The server this attempt was selected for changed while it waited for a slot
-    /// ([`SlotRequest::server_changed`]): select a server again and ask anew. Nothing was
+    /// ([`SlotRequest::after_wait`]): select a server again and ask anew. Nothing was
     /// sent, so this is not a retry.
     Reselect,
 }
