@@ -688,7 +688,23 @@ mod tests {
             for (key, value) in expected {
                 assert_eq!(recorder.value(key), Some(value), "{key}");
             }
-            assert_eq!(recorder.described.lock().unwrap().len(), 10);
+            let mut described = recorder.described.lock().unwrap().clone();
+            described.sort();
+            let mut every_metric = vec![
+                METRIC_OVERLOAD_ERRORS,
+                METRIC_RETRIES,
+                METRIC_RETRIES_REFUSED,
+                METRIC_RETRIES_REFUNDED,
+                METRIC_BACKOFF_MICROS,
+                METRIC_BUDGET_LEVEL,
+                METRIC_LOCAL_REJECTIONS,
+                METRIC_CONCURRENCY_WAITS,
+                METRIC_CONCURRENCY_LIMIT,
+                METRIC_CONCURRENCY_IN_FLIGHT,
+                METRIC_DECISIONS,
+            ];
+            every_metric.sort_unstable();
+            assert_eq!(described, every_metric, "every metric is described once");
         }
 
         #[test]
