@@ -103,10 +103,11 @@ impl RunConfig {
         s
     }
 
-    /// 100 % load: the given capacity, else cores × 1000 ÷ the mix's mean cost in ms.
+    /// 100 % load: the given capacity, else what the cores complete of the mix: cores × 1000 ÷
+    /// the mix's mean time on a core in ms (its cost and its slices' hand-offs).
     pub fn effective_capacity(&self, s: &ServerConfig) -> f64 {
         self.capacity.unwrap_or_else(|| {
-            let mean: f64 = MIX.iter().map(|&(k, w)| w * s.cost_ms(k)).sum();
+            let mean: f64 = MIX.iter().map(|&(k, w)| w * s.core_ms(k)).sum();
             f64::from(s.cores) * 1000.0 / mean
         })
     }

@@ -44,9 +44,14 @@ struct Args {
     /// Network round trip (ms).
     #[arg(long, default_value_t = 0.2)]
     rtt_ms: f64,
-    /// 100 % load in ops/s (default: the model's nominal capacity, cores × 1000 ÷ mean cost).
+    /// 100 % load in ops/s (default: the model's nominal capacity, cores × 1000 ÷ the mix's
+    /// mean time on a core).
     #[arg(long)]
     capacity: Option<f64>,
+    /// Core time lost each time a slice takes a core (ms; default: the lab emulator's, 0.034;
+    /// 0: ideal cores).
+    #[arg(long)]
+    handoff_ms: Option<f64>,
     /// The ingress limiter's rate as a share of capacity (0: none).
     #[arg(long, default_value_t = 0.9)]
     limiter_share: f64,
@@ -168,6 +173,9 @@ fn config(
     cfg.rtt = millis("rtt-ms", args.rtt_ms, 10_000.0)?;
     cfg.capacity = args.capacity;
     cfg.limiter_share = args.limiter_share;
+    if let Some(ms) = args.handoff_ms {
+        cfg.server.handoff_ms = ms;
+    }
     cfg.overrides = Overrides {
         budget_min_per_sec: args.budget_min_per_sec,
         budget_percent: args.budget_percent,
