@@ -6,8 +6,8 @@
 //! (2026-12-03-1829) or, where that suite left a variant not judged, the one before it
 //! (2026-12-03-1801). Each lab run calibrated its own capacity; the simulator runs each
 //! comparison twice: at that capacity (load and limiter in the lab's ops/s, the model's cores
-//! at their nominal speed) and at the model's nominal capacity (every rate relative to what the
-//! model's cores complete).
+//! as modelled: their costs and the hand-off per slice) and at the model's nominal capacity
+//! (every rate relative to what the model's cores complete).
 
 use std::borrow::Cow;
 
