@@ -39,6 +39,16 @@ started=$(date +%s)
     $bin --scenarios sustained,flood --clients 4,64,1000,10k --secs 60 --variants recommended,fork-controls \
         --budget-min-per-sec 0 --throttle-min-requests 0
     echo
+    echo "## Plots: goodput and retries against the fleet's size (60 s)"
+    echo
+    plots=docs/results/$(date -u +%F)-sim-plots
+    $bin --scenarios sustained,flood --clients 4,16,64,1000,10k,100k --secs 60 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls \
+        --plot "$plots" >/dev/null
+    for f in sustained-goodput sustained-retries flood-goodput flood-retries; do
+        echo "![$f]($(basename "$plots")/$f.svg)"
+        echo
+    done
     echo "## Fleets over five minutes: the histories filled"
     echo
     echo "A sparse client's throttle and budget judge it on up to two minutes of history once that"

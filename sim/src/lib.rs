@@ -13,6 +13,7 @@
 pub mod clock;
 pub mod engine;
 pub mod lab;
+pub mod plot;
 pub mod queue;
 pub mod report;
 pub mod scenario;

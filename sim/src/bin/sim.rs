@@ -64,6 +64,10 @@ struct Args {
     /// `adaptiveThrottleMinRequests` for every variant with the throttle (default 20).
     #[arg(long)]
     throttle_min_requests: Option<u32>,
+    /// Also draw the grid's goodput and retries per first attempt against the client count,
+    /// one SVG per scenario and figure, into this directory (`sim::plot`).
+    #[arg(long, value_name = "DIR")]
+    plot: Option<std::path::PathBuf>,
     /// Compare with the lab's four-instance figures instead of running the grid (uses
     /// `--seed` and the two seeds after it; the grid's options other than those of the model
     /// are ignored).
@@ -239,6 +243,7 @@ fn grid(args: &Args) -> Result<(), String> {
     );
     let started = Instant::now();
     let mut total = 0;
+    let mut reports = Vec::new();
     for (scenario, configs) in &runs {
         let shape: Vec<String> = configs
             .first()
@@ -264,6 +269,14 @@ fn grid(args: &Args) -> Result<(), String> {
             print!("{}", row(&report));
             warn_unfinished(&report);
             total += 1;
+            if args.plot.is_some() {
+                reports.push(report);
+            }
+        }
+    }
+    if let Some(dir) = &args.plot {
+        for path in sim::plot::write_all(&reports, dir)? {
+            eprintln!("plot: {}", path.display());
         }
     }
     println!(
