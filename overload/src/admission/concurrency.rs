@@ -20,8 +20,7 @@
 //! send:
 //!
 //! ```text
-//! gradient  = clamp(tolerance × baseline / latency, 0.5, 2.0)   (latency: the median of the
-//!                                                                last 16 samples)
+//! gradient  = clamp(tolerance × baseline / latency, 0.5, 2.0)   (latency: the round's median)
 //! target    = gradient × limit + 1                               (1: the queue allowance)
 //! limit     ← limit + 0.2 × (target − limit)                     (once per round trip)
 //! on overload error: limit ← 0.9 × limit      (once per round trip: only operations admitted
@@ -101,25 +100,24 @@
 //! every 30 s, the client sends at most `min_limit` operations at a time to that server. At
 //! 5 ms operations and the defaults, about 50 ms in 30 s.
 //!
-//! # Which latency: the median of the latest samples
+//! # Which latency: the median of a round trip's samples
 //!
-//! The limit is updated once per round trip, and the latency it compares with the baseline
-//! is the median of the latest [`RECENT_SAMPLES`] samples, however many round trips they span
-//! (Envoy's adaptive concurrency aggregates its samples at the 50th percentile), not the mean
-//! of the round's. A server that queues slows every operation it serves, so the median rises
-//! with the queue as the mean does. But one address can stand for several independent queues:
-//! a mongos forwards each operation to the shard that owns its keys, and when one shard sheds,
-//! mongos retries it there with backoff while the others answer at once. The mean of such a
-//! mixture is set by the minority that waits (a third of the operations at 100 ms and the rest
-//! at 5 ms average 37 ms, seven times the baseline), so a mean-driven limit halved the router's
-//! slots and the operations for the healthy shards waited for them (the lab's `hot-shard`,
-//! 2026-12-05: 600 to 1,200 slot waits a run, cold-shard goodput 1.5 % down). The median is
-//! what most of the client's operations meet: it cuts when most of them queue, and leaves a
-//! minority's slow shard to that shard's own rejections. It needs samples, though: at that
-//! rate a round trip held one or two of a client's samples per router, and a median of the
-//! round's own (tried first) was the slow one every few rounds, still 230 to 480 waits a run
-//! and 0.2 % lost. Over the latest 16, 32 to 37 waits and nothing lost. The price is a lag:
-//! a queue that forms shows once half of the latest 16 operations met it.
+//! Each round trip's samples make one update, and the latency it compares with the baseline
+//! is their median (Envoy's adaptive concurrency aggregates its samples at the 50th
+//! percentile), not their mean. A server that queues slows every operation it serves, so the
+//! median rises with the queue as the mean does. But one address can stand for several
+//! independent queues: a mongos forwards each operation to the shard that owns its keys, and
+//! when one shard sheds, mongos retries it there with backoff while the others answer at once.
+//! The mean of such a mixture is set by the minority that waits (a third of the operations at
+//! 100 ms and the rest at 5 ms average 37 ms, seven times the baseline), so a mean-driven
+//! limit halved the router's slots and the operations for the healthy shards waited for them
+//! (the lab's `hot-shard`, 2026-12-05: 600 to 1,200 slot waits a run, cold-shard goodput 1.5 %
+//! down). The median is what most of the client's operations meet: it cuts when most of them
+//! queue, and leaves a minority's slow shard to that shard's own rejections. With it the same
+//! runs waited 230 to 480 times and lost 0.2 %: at that rate one round trip per router holds
+//! one or two samples, so a slow one still sets a round's median now and then.
+//! A round keeps at most [`ROUND_SAMPLES`] samples, spread evenly over the round: when its
+//! store is full it keeps every other sample and from then on only every other new one.
 //!
 //! # Samples and outcomes
 //!
@@ -202,12 +200,10 @@ pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(600);
 /// Samples in one baseline measurement: the median of 16 (the typical service time of
 /// [`crate::deadline::ServiceTime`] uses as many).
 pub const BASELINE_SAMPLES: usize = 16;
-/// The latest samples whose median is the latency an update compares with the baseline,
-/// however many rounds they span: a median of few samples is a coin flip. With a third of the
-/// samples slow (one shard of three shedding behind a router), the median of one round trip's
-/// one or two samples (what a round held per router in the lab's `hot-shard`) is the slow one
-/// in a third to a half of the updates, of 16 in 8 %.
-pub const RECENT_SAMPLES: usize = 16;
+/// Samples one round trip keeps for its median: when a round sees more, it keeps an evenly
+/// spread subset of them (every second, fourth, ... sample), so memory stays fixed however
+/// many operations a round trip holds.
+pub const ROUND_SAMPLES: usize = 32;
 /// A probe ends after this long even with fewer samples (a slow or idle server), using those
 /// it has; with none it keeps the old baseline.
 pub const PROBE_MAX_DURATION: Duration = Duration::from_secs(2);
@@ -328,7 +324,7 @@ pub struct ConcurrencySnapshot {
     pub in_flight: u32,
     /// The server's measured no-load latency, once measured.
     pub baseline: Option<Duration>,
-    /// The median of the latest samples at the last update, once there was one.
+    /// The median latency of the last round trip's samples, once there was one.
     pub latency: Option<Duration>,
     /// Whether a baseline probe is running.
     pub probing: bool,
@@ -386,8 +382,6 @@ struct State {
     /// When the next probe starts.
     next_probe: u64,
     round: Round,
-    /// The latest samples, across rounds: a round's latency is their median.
-    recent: RecentSamples,
     /// The median latency of the last completed round, in nanoseconds.
     latency: Option<u64>,
     /// When the limit was last lowered for an overload error.
@@ -407,10 +401,11 @@ struct Probe {
     saved_limit: f64,
 }
 
-/// One round trip of the limit: it ends with one update from the latest samples.
+/// The samples of one round trip, whose median makes one update of the limit.
 #[derive(Clone, Copy, Debug, Default)]
 struct Round {
     started: u64,
+    samples: RoundSamples,
     /// The most slots in use during the round: the limit grows only if it was half used, and
     /// a cut starts from it.
     peak_in_flight: u32,
@@ -420,31 +415,60 @@ struct Round {
 }
 
 impl Round {
-    /// A round that starts at `started` (ns) with `in_flight` slots in use.
+    /// A round that starts at `started` (ns) with `in_flight` slots in use and no samples.
     fn starting(started: u64, in_flight: u32) -> Round {
         Round {
             started,
             peak_in_flight: in_flight,
             in_flight_at_start: in_flight,
+            ..Round::default()
         }
     }
 }
 
-/// The last [`RECENT_SAMPLES`] latency samples, oldest overwritten first.
-#[derive(Clone, Copy, Debug, Default)]
-struct RecentSamples {
-    kept: [u64; RECENT_SAMPLES],
+/// An evenly spread subset of at most [`ROUND_SAMPLES`] of a round's samples: every
+/// `stride`-th sample seen, the stride doubling (and every other kept sample dropped) each time
+/// the store fills.
+#[derive(Clone, Copy, Debug)]
+struct RoundSamples {
+    kept: [u64; ROUND_SAMPLES],
     len: usize,
-    next: usize,
+    /// Samples seen, kept or not.
+    seen: u64,
+    stride: u64,
 }
 
-impl RecentSamples {
+impl Default for RoundSamples {
+    fn default() -> Self {
+        RoundSamples {
+            kept: [0; ROUND_SAMPLES],
+            len: 0,
+            seen: 0,
+            stride: 1,
+        }
+    }
+}
+
+impl RoundSamples {
     fn push(&mut self, latency: u64) {
-        self.kept[self.next] = latency;
-        self.next = (self.next + 1) % RECENT_SAMPLES;
-        self.len = (self.len + 1).min(RECENT_SAMPLES);
+        if self.seen.is_multiple_of(self.stride) {
+            if self.len == ROUND_SAMPLES {
+                // Kept samples are seen numbers 0, s, 2s, ...: keep 0, 2s, 4s, ... The sample
+                // now arriving is number ROUND_SAMPLES × s, a multiple of 2s (the store's size
+                // is even), so it is kept below.
+                for i in 0..ROUND_SAMPLES / 2 {
+                    self.kept[i] = self.kept[2 * i];
+                }
+                self.len = ROUND_SAMPLES / 2;
+                self.stride = self.stride.saturating_mul(2);
+            }
+            self.kept[self.len] = latency;
+            self.len += 1;
+        }
+        self.seen = self.seen.saturating_add(1);
     }
 
+    /// The upper median of the kept samples; 0 without any.
     fn median(&self) -> u64 {
         let mut kept = self.kept;
         median(&mut kept[..self.len])
@@ -515,7 +539,6 @@ impl ConcurrencyLimit {
                     probes_started: 0,
                     next_probe: 0,
                     round: Round::default(),
-                    recent: RecentSamples::default(),
                     latency: None,
                     last_decrease: None,
                     overload_share: 0.0,
@@ -699,11 +722,11 @@ impl Shared {
             // The latency is the client's own queue, not the server's (see `ClientLag`).
             return;
         }
-        state.recent.push(latency);
+        state.round.samples.push(latency);
         // A round lasts one round trip, so the limit moves once per round trip at most.
         let round_trip = state.latency.or(state.baseline).unwrap_or(0);
         if t - state.round.started >= round_trip {
-            let latency = state.recent.median();
+            let latency = state.round.samples.median();
             self.update(state, latency);
         }
     }
@@ -1505,15 +1528,13 @@ mod tests {
     /// hold the healthy shards' operations back for the slow third: with a round's mean
     /// latency (about 37 ms, seven times the baseline) it fell to the minimum's neighbourhood
     /// and most operations waited for a slot.
-    /// Sends one operation every `every` for 20 s to a server behind which a third of the
-    /// operations take 100 ms and the rest 5 ms, whatever the load; returns the operations sent,
-    /// those the limit held back after the first second (the baseline's warm-up), and the limit.
-    fn slow_minority(every: Duration) -> (u64, u64, ConcurrencyLimit) {
+    #[test]
+    fn a_slow_minority_behind_one_address_does_not_cut_the_limit() {
         let (limit, start) = limiter(config(2, 100));
         let mut running: Vec<(Instant, ConcurrencyPermit, Duration)> = Vec::new();
         let (mut sent, mut refused) = (0u64, 0u64);
-        let mut now = start;
-        while now < start + Duration::from_secs(20) {
+        for tick in 0..20_000 {
+            let now = start + ms(tick);
             let (done, still): (Vec<_>, Vec<_>) =
                 running.drain(..).partition(|(end, _, _)| *end <= now);
             running = still;
@@ -1526,53 +1547,41 @@ mod tests {
                     sent += 1;
                     running.push((now + latency, permit, latency));
                 }
-                None if now >= start + Duration::from_secs(1) => refused += 1,
+                // Past the first second (the baseline's warm-up), a refusal is an operation
+                // held back by the limit.
+                None if tick >= 1_000 => refused += 1,
                 None => {}
             }
-            now += every;
         }
-        (sent, refused, limit)
-    }
-
-    /// A mongos in front of three shards, one of which sheds: a third of the operations wait
-    /// 100 ms in the router's retries, the rest take 5 ms (the router itself queues nothing).
-    /// The limit must not hold the healthy shards' operations back for the slow third. At
-    /// 1,000 operations a second (about 37 in flight), a round's mean latency (about 37 ms,
-    /// seven times the baseline) took the limit to its minimum. At 80 a second, the rate one
-    /// client sent each router in the lab's `hot-shard`, a round trip holds one or two samples,
-    /// and the median of the round's own held back a quarter of the operations here.
-    #[test]
-    fn a_slow_minority_behind_one_address_does_not_cut_the_limit() {
-        let (sent, refused, limit) = slow_minority(ms(1));
-        assert_eq!(refused, 0, "{sent} sent; {:?}", limit.snapshot());
+        assert_eq!(refused, 0, "operations held back; {:?}", limit.snapshot());
         assert!(limit.limit() >= 50, "{:?}", limit.snapshot());
         assert_eq!(limit.snapshot().latency, Some(ms(5)));
-        let (sent, refused, limit) = slow_minority(Duration::from_micros(12_500));
-        assert!(
-            refused * 100 <= sent,
-            "{refused} of {sent} held back; {:?}",
-            limit.snapshot()
-        );
     }
 
     #[test]
-    fn the_latency_is_the_median_of_the_latest_samples() {
-        let mut recent = RecentSamples::default();
+    fn a_round_keeps_an_even_subset_of_its_samples_and_their_median() {
+        let mut few = RoundSamples::default();
         for latency in [5, 1, 9] {
-            recent.push(latency);
+            few.push(latency);
         }
-        assert_eq!(recent.median(), 5);
-        // Only the latest `RECENT_SAMPLES` count: 0 to 99 pushed, 84 to 99 kept.
-        for latency in 0..100 {
-            recent.push(latency);
+        assert_eq!(few.median(), 5);
+        // 1,000 samples, 0 to 999: the store filled at 32, 64, 128, 256 and 512 samples, so
+        // the kept ones are every 32nd, 0 to 992, and their median the middle one.
+        let mut many = RoundSamples::default();
+        for latency in 0..1_000 {
+            many.push(latency);
         }
-        assert_eq!(recent.len, RECENT_SAMPLES);
-        assert_eq!(recent.median(), 92);
-        // A third of slow samples in any order does not move the median.
+        assert_eq!(many.len, ROUND_SAMPLES);
+        assert_eq!(many.stride, 32);
+        let kept: Vec<u64> = (0..32).map(|i| i * 32).collect();
+        assert_eq!(many.kept[..many.len], kept[..]);
+        assert_eq!(many.median(), 512);
+        // A third of slow samples anywhere in the round does not move the median.
+        let mut mixed = RoundSamples::default();
         for i in 0..300u64 {
-            recent.push(if i % 3 == 0 { 100 } else { 5 });
+            mixed.push(if i % 3 == 0 { 100 } else { 5 });
         }
-        assert_eq!(recent.median(), 5);
+        assert_eq!(mixed.median(), 5);
     }
 
     #[test]
