@@ -114,8 +114,10 @@
 //! (the lab's `hot-shard`, 2026-12-05: 600 to 1,200 slot waits a run, cold-shard goodput 1.5 %
 //! down). The median is what most of the client's operations meet: it cuts when most of them
 //! queue, and leaves a minority's slow shard to that shard's own rejections. With it the same
-//! runs waited 230 to 480 times and lost 0.2 %: at that rate one round trip per router holds
-//! one or two samples, so a slow one still sets a round's median now and then.
+//! runs waited 230 to 560 times and lost 0.2 to 0.7 %: at that rate one round trip per router
+//! holds one or two samples, so a slow one still sets a round's median now and then (a median
+//! over the latest 16 samples fixed that in the lab but is not kept yet: docs/admission.md,
+//! "Why the median").
 //! A round keeps at most [`ROUND_SAMPLES`] samples, spread evenly over the round: when its
 //! store is full it keeps every other sample and from then on only every other new one.
 //!
