@@ -17,6 +17,8 @@ pub struct Figure {
     /// The y axis's label.
     pub label: &'static str,
     pub value: fn(&Report) -> f64,
+    /// The y axis reaches at least this high, so small figures are read against their scale.
+    pub y_floor: f64,
 }
 
 /// The figures `sim --plot` draws: goodput as a share of capacity, and driver retries per
@@ -26,11 +28,13 @@ pub const FIGURES: [Figure; 2] = [
         file: "goodput",
         label: "goodput ÷ capacity",
         value: Report::goodput_share,
+        y_floor: 1.0,
     },
     Figure {
         file: "retries",
         label: "retries per first attempt",
         value: Report::retries_per_first,
+        y_floor: 0.1,
     },
 ];
 
@@ -97,7 +101,7 @@ fn draw(
         .filter(|y| y.is_finite())
         .fold(0.0, f64::max);
     // Headroom above the highest point for the legend, in the upper right.
-    let y_max = (y_top * 1.5).max(if figure.file == "goodput" { 1.0 } else { 0.1 });
+    let y_max = (y_top * 1.5).max(figure.y_floor);
 
     let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
     root.fill(&WHITE)?;
