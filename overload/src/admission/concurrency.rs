@@ -100,7 +100,7 @@
 //! every 30 s, the client sends at most `min_limit` operations at a time to that server. At
 //! 5 ms operations and the defaults, about 50 ms in 30 s.
 //!
-//! # Which latency: the median of a round trip's samples
+//! # Which latency: the median of a round trip's samples, at least 16 of them
 //!
 //! Each round trip's samples make one update, and the latency it compares with the baseline
 //! is their median (Envoy's adaptive concurrency aggregates its samples at the 50th
@@ -113,13 +113,18 @@
 //! limit halved the router's slots and the operations for the healthy shards waited for them
 //! (the lab's `hot-shard`, 2026-12-05: 600 to 1,200 slot waits a run, cold-shard goodput 1.5 %
 //! down). The median is what most of the client's operations meet: it cuts when most of them
-//! queue, and leaves a minority's slow shard to that shard's own rejections. With it the same
-//! runs waited 230 to 560 times and lost 0.2 to 0.7 %: at that rate one round trip per router
-//! holds one or two samples, so a slow one still sets a round's median now and then (a median
-//! over the latest 16 samples fixed that in the lab but is not kept yet: docs/admission.md,
-//! "Why the median").
-//! A round keeps at most [`ROUND_SAMPLES`] samples, spread evenly over the round: when its
-//! store is full it keeps every other sample and from then on only every other new one.
+//! queue, and leaves a minority's slow shard to that shard's own rejections.
+//!
+//! A median needs samples, though. At the rate one client sent each router in `hot-shard`, a
+//! round trip held one or two, and a round's own median was the slow one every few rounds
+//! (230 to 560 slot waits a run, 0.2 to 0.7 % lost). A round with fewer than
+//! [`MEDIAN_SAMPLES`] samples is topped up with the latest samples before it, so its median
+//! is always of at least 16; a round that holds more uses only its own, so a busy client
+//! still follows the server within one round trip. (A median over the latest 16 alone, tried
+//! first, fixed `hot-shard` but made a busy client's latency a few milliseconds' worth of
+//! operations instead of a round trip's.) A round keeps at most [`ROUND_SAMPLES`] samples,
+//! spread evenly over the round: when its store is full it keeps every other sample and from
+//! then on only every other new one.
 //!
 //! # Samples and outcomes
 //!
@@ -206,6 +211,11 @@ pub const BASELINE_SAMPLES: usize = 16;
 /// spread subset of them (every second, fourth, ... sample), so memory stays fixed however
 /// many operations a round trip holds.
 pub const ROUND_SAMPLES: usize = 32;
+/// The fewest samples a round's median is taken of: a round with fewer is topped up with the
+/// latest samples before it. With a third of the samples slow (one shard of three shedding
+/// behind a router), the median of one or two samples is the slow one in a third to a half of
+/// the updates, of 16 in 8 %.
+pub const MEDIAN_SAMPLES: usize = 16;
 /// A probe ends after this long even with fewer samples (a slow or idle server), using those
 /// it has; with none it keeps the old baseline.
 pub const PROBE_MAX_DURATION: Duration = Duration::from_secs(2);
@@ -326,7 +336,8 @@ pub struct ConcurrencySnapshot {
     pub in_flight: u32,
     /// The server's measured no-load latency, once measured.
     pub baseline: Option<Duration>,
-    /// The median latency of the last round trip's samples, once there was one.
+    /// The median latency of the last round trip's samples (topped up to [`MEDIAN_SAMPLES`]), once
+    /// there was one.
     pub latency: Option<Duration>,
     /// Whether a baseline probe is running.
     pub probing: bool,
@@ -384,6 +395,8 @@ struct State {
     /// When the next probe starts.
     next_probe: u64,
     round: Round,
+    /// The latest [`MEDIAN_SAMPLES`] samples, across rounds: they top up a round with fewer.
+    recent: RecentSamples,
     /// The median latency of the last completed round, in nanoseconds.
     latency: Option<u64>,
     /// When the limit was last lowered for an overload error.
@@ -477,6 +490,28 @@ impl RoundSamples {
     }
 }
 
+/// The last [`MEDIAN_SAMPLES`] latency samples, oldest overwritten first.
+#[derive(Clone, Copy, Debug, Default)]
+struct RecentSamples {
+    kept: [u64; MEDIAN_SAMPLES],
+    len: usize,
+    next: usize,
+}
+
+impl RecentSamples {
+    fn push(&mut self, latency: u64) {
+        self.kept[self.next] = latency;
+        self.next = (self.next + 1) % MEDIAN_SAMPLES;
+        self.len = (self.len + 1).min(MEDIAN_SAMPLES);
+    }
+
+    /// The upper median of the kept samples; 0 without any.
+    fn median(&self) -> u64 {
+        let mut kept = self.kept;
+        median(&mut kept[..self.len])
+    }
+}
+
 impl fmt::Debug for ConcurrencyLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimit")
@@ -541,6 +576,7 @@ impl ConcurrencyLimit {
                     probes_started: 0,
                     next_probe: 0,
                     round: Round::default(),
+                    recent: RecentSamples::default(),
                     latency: None,
                     last_decrease: None,
                     overload_share: 0.0,
@@ -725,10 +761,17 @@ impl Shared {
             return;
         }
         state.round.samples.push(latency);
+        state.recent.push(latency);
         // A round lasts one round trip, so the limit moves once per round trip at most.
         let round_trip = state.latency.or(state.baseline).unwrap_or(0);
         if t - state.round.started >= round_trip {
-            let latency = state.round.samples.median();
+            // The recent samples end with this round's: with fewer than `MEDIAN_SAMPLES` in the
+            // round, they are the round topped up with the latest before it.
+            let latency = if state.round.samples.seen >= MEDIAN_SAMPLES as u64 {
+                state.round.samples.median()
+            } else {
+                state.recent.median()
+            };
             self.update(state, latency);
         }
     }
@@ -1524,19 +1567,15 @@ mod tests {
         }
     }
 
-    /// A mongos in front of three shards, one of which sheds: a third of the operations wait
-    /// 100 ms in the router's retries, the rest take 5 ms, whatever the load (the router itself
-    /// queues nothing). 1,000 operations a second keep about 37 in flight. The limit must not
-    /// hold the healthy shards' operations back for the slow third: with a round's mean
-    /// latency (about 37 ms, seven times the baseline) it fell to the minimum's neighbourhood
-    /// and most operations waited for a slot.
-    #[test]
-    fn a_slow_minority_behind_one_address_does_not_cut_the_limit() {
+    /// Sends one operation every `every` for 20 s to a server behind which a third of the
+    /// operations take 100 ms and the rest 5 ms, whatever the load; returns the operations sent,
+    /// those the limit held back after the first second (the baseline's warm-up), and the limit.
+    fn slow_minority(every: Duration) -> (u64, u64, ConcurrencyLimit) {
         let (limit, start) = limiter(config(2, 100));
         let mut running: Vec<(Instant, ConcurrencyPermit, Duration)> = Vec::new();
         let (mut sent, mut refused) = (0u64, 0u64);
-        for tick in 0..20_000 {
-            let now = start + ms(tick);
+        let mut now = start;
+        while now < start + Duration::from_secs(20) {
             let (done, still): (Vec<_>, Vec<_>) =
                 running.drain(..).partition(|(end, _, _)| *end <= now);
             running = still;
@@ -1549,15 +1588,48 @@ mod tests {
                     sent += 1;
                     running.push((now + latency, permit, latency));
                 }
-                // Past the first second (the baseline's warm-up), a refusal is an operation
-                // held back by the limit.
-                None if tick >= 1_000 => refused += 1,
+                None if now >= start + Duration::from_secs(1) => refused += 1,
                 None => {}
             }
+            now += every;
         }
-        assert_eq!(refused, 0, "operations held back; {:?}", limit.snapshot());
+        (sent, refused, limit)
+    }
+
+    /// A mongos in front of three shards, one of which sheds: a third of the operations wait
+    /// 100 ms in the router's retries, the rest take 5 ms (the router itself queues nothing).
+    /// The limit must not hold the healthy shards' operations back for the slow third. At
+    /// 1,000 operations a second (about 37 in flight), a round's mean latency (about 37 ms,
+    /// seven times the baseline) took the limit to its minimum. At 80 a second, the rate one
+    /// client sent each router in the lab's `hot-shard`, a round trip holds one or two samples,
+    /// and the median of the round's own, not topped up, held back 330 of 1,255 here.
+    #[test]
+    fn a_slow_minority_behind_one_address_does_not_cut_the_limit() {
+        let (sent, refused, limit) = slow_minority(ms(1));
+        assert_eq!(refused, 0, "{sent} sent; {:?}", limit.snapshot());
         assert!(limit.limit() >= 50, "{:?}", limit.snapshot());
         assert_eq!(limit.snapshot().latency, Some(ms(5)));
+        let (sent, refused, limit) = slow_minority(Duration::from_micros(12_500));
+        assert!(
+            refused * 100 <= sent,
+            "{refused} of {sent} held back; {:?}",
+            limit.snapshot()
+        );
+    }
+
+    #[test]
+    fn the_recent_samples_are_the_latest_sixteen() {
+        let mut recent = RecentSamples::default();
+        for latency in [5, 1, 9] {
+            recent.push(latency);
+        }
+        assert_eq!(recent.median(), 5);
+        // 0 to 99 pushed after them: 84 to 99 kept, upper median 92.
+        for latency in 0..100 {
+            recent.push(latency);
+        }
+        assert_eq!(recent.len, MEDIAN_SAMPLES);
+        assert_eq!(recent.median(), 92);
     }
 
     #[test]
