@@ -64,7 +64,7 @@ async fn open_loop_keeps_its_schedule_whatever_the_client_does() {
     let scenario = one_phase(1.0, 1.0);
     let mix = OpMix::default();
     let schedules = schedule::build(&ScheduleSpec {
-        scenario: &scenario,
+        phases: &scenario.phases,
         capacity: 200.0,
         instances: 1,
         arrivals: Arrivals::Fixed,
@@ -120,35 +120,6 @@ async fn open_loop_keeps_its_schedule_whatever_the_client_does() {
     assert_eq!(timed_out, 200);
     assert_eq!(late_ok, 200);
     assert_eq!(goodput(&secs).iter().sum::<u64>(), 0);
-}
-
-#[test]
-fn poisson_inter_arrival_mean_and_spread() {
-    let scenario = one_phase(1.0, 20.0);
-    let mix = OpMix::default();
-    let s = schedule::build(&ScheduleSpec {
-        scenario: &scenario,
-        capacity: 500.0,
-        instances: 1,
-        arrivals: Arrivals::Poisson,
-        mix: &mix,
-        docs: 10,
-        seed: 9,
-    });
-    let at: Vec<f64> = s[0].iter().map(|a| a.at.as_secs_f64()).collect();
-    let gaps: Vec<f64> = at.windows(2).map(|w| w[1] - w[0]).collect();
-    let n = gaps.len() as f64;
-    let mean = gaps.iter().sum::<f64>() / n;
-    let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / n;
-    // Mean 2 ms, and an exponential's standard deviation equals its mean.
-    assert!((mean - 0.002).abs() < 0.002 * 0.05, "mean {mean}");
-    let cv = var.sqrt() / mean;
-    assert!((cv - 1.0).abs() < 0.08, "cv {cv}");
-    assert!(
-        (s[0].len() as f64 - 10_000.0).abs() < 400.0,
-        "{}",
-        s[0].len()
-    );
 }
 
 fn synthetic(offered: &[u64], good: &[u64], lag_ms: u64) -> Vec<Second> {
@@ -406,7 +377,7 @@ async fn on_deadline_drop_cancels_the_driver_call_and_continue_lets_it_finish() 
     let scenario = one_phase(1.0, 0.5);
     let mix = OpMix::default();
     let schedules = schedule::build(&ScheduleSpec {
-        scenario: &scenario,
+        phases: &scenario.phases,
         capacity: 100.0,
         instances: 1,
         arrivals: Arrivals::Fixed,

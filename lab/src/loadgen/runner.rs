@@ -159,14 +159,15 @@ async fn run_against(
             runs.extend(run_interleaved(cfg, uri, rep, workers, &control, progress).await?);
             continue;
         }
+        let seed = schedule::repetition_seed(cfg.seed, rep);
         let schedules = schedule::build(&ScheduleSpec {
-            scenario: &cfg.scenario,
+            phases: &cfg.scenario.phases,
             capacity,
             instances: cfg.instances,
             arrivals: cfg.arrivals,
             mix: &cfg.mix,
             docs: cfg.docs,
-            seed: cfg.seed.wrapping_add(rep as u64 * 1000),
+            seed,
         });
         // Each repetition starts at a different variant, so that whatever drifts over a run
         // (the collection grows by the inserts of every variant before) does not always
@@ -178,7 +179,7 @@ async fn run_against(
         // random draws (they are keyed by request id and seed), and each repetition new ones.
         let model = model.as_ref().map(|(d, members)| {
             let mut d = d.clone();
-            d.insert("seed", cfg.seed.wrapping_add(rep as u64 * 1000) as i64);
+            d.insert("seed", seed as i64);
             (d, members.clone())
         });
         for variant in order {

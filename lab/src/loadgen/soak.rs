@@ -758,7 +758,7 @@ async fn run_against(
                 }
                 let scenario = Scenario::steady("soak", "soak", SOAK_LOAD, secs);
                 let schedules = schedule::build(&ScheduleSpec {
-                    scenario: &scenario,
+                    phases: &scenario.phases,
                     capacity,
                     instances,
                     arrivals,
