@@ -1,6 +1,7 @@
 //! The event loop: arrivals, each client's controller, the server, replies, deadlines.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -17,6 +18,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::clock::{self, Nanos};
 use crate::queue::{Handle, Queue, Slab};
+use crate::replay::Replay;
 use crate::report::{Outcome, Report};
 use crate::scenario::{Scenario, MIX};
 use crate::server::{OpKind, Reply, Request, Server, ServerConfig, Tag};
@@ -70,6 +72,9 @@ pub struct RunConfig {
     pub drain: Duration,
     /// Options set on every variant that has the control.
     pub overrides: Overrides,
+    /// A lab run's schedule to replay instead of drawing arrivals (`crate::replay`); `None`:
+    /// Poisson arrivals drawn from the seed.
+    pub replay: Option<Arc<Replay>>,
 }
 
 impl RunConfig {
@@ -88,7 +93,21 @@ impl RunConfig {
             server: ServerConfig::default(),
             drain: Duration::from_secs(30),
             overrides: Overrides::default(),
+            replay: None,
         }
+    }
+
+    /// The instants the phases end (virtual time).
+    pub fn phase_ends(&self) -> Vec<Nanos> {
+        let mut end = 0.0;
+        self.scenario
+            .phases
+            .iter()
+            .map(|p| {
+                end += p.secs;
+                clock::ms(end * 1000.0)
+            })
+            .collect()
     }
 
     /// The server's configuration for this run.
@@ -161,6 +180,9 @@ impl RunConfig {
         if peak * self.scenario.secs() > 2e9 {
             return Err("the schedule asks for more than 2e9 requests".into());
         }
+        if let Some(replay) = &self.replay {
+            replay.validate(self.clients, &self.phase_ends())?;
+        }
         Ok(())
     }
 }
@@ -219,13 +241,22 @@ struct Op<'c> {
     wait: u32,
 }
 
+/// Where the open-loop arrivals come from.
+enum ArrivalSource<'c> {
+    /// Drawn during the run: Poisson at each phase's rate, each to a client drawn uniformly.
+    /// (Boxed: the generator's state is twenty times the other variant's.)
+    Drawn(Box<StdRng>),
+    /// A lab run's schedule, request by request; `next` indexes the next one to arrive.
+    Replayed { schedule: &'c Replay, next: usize },
+}
+
 struct Sim<'c> {
     cfg: &'c RunConfig,
     controllers: &'c [Controller<u32>],
     ops: Slab<Op<'c>>,
     server: Server,
     q: Queue<Event>,
-    arrivals: StdRng,
+    arrivals: ArrivalSource<'c>,
     policy: StdRng,
     server_rng: StdRng,
     /// Per client, operations waiting for a slot (woken one per release).
@@ -257,14 +288,17 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         .collect::<Result<Vec<_>, _>>()?;
     let server_cfg = cfg.server_config();
     let capacity = cfg.effective_capacity(&server_cfg);
-    let mut phase_ends = Vec::new();
-    let mut rates = Vec::new();
-    let mut end = 0.0;
-    for p in &cfg.scenario.phases {
-        end += p.secs;
-        phase_ends.push(clock::ms(end * 1000.0));
-        rates.push(p.load * capacity / 1e9);
-    }
+    let phase_ends = cfg.phase_ends();
+    let rates = cfg
+        .scenario
+        .phases
+        .iter()
+        .map(|p| p.load * capacity / 1e9)
+        .collect();
+    let arrivals = match &cfg.replay {
+        Some(schedule) => ArrivalSource::Replayed { schedule, next: 0 },
+        None => ArrivalSource::Drawn(Box::new(StdRng::seed_from_u64(cfg.seed ^ ARRIVAL_SALT))),
+    };
     let latency = Histogram::new_with_bounds(1, 3_600_000_000, 3)
         .map_err(|e| format!("latency histogram: {e}"))?;
     let mut sim = Sim {
@@ -273,7 +307,7 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         ops: Slab::default(),
         server: Server::new(server_cfg),
         q: Queue::default(),
-        arrivals: StdRng::seed_from_u64(cfg.seed ^ ARRIVAL_SALT),
+        arrivals,
         policy: StdRng::seed_from_u64(cfg.seed ^ POLICY_SALT),
         server_rng: StdRng::seed_from_u64(cfg.seed ^ SERVER_SALT),
         slot_waiters: (0..cfg.clients).map(|_| VecDeque::new()).collect(),
@@ -350,10 +384,17 @@ impl<'c> Sim<'c> {
         }
     }
 
-    /// The instant of the next arrival after `now`, or `None` past the schedule. Exponential
-    /// gaps at the phase's rate; a gap that crosses into the next phase is drawn again from the
-    /// boundary at the new rate (the process is memoryless).
+    /// The instant of the next arrival after `now`, or `None` past the schedule. Drawn:
+    /// exponential gaps at the phase's rate; a gap that crosses into the next phase is drawn
+    /// again from the boundary at the new rate (the process is memoryless). Replayed: the next
+    /// request's own instant.
     fn next_arrival(&mut self, now: Nanos) -> Option<Nanos> {
+        let rng = match &mut self.arrivals {
+            ArrivalSource::Drawn(rng) => rng,
+            ArrivalSource::Replayed { schedule, next } => {
+                return schedule.arrivals.get(*next).map(|a| a.at);
+            }
+        };
         let mut t = now;
         for (i, &end) in self.phase_ends.iter().enumerate() {
             if t >= end {
@@ -364,7 +405,7 @@ impl<'c> Sim<'c> {
                 t = end;
                 continue;
             }
-            let u: f64 = self.arrivals.random();
+            let u: f64 = rng.random();
             let gap = -(1.0 - u).ln() / rate;
             let at = t as f64 + gap;
             if at < end as f64 {
@@ -382,12 +423,22 @@ impl<'c> Sim<'c> {
             .unwrap_or(self.phase_ends.len().saturating_sub(1))
     }
 
-    fn arrive(&mut self, now: Nanos) {
+    /// The request arriving at `now`: its client, kind and phase (`None` past a replayed
+    /// schedule's end, which the loop never asks for).
+    fn next_request(&mut self, now: Nanos) -> Option<(u32, OpKind, usize)> {
+        let rng = match &mut self.arrivals {
+            ArrivalSource::Drawn(rng) => rng,
+            ArrivalSource::Replayed { schedule, next } => {
+                let a = schedule.arrivals.get(*next)?;
+                *next += 1;
+                return Some((a.client, a.kind, a.phase));
+            }
+        };
         // One draw whatever the number of clients (no rejection sampling), so that runs with
         // different client counts meet the same arrival instants and kinds.
-        let client = ((u128::from(self.arrivals.random::<u64>()) * u128::from(self.cfg.clients))
-            >> 64) as u32;
-        let draw: f64 = self.arrivals.random();
+        let client =
+            ((u128::from(rng.random::<u64>()) * u128::from(self.cfg.clients)) >> 64) as u32;
+        let draw: f64 = rng.random();
         let mut kind = MIX[MIX.len() - 1].0;
         let mut acc = 0.0;
         for &(k, w) in &MIX {
@@ -397,7 +448,13 @@ impl<'c> Sim<'c> {
                 break;
             }
         }
-        let phase = self.phase_of(now);
+        Some((client, kind, self.phase_of(now)))
+    }
+
+    fn arrive(&mut self, now: Nanos) {
+        let Some((client, kind, phase)) = self.next_request(now) else {
+            return;
+        };
         self.report.requests += 1;
         if let Some(n) = self.report.phase_requests.get_mut(phase) {
             *n += 1;

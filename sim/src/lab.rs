@@ -10,7 +10,10 @@
 //! (every rate relative to what the model's cores complete).
 
 use std::borrow::Cow;
+use std::path::Path;
+use std::sync::Arc;
 
+use crate::replay::LabSchedule;
 use crate::scenario::{Length, ScenarioName};
 use crate::variant::Variant;
 
@@ -18,6 +21,8 @@ use crate::variant::Variant;
 #[derive(Clone, Debug)]
 pub struct LabRow {
     pub scenario: ScenarioName,
+    /// The lab's name of the scenario (`fleet-sustained` runs the simulator's `sustained`).
+    pub lab_scenario: Cow<'static, str>,
     pub variant: Variant,
     /// The suite it comes from (`docs/results/<suite>-suite.md`, or a `verdict.json` path).
     pub suite: Cow<'static, str>,
@@ -33,6 +38,11 @@ pub struct LabRow {
     pub rejecting_pct: f64,
     /// Core time wasted (%).
     pub wasted_pct: f64,
+    /// How the lab drew the scenario's arrivals (from a suite's `summary.json`), to replay
+    /// them; `None` for the built-in figures, which the simulator meets with its own draws.
+    pub schedule: Option<Arc<LabSchedule>>,
+    /// The lab repetitions the figures are the median of (its valid runs), each replayed once.
+    pub repetitions: Vec<usize>,
 }
 
 const fn row(
@@ -44,6 +54,7 @@ const fn row(
 ) -> LabRow {
     LabRow {
         scenario,
+        lab_scenario: Cow::Borrowed(scenario.name()),
         variant,
         suite: Cow::Borrowed(suite),
         instances: 4,
@@ -53,6 +64,8 @@ const fn row(
         attempts_per_request: figures.2,
         rejecting_pct: figures.3,
         wasted_pct: figures.4,
+        schedule: None,
+        repetitions: Vec::new(),
     }
 }
 
@@ -244,6 +257,7 @@ pub fn from_verdict(
             };
             rows.push(LabRow {
                 scenario,
+                lab_scenario: Cow::Owned(name.to_owned()),
                 variant,
                 suite: Cow::Owned(format!("{source} ({name})")),
                 instances: instances.unwrap_or(own_instances),
@@ -255,10 +269,98 @@ pub fn from_verdict(
                 attempts_per_request: attempts,
                 rejecting_pct: 100.0 * median(v, "rejectionShare").unwrap_or(0.0),
                 wasted_pct: 100.0 * median(v, "wastedShare").unwrap_or(0.0),
+                schedule: None,
+                repetitions: Vec::new(),
             });
         }
     }
     Ok(rows)
+}
+
+/// The rows of a lab suite (`from_verdict` on `<suite>/verdict.json`), each with the lab's
+/// schedules to replay: `<suite>/<scenario>/summary.json`, which records the seed, instances,
+/// mix and capacity the lab drew them with, and which runs were valid. `instances`, when given,
+/// must be what the summaries record.
+///
+/// # Errors
+///
+/// A message when a file cannot be read or the verdict and a summary disagree.
+pub fn from_suite(verdict: &Path, instances: Option<u32>) -> Result<Vec<LabRow>, String> {
+    let source = verdict.display().to_string();
+    let text = std::fs::read_to_string(verdict).map_err(|e| format!("{source}: {e}"))?;
+    let mut rows = from_verdict(&text, instances, &source)?;
+    let suite = verdict.parent().unwrap_or(Path::new("."));
+    let mut schedules: Vec<(String, Arc<LabSchedule>)> = Vec::new();
+    for row in &mut rows {
+        let known = schedules.iter().find(|(name, _)| *name == row.lab_scenario);
+        let schedule = match known {
+            Some((_, s)) => s.clone(),
+            None => {
+                let path = suite.join(row.lab_scenario.as_ref()).join("summary.json");
+                let shown = path.display().to_string();
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    format!("{shown}: {e} (the comparison replays the lab's own schedules)")
+                })?;
+                let s = Arc::new(LabSchedule::from_summary(&text, &shown)?);
+                schedules.push((row.lab_scenario.to_string(), s.clone()));
+                s
+            }
+        };
+        attach(row, schedule, instances)?;
+    }
+    Ok(rows)
+}
+
+/// Gives `row` the lab's schedule of its scenario, after checking that the two describe the
+/// same runs.
+fn attach(
+    row: &mut LabRow,
+    schedule: Arc<LabSchedule>,
+    instances: Option<u32>,
+) -> Result<(), String> {
+    let name = &row.lab_scenario;
+    if (schedule.capacity - row.capacity).abs() > 1e-6 {
+        return Err(format!(
+            "{name}: the verdict's capacity {} is not the summary's {}",
+            row.capacity, schedule.capacity
+        ));
+    }
+    let recorded = schedule.instances as u32;
+    if instances.is_some_and(|n| n != recorded) {
+        return Err(format!(
+            "{name}: --lab-instances {} but the lab ran {recorded} instances (summary.json)",
+            instances.unwrap_or_default()
+        ));
+    }
+    let simulated = row.scenario.build(LENGTH, None);
+    let same_phases = simulated.phases.len() == schedule.phases.len()
+        && simulated
+            .phases
+            .iter()
+            .zip(&schedule.phases)
+            .all(|(s, l)| s.load == l.load && (s.secs - l.duration.as_secs_f64()).abs() < 1e-9);
+    if !same_phases {
+        return Err(format!(
+            "{name}: the lab's phases are not the simulator's {} at the suite's length",
+            row.scenario.name()
+        ));
+    }
+    if schedule.mix != arrivals::OpMix::default() {
+        return Err(format!(
+            "{name}: the lab ran another operation mix than the one the model's capacity is              for ({:?})",
+            schedule.mix
+        ));
+    }
+    row.repetitions = schedule.valid_repetitions(row.variant.name());
+    if row.repetitions.is_empty() {
+        return Err(format!(
+            "{name}: the verdict judges {} but summary.json has no valid run of it",
+            row.variant.name()
+        ));
+    }
+    row.instances = recorded;
+    row.schedule = Some(schedule);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -8,13 +8,15 @@
 //! ([`engine`]) moves from event to event, so a minute of load on ten thousand clients takes a
 //! few seconds. Randomness comes from one seed, split into three independent streams (arrivals,
 //! policies, server), so a run is a function of its configuration and every variant meets the
-//! same arrivals. `docs/simulator.md` describes the model, its parameters and its results.
+//! same arrivals; compared with a lab run, the arrivals are that run's own ([`replay`]).
+//! `docs/simulator.md` describes the model, its parameters and its results.
 
 pub mod clock;
 pub mod engine;
 pub mod lab;
 pub mod plot;
 pub mod queue;
+pub mod replay;
 pub mod report;
 pub mod scenario;
 pub mod server;

@@ -77,7 +77,7 @@ impl ScenarioName {
     ];
 
     /// The name on the command line.
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             ScenarioName::Burst => "burst",
             ScenarioName::Sustained => "sustained",

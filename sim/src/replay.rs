@@ -1,0 +1,344 @@
+//! A lab run's own arrivals, replayed.
+//!
+//! The lab draws each repetition's open-loop schedule from a fixed seed (`--seed` + 1000 ×
+//! repetition; instance `i` from that seed + `i`), with the `arrivals` crate. A repetition's
+//! schedule holds, by chance, more or fewer requests in a phase than its rate expects, and the
+//! lab's figures carry that luck. So when the simulator is compared with a lab suite it draws
+//! nothing itself: it rebuilds every repetition's schedule with the same crate, seeds and
+//! capacity ([`LabSchedule`], from the scenario's `summary.json`) and replays it request by
+//! request ([`Replay`]), each lab instance as one client. Both sides then meet the same
+//! requests, and the comparison is between the models, not between two sets of draws.
+
+use arrivals::{Arrivals, OpMix, Phase, ScheduleSpec};
+use serde_json::Value;
+
+use crate::clock::{self, Nanos};
+use crate::server::OpKind;
+
+impl From<arrivals::OpKind> for OpKind {
+    fn from(kind: arrivals::OpKind) -> Self {
+        match kind {
+            arrivals::OpKind::PointRead => OpKind::PointRead,
+            arrivals::OpKind::RangeRead => OpKind::RangeRead,
+            arrivals::OpKind::Insert => OpKind::Insert,
+            arrivals::OpKind::Update => OpKind::Update,
+        }
+    }
+}
+
+/// One request of a replayed schedule.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReplayedArrival {
+    /// When it arrives (virtual time since the schedule's start).
+    pub at: Nanos,
+    /// The client that sends it: the lab instance whose schedule holds it.
+    pub client: u32,
+    pub kind: OpKind,
+    /// Its phase, as the lab's generator assigned it.
+    pub phase: usize,
+}
+
+/// A whole schedule to replay: every instance's arrivals, merged in time order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replay {
+    /// The instances the schedule was drawn for; the run needs as many clients.
+    pub clients: u32,
+    pub arrivals: Vec<ReplayedArrival>,
+}
+
+impl Replay {
+    /// The schedules of [`arrivals::build`] (index = instance), merged: instance `i` is client
+    /// `i`, and arrivals at the same instant keep the order of their instances.
+    pub fn from_instances(schedules: &[Vec<arrivals::Arrival>]) -> Replay {
+        let mut merged: Vec<ReplayedArrival> = schedules
+            .iter()
+            .enumerate()
+            .flat_map(|(client, schedule)| {
+                schedule.iter().map(move |a| ReplayedArrival {
+                    at: clock::nanos(a.at),
+                    client: client as u32,
+                    kind: a.kind.into(),
+                    phase: a.phase,
+                })
+            })
+            .collect();
+        // Stable: ties stay in instance order.
+        merged.sort_by_key(|a| a.at);
+        Replay {
+            clients: schedules.len() as u32,
+            arrivals: merged,
+        }
+    }
+
+    /// Checks that a run of `clients` clients over phases ending at `phase_ends` can replay
+    /// the schedule.
+    ///
+    /// # Errors
+    ///
+    /// A message saying what does not fit.
+    pub fn validate(&self, clients: u32, phase_ends: &[Nanos]) -> Result<(), String> {
+        if self.clients != clients {
+            return Err(format!(
+                "the replayed schedule is for {} clients, the run has {clients}",
+                self.clients
+            ));
+        }
+        let end = phase_ends.last().copied().unwrap_or(0);
+        for a in &self.arrivals {
+            if a.phase >= phase_ends.len() || a.at >= end {
+                return Err(format!(
+                    "a replayed arrival at {} ns in phase {} lies outside the scenario's {} \
+                     phases ({end} ns)",
+                    a.at,
+                    a.phase,
+                    phase_ends.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One lab run of a scenario: a variant in a repetition.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LabRun {
+    /// The variant's name in the lab (`fork-recommended`, ...).
+    pub variant: String,
+    pub repetition: usize,
+    /// Requests its schedule held (every variant of a repetition meets the same schedule).
+    pub offered: u64,
+    /// Valid runs are the ones the lab's medians are over.
+    pub valid: bool,
+}
+
+/// How a lab scenario drew its arrivals, from its `summary.json`: what
+/// [`arrivals::build`] needs to draw each repetition's schedule again, and the runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LabSchedule {
+    pub phases: Vec<Phase>,
+    /// The capacity the lab calibrated for the scenario (ops/s). The lab calibrates once per
+    /// scenario, before the first repetition, and every repetition's schedule and limiter use
+    /// it (`lab/src/loadgen/runner.rs`); `summary.json` records that one figure.
+    pub capacity: f64,
+    pub instances: usize,
+    pub spacing: Arrivals,
+    pub mix: OpMix,
+    /// Keys are drawn too (the model ignores them): they are part of the draw order.
+    pub docs: i64,
+    /// The lab run's `--seed`. The lab does not write each repetition's seed down; it is
+    /// [`arrivals::repetition_seed`] of this one, the formula the lab's runner calls.
+    pub base_seed: u64,
+    pub runs: Vec<LabRun>,
+}
+
+impl LabSchedule {
+    /// Reads a lab scenario's `summary.json` (`source` names it in messages).
+    ///
+    /// # Errors
+    ///
+    /// A message naming the field that is missing or out of range.
+    pub fn from_summary(json: &str, source: &str) -> Result<LabSchedule, String> {
+        let summary: Value =
+            serde_json::from_str(json).map_err(|e| format!("{source}: not a summary.json: {e}"))?;
+        let missing = |field: &str| format!("{source}: no {field}");
+        let config = &summary["config"];
+        let mut phases = Vec::new();
+        for p in config["scenario"]["phases"]
+            .as_array()
+            .ok_or_else(|| missing("config.scenario.phases"))?
+        {
+            let (Some(load), Some(secs)) = (p["load"].as_f64(), p["duration"].as_f64()) else {
+                return Err(missing("phase load or duration"));
+            };
+            phases.push(Phase::new(
+                p["name"].as_str().unwrap_or_default(),
+                load,
+                secs,
+            ));
+        }
+        let spacing = match config["arrivals"].as_str() {
+            Some("poisson") => Arrivals::Poisson,
+            Some("fixed") => Arrivals::Fixed,
+            other => return Err(format!("{source}: unknown arrivals {other:?}")),
+        };
+        let mix = &config["mix"];
+        let weight = |kind: &str| {
+            mix[kind]
+                .as_f64()
+                .ok_or_else(|| missing(&format!("mix.{kind}")))
+        };
+        let mix = OpMix {
+            point: weight("point")?,
+            range: weight("range")?,
+            insert: weight("insert")?,
+            update: weight("update")?,
+            range_len: mix["range_len"]
+                .as_i64()
+                .ok_or_else(|| missing("mix.range_len"))?,
+        };
+        let mut runs = Vec::new();
+        for r in summary["runs"].as_array().ok_or_else(|| missing("runs"))? {
+            let (Some(variant), Some(repetition), Some(offered)) = (
+                r["variant"].as_str(),
+                r["rep"].as_u64(),
+                r["offered"].as_u64(),
+            ) else {
+                return Err(missing("variant, rep or offered in a run"));
+            };
+            runs.push(LabRun {
+                variant: variant.to_owned(),
+                repetition: repetition as usize,
+                offered,
+                valid: r["invalid"].as_bool() == Some(false),
+            });
+        }
+        let schedule = LabSchedule {
+            phases,
+            capacity: summary["capacity"]
+                .as_f64()
+                .ok_or_else(|| missing("capacity"))?,
+            instances: config["instances"]
+                .as_u64()
+                .ok_or_else(|| missing("config.instances"))? as usize,
+            spacing,
+            mix,
+            docs: config["docs"]
+                .as_i64()
+                .ok_or_else(|| missing("config.docs"))?,
+            base_seed: config["seed"]
+                .as_u64()
+                .ok_or_else(|| missing("config.seed"))?,
+            runs,
+        };
+        if !(schedule.capacity.is_finite() && schedule.capacity > 0.0) {
+            return Err(format!(
+                "{source}: capacity {} is not above 0",
+                schedule.capacity
+            ));
+        }
+        if !(1..=crate::engine::MAX_CLIENTS as usize).contains(&schedule.instances) {
+            return Err(format!(
+                "{source}: {} instances is not from 1 to {}",
+                schedule.instances,
+                crate::engine::MAX_CLIENTS
+            ));
+        }
+        Ok(schedule)
+    }
+
+    /// The seed repetition `rep` drew its schedule from.
+    pub fn seed(&self, rep: usize) -> u64 {
+        arrivals::repetition_seed(self.base_seed, rep)
+    }
+
+    /// Repetition `rep`'s schedule, drawn by the lab's generator at `capacity` ops/s: at the
+    /// lab's calibrated capacity it is the schedule the lab ran; at another capacity, the same
+    /// draws at other rates.
+    pub fn replay(&self, rep: usize, capacity: f64) -> Replay {
+        Replay::from_instances(&arrivals::build(&ScheduleSpec {
+            phases: &self.phases,
+            capacity,
+            instances: self.instances,
+            arrivals: self.spacing,
+            mix: &self.mix,
+            docs: self.docs,
+            seed: self.seed(rep),
+        }))
+    }
+
+    /// The repetitions in which `variant` ran valid, in order: the runs its lab medians are
+    /// over.
+    pub fn valid_repetitions(&self, variant: &str) -> Vec<usize> {
+        let mut reps: Vec<usize> = self
+            .runs
+            .iter()
+            .filter(|r| r.variant == variant && r.valid)
+            .map(|r| r.repetition)
+            .collect();
+        reps.sort_unstable();
+        reps.dedup();
+        reps
+    }
+
+    /// Checks that `replay`, drawn for repetition `rep` at the lab's capacity, holds as many
+    /// requests as every lab run of that repetition offered: the generator, its seeds and its
+    /// inputs are the lab's.
+    ///
+    /// # Errors
+    ///
+    /// A message with both counts when a run of the repetition offered another number.
+    pub fn check(&self, rep: usize, replay: &Replay) -> Result<(), String> {
+        let drawn = replay.arrivals.len() as u64;
+        match self
+            .runs
+            .iter()
+            .find(|r| r.repetition == rep && r.offered != drawn)
+        {
+            Some(r) => Err(format!(
+                "repetition {rep}: the lab's generator with seed {} draws {drawn} requests, \
+                 but the lab's {} run offered {}: the schedule replayed is not the lab's",
+                self.seed(rep),
+                r.variant,
+                r.offered
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first repetition of the suite of 2026-12-05 01:17's `burst` (`lab-runs/suite-0103`),
+    /// trimmed to what the simulator reads.
+    const SUMMARY: &str = r#"{
+        "config": {
+            "scenario": {"name": "burst", "phases": [
+                {"name": "base", "load": 0.5, "duration": 1.0},
+                {"name": "burst", "load": 1.3, "duration": 4.0},
+                {"name": "after", "load": 0.5, "duration": 3.0}]},
+            "arrivals": "poisson", "instances": 4, "docs": 1000, "seed": 4,
+            "mix": {"point": 80.0, "range": 10.0, "insert": 5.0, "update": 5.0, "range_len": 20}
+        },
+        "capacity": 754.0,
+        "runs": [
+            {"variant": "upstream-best", "rep": 0, "offered": 5413, "invalid": false},
+            {"variant": "fork-controls", "rep": 0, "offered": 5413, "invalid": true},
+            {"variant": "upstream-best", "rep": 1, "offered": 5487, "invalid": false}
+        ]
+    }"#;
+
+    #[test]
+    fn a_summary_rebuilds_the_labs_own_schedules() {
+        let s = LabSchedule::from_summary(SUMMARY, "summary.json").expect("a summary");
+        assert_eq!(s.instances, 4);
+        assert_eq!(s.phases.len(), 3);
+        assert_eq!(s.seed(1), 1004);
+        assert_eq!(s.valid_repetitions("upstream-best"), [0, 1]);
+        assert!(s.valid_repetitions("fork-controls").is_empty());
+        // The lab's counts: 5,413 requests in repetition 0, 5,487 in repetition 1.
+        for rep in 0..2 {
+            let replay = s.replay(rep, s.capacity);
+            s.check(rep, &replay).expect("the lab's schedule");
+            assert_eq!(replay.clients, 4);
+            assert!(replay.arrivals.windows(2).all(|w| w[0].at <= w[1].at));
+            let end = clock::ms(8000.0);
+            replay
+                .validate(4, &[clock::ms(1000.0), clock::ms(5000.0), end])
+                .expect("fits the scenario");
+            assert!(replay.validate(16, &[end]).is_err());
+        }
+        // Another repetition's schedule is not repetition 0's.
+        let other = s.replay(1, s.capacity);
+        assert!(s.check(0, &other).is_err());
+    }
+
+    #[test]
+    fn a_summary_without_what_the_schedule_needs_is_refused() {
+        assert!(LabSchedule::from_summary("{}", "s.json").is_err());
+        assert!(LabSchedule::from_summary("not json", "s.json").is_err());
+        let no_seed = SUMMARY.replace("\"seed\": 4,", "");
+        assert!(LabSchedule::from_summary(&no_seed, "s.json").is_err());
+    }
+}
