@@ -237,6 +237,58 @@ async fn tiny_end_to_end_run_writes_the_report() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The series has the fork's concurrency limit, second by second, for a variant that has one
+/// (`fork-controls`), and leaves the columns empty for upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_series_records_the_concurrency_limit_each_second() {
+    let cfg = LabConfig {
+        scenario: one_phase(1.5, 3.0),
+        variants: vec![
+            Variant::parse("fork-controls").unwrap(),
+            Variant::parse("upstream-best").unwrap(),
+        ],
+        capacity: 60.0,
+        instances: 2,
+        server_mode: ServerMode::Failpoint,
+        docs: 50,
+        drain: Duration::from_millis(500),
+        ..LabConfig::default()
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    let run = runner::run(&cfg, &bar).await.expect("lab run");
+    let csv = report::csv(&run);
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (variant, limit, waits) = (
+        column("variant"),
+        column("concurrency_limit"),
+        column("concurrency_waits"),
+    );
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let limits: Vec<u64> = rows
+        .iter()
+        .filter(|r| r[variant] == "fork-controls")
+        .filter_map(|r| r[limit].parse().ok())
+        .collect();
+    // Two clients, one server each, the limit at least its minimum of 2 (the pool's size at
+    // most): seconds of the run have a sample.
+    assert!(limits.len() >= 2, "{csv}");
+    assert!(limits.iter().all(|&l| (4..=200).contains(&l)), "{limits:?}");
+    for r in rows.iter().filter(|r| r[variant] == "fork-controls") {
+        assert!(
+            r[waits].is_empty() || r[waits].parse::<u64>().is_ok(),
+            "{r:?}"
+        );
+    }
+    for r in rows.iter().filter(|r| r[variant] == "upstream-best") {
+        assert!(r[limit].is_empty() && r[waits].is_empty(), "{r:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_model_run_reads_the_server_snapshot() {
     let cfg = LabConfig {

@@ -29,6 +29,8 @@ pub const MAX_CLIENTS: u32 = 100_000;
 
 /// The key of the one server every client talks to.
 const SERVER: u32 = 0;
+/// One second of virtual time: the per-second series' step.
+const SECOND: Nanos = 1_000_000_000;
 
 /// Salts that split the one seed into independent streams, so that every variant meets the same
 /// arrivals whatever its policies draw.
@@ -75,6 +77,9 @@ pub struct RunConfig {
     /// A lab run's schedule to replay instead of drawing arrivals (`crate::replay`); `None`:
     /// Poisson arrivals drawn from the seed.
     pub replay: Option<Arc<Replay>>,
+    /// Whether to record the counters every second of virtual time ([`Report::seconds`]).
+    /// Off by default: each second reads every client's concurrency limit.
+    pub series: bool,
 }
 
 impl RunConfig {
@@ -94,6 +99,7 @@ impl RunConfig {
             drain: Duration::from_secs(30),
             overrides: Overrides::default(),
             replay: None,
+            series: false,
         }
     }
 
@@ -336,9 +342,15 @@ impl<'c> Sim<'c> {
         self.q.push(schedule_end, Event::ScheduleEnd);
         // Bounded: arrivals stop at the schedule's end, every operation ends by its deadline or
         // its last retry, and the loop stops at `stop` whatever is left.
+        let mut next_second = SECOND;
         while let Some((now, event)) = self.q.pop() {
             if now > stop {
                 break;
+            }
+            // Bounded by the run's length: one record per second passed.
+            while self.cfg.series && now >= next_second {
+                self.record_second();
+                next_second += SECOND;
             }
             clock::set(now);
             self.report.events += 1;
@@ -769,6 +781,19 @@ impl<'c> Sim<'c> {
         } else {
             self.report.late_driver_ends += 1;
         }
+    }
+
+    /// Appends the counters as they stand to the report's per-second series.
+    fn record_second(&mut self) {
+        let limit = self.slots.then(|| {
+            self.controllers
+                .iter()
+                .flat_map(|c| c.snapshot().concurrency_limits.into_values())
+                .map(|l| u64::from(l.limit))
+                .sum()
+        });
+        let counters = self.report.counters(&self.server.stats, limit);
+        self.report.seconds.push(counters);
     }
 
     fn record(&mut self, now: Nanos, arrival: Nanos, phase: usize, outcome: Outcome) {

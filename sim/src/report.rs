@@ -70,6 +70,61 @@ pub struct Report {
     /// Real time of the run (s), and of building its controllers.
     pub real_secs: f64,
     pub setup_secs: f64,
+    /// With [`RunConfig::series`]: the counters at the start of every second of virtual time
+    /// after the first (cumulative; [`series_csv`] prints each second's differences).
+    pub seconds: Vec<SecondCounters>,
+}
+
+/// A run's counters at one instant, for its per-second series.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SecondCounters {
+    /// Requests that arrived, succeeded, and ran out of time.
+    pub requests: u64,
+    pub success: u64,
+    pub deadline: u64,
+    pub first_attempts: u64,
+    pub retries: u64,
+    /// Attempts the server's ingress limiter rejected.
+    pub server_rejected: u64,
+    pub slot_waits: u64,
+    /// Requests that ended without an attempt sent.
+    pub unsent: u64,
+    /// The clients' concurrency limits summed, when the variant has one.
+    pub concurrency_limit: Option<u64>,
+}
+
+/// The header of [`series_csv`]'s rows.
+pub const SERIES_HEADER: &str = "scenario,variant,clients,seed,second,requests,success,\
+deadline,first_attempts,retries,server_rejected,slot_waits,unsent,concurrency_limit\n";
+
+/// One CSV row per second of `report`'s run (from [`Report::seconds`]): what happened during
+/// the second (by when it happened, not by when its request arrived, unlike the lab's
+/// series), and the concurrency limit at its end; the columns of [`SERIES_HEADER`].
+pub fn series_csv(report: &Report) -> String {
+    let mut out = String::new();
+    let mut before = SecondCounters::default();
+    for (second, now) in report.seconds.iter().enumerate() {
+        let d = |f: fn(&SecondCounters) -> u64| f(now).saturating_sub(f(&before));
+        out.push_str(&format!(
+            "{},{},{},{},{second},{},{},{},{},{},{},{},{},{}\n",
+            report.scenario,
+            report.variant.name(),
+            report.clients,
+            report.seed,
+            d(|c| c.requests),
+            d(|c| c.success),
+            d(|c| c.deadline),
+            d(|c| c.first_attempts),
+            d(|c| c.retries),
+            d(|c| c.server_rejected),
+            d(|c| c.slot_waits),
+            d(|c| c.unsent),
+            now.concurrency_limit
+                .map_or(String::new(), |l| l.to_string()),
+        ));
+        before = *now;
+    }
+    out
 }
 
 impl Report {
@@ -110,6 +165,27 @@ impl Report {
             peak_ops: 0,
             real_secs: 0.0,
             setup_secs: 0.0,
+            seconds: Vec::new(),
+        }
+    }
+
+    /// The counters now, with the server's as `server` has them (the report's own copy is
+    /// taken at the end of the run) and `concurrency_limit` as given.
+    pub(crate) fn counters(
+        &self,
+        server: &ServerStats,
+        concurrency_limit: Option<u64>,
+    ) -> SecondCounters {
+        SecondCounters {
+            requests: self.requests,
+            success: self.success,
+            deadline: self.deadline,
+            first_attempts: self.first_attempts,
+            retries: self.retries,
+            server_rejected: server.rejected,
+            slot_waits: self.slot_waits,
+            unsent: self.unsent,
+            concurrency_limit,
         }
     }
 

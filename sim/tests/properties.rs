@@ -288,3 +288,47 @@ fn nominal_capacity_is_what_the_cores_complete_with_the_hand_off() {
         fast.goodput()
     );
 }
+
+/// The per-second series adds up to the run's totals, changes nothing in the run, and carries
+/// the concurrency limit only for a variant that has one.
+#[test]
+fn the_per_second_series_adds_up_to_the_run() {
+    let scenario = sustained(3.0);
+    let plain = run(scenario.clone(), Variant::ForkControls, 4, 7);
+    assert!(plain.seconds.is_empty(), "off unless asked for");
+    let mut cfg = RunConfig::new(scenario.clone(), Variant::ForkControls, 4, 7);
+    cfg.series = true;
+    let traced = sim::run(&cfg).expect("valid configuration");
+    assert_eq!(fingerprint(&traced), fingerprint(&plain));
+    // Three seconds of schedule and the drain after it, one record per second passed.
+    assert!(traced.seconds.len() >= 3, "{}", traced.seconds.len());
+    // The records are cumulative: the last one holds every request that arrived (all of them
+    // arrive within the schedule) and at most the run's attempts.
+    let last = traced.seconds.last().copied().unwrap_or_default();
+    assert_eq!(last.requests, traced.requests);
+    assert!(last.first_attempts <= traced.first_attempts);
+    assert!(traced
+        .seconds
+        .windows(2)
+        .all(|w| w[0].requests <= w[1].requests));
+    assert!(traced.seconds.iter().all(|s| s.concurrency_limit.is_some()));
+    let csv = sim::report::series_csv(&traced);
+    assert_eq!(csv.lines().count(), traced.seconds.len());
+    let arrived: u64 = csv
+        .lines()
+        .map(|l| {
+            l.split(',')
+                .nth(5)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(arrived, traced.requests);
+    let mut cfg = RunConfig::new(scenario, Variant::UpstreamBest, 4, 7);
+    cfg.series = true;
+    let upstream = sim::run(&cfg).expect("valid configuration");
+    assert!(upstream
+        .seconds
+        .iter()
+        .all(|s| s.concurrency_limit.is_none()));
+}

@@ -170,6 +170,11 @@ pub struct Second {
     pub lag: Histogram<u64>,
     /// Process CPU in this second, percent of all cores.
     pub cpu_pct: Option<f64>,
+    /// The fork's adaptive concurrency limits of every instance and server, summed, at the
+    /// end of this second (`None`: upstream, or no sample).
+    pub concurrency_limit: Option<u64>,
+    /// The fork's slot waits that began in this second, over every instance.
+    pub concurrency_waits: Option<u64>,
     /// Server model figures of this second (deltas of `serverStatus.labOverload` numbers).
     pub server: BTreeMap<String, f64>,
 }
@@ -197,6 +202,8 @@ impl Default for Second {
             service: new_hist(),
             lag: new_hist(),
             cpu_pct: None,
+            concurrency_limit: None,
+            concurrency_waits: None,
             server: BTreeMap::new(),
         }
     }
@@ -387,6 +394,15 @@ impl Recorder {
     /// Sets the CPU share of second `sec`.
     pub fn set_cpu(&self, sec: usize, pct: f64) {
         self.with(sec, |s| s.cpu_pct = Some(pct));
+    }
+
+    /// Sets the fork's concurrency limit at the end of second `sec` and the slot waits that
+    /// began in it.
+    pub fn set_concurrency(&self, sec: usize, limit: u64, waits: u64) {
+        self.with(sec, |s| {
+            s.concurrency_limit = Some(limit);
+            s.concurrency_waits = Some(waits);
+        });
     }
 
     /// Adds server figures to second `sec`.

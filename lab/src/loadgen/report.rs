@@ -582,12 +582,13 @@ pub fn csv(run: &LabRun) -> String {
     for c in ErrorClass::ALL {
         out.push_str(&format!(",attempt_err_{}", c.name()));
     }
-    out.push_str(",late_ok,late_err,p50_ms,p95_ms,p99_ms,conn_wait_p99_ms,service_p99_ms,conns_opened,conns_closed,lag_p99_ms,cpu_pct");
+    out.push_str(",late_ok,late_err,p50_ms,p95_ms,p99_ms,conn_wait_p99_ms,service_p99_ms,conns_opened,conns_closed,lag_p99_ms,cpu_pct,concurrency_limit,concurrency_waits");
     for k in &server_keys {
         out.push_str(&format!(",server_{}", k.replace('.', "_")));
     }
     out.push('\n');
     let o = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
+    let opt_count = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
     for r in &run.runs {
         for (t, s) in r.seconds.iter().enumerate() {
             let phase = run
@@ -626,7 +627,7 @@ pub fn csv(run: &LabRun) -> String {
             }
             let _ = write!(
                 out,
-                ",{},{},{},{},{},{},{},{},{},{},{}",
+                ",{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 s.late_ok,
                 s.late_err,
                 o(pct_ms(&s.latency, 50.0)),
@@ -637,7 +638,9 @@ pub fn csv(run: &LabRun) -> String {
                 s.conns_opened,
                 s.conns_closed,
                 o(pct_ms(&s.lag, 99.0)),
-                o(s.cpu_pct)
+                o(s.cpu_pct),
+                opt_count(s.concurrency_limit),
+                opt_count(s.concurrency_waits)
             );
             for k in &server_keys {
                 let _ = write!(out, ",{}", o(s.server.get(k).copied()));

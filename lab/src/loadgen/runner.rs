@@ -292,6 +292,7 @@ async fn run_variant(
     helpers.spawn(sampler(
         recorder.clone(),
         control.clone(),
+        clients.clone(),
         cfg.server_mode == ServerMode::Model,
         progress.clone(),
         label.to_string(),

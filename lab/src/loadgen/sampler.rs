@@ -1,5 +1,6 @@
-//! Sampling: once a second during a variant's run, the process's CPU share and the server
-//! model's counters go into the recorder, and the progress bar shows the figures so far.
+//! Sampling: once a second during a variant's run, the process's CPU share, the server
+//! model's counters and the fork's concurrency limits go into the recorder, and the progress
+//! bar shows the figures so far.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,14 +8,18 @@ use std::time::Duration;
 use indicatif::ProgressBar;
 use tokio::time::Instant;
 
+use super::client::LabClient;
 use super::control::{counter_deltas, Control};
 use super::metrics::Recorder;
+use super::runner::overload_stats_of;
 use super::sys::CpuMeter;
 
-/// Samples CPU and the server's counters once a second, and updates the progress bar.
+/// Samples CPU, the server's counters and `clients`' concurrency limits once a second, and
+/// updates the progress bar.
 pub(crate) async fn sampler(
     recorder: Arc<Recorder>,
     control: Arc<Control>,
+    clients: Vec<Arc<dyn LabClient>>,
     poll_server: bool,
     progress: ProgressBar,
     label: String,
@@ -27,6 +32,7 @@ pub(crate) async fn sampler(
         None
     };
     let start = recorder.start();
+    let mut waits_before = overload_stats_of(&clients).map_or(0, |s| s.concurrency_waits);
     let mut sec = 0usize;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let base = progress.position();
@@ -46,6 +52,12 @@ pub(crate) async fn sampler(
             // Second `sec` just ended.
             if let Some(p) = cpu.sample() {
                 recorder.set_cpu(sec, p);
+            }
+            // Only the fork keeps statistics, and only its adaptive concurrency limit waits.
+            if let Some(stats) = overload_stats_of(&clients) {
+                let waits = stats.concurrency_waits.saturating_sub(waits_before);
+                recorder.set_concurrency(sec, stats.concurrency_limit, waits);
+                waits_before = stats.concurrency_waits;
             }
             if poll_server {
                 if let Some(now_status) = control.overload_status().await {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use sim::lab::{relative, LabRow, LAB, LENGTH};
 use sim::replay::LabSchedule;
-use sim::report::{row, Report, HEADER};
+use sim::report::{row, series_csv, Report, HEADER, SERIES_HEADER};
 use sim::variant::Overrides;
 use sim::{Length, RunConfig, ScenarioName, Variant};
 
@@ -71,6 +71,11 @@ struct Args {
     /// one SVG per scenario and figure, into this directory (`sim::plot`).
     #[arg(long, value_name = "DIR")]
     plot: Option<std::path::PathBuf>,
+    /// Also write every run's counters, second by second of virtual time, as CSV to this
+    /// file (with `--lab-verdict`: the runs at the lab's capacity, one per repetition; the
+    /// `seed` column names the repetition's). For comparing with a lab run's `series.csv`.
+    #[arg(long, value_name = "FILE")]
+    series: Option<std::path::PathBuf>,
     /// Compare with the lab's four-instance figures instead of running the grid (uses
     /// `--seed` and the two seeds after it; the grid's options other than those of the model
     /// are ignored).
@@ -189,6 +194,7 @@ fn config(
         budget_percent: args.budget_percent,
         throttle_min_requests: args.throttle_min_requests,
     };
+    cfg.series = args.series.is_some();
     cfg.validate()?;
     Ok(cfg)
 }
@@ -248,6 +254,7 @@ fn grid(args: &Args) -> Result<(), String> {
     let started = Instant::now();
     let mut total = 0;
     let mut reports = Vec::new();
+    let mut series = String::from(SERIES_HEADER);
     for (scenario, configs) in &runs {
         let shape: Vec<String> = configs
             .first()
@@ -272,6 +279,7 @@ fn grid(args: &Args) -> Result<(), String> {
             let report = sim::run(cfg)?;
             print!("{}", row(&report));
             warn_unfinished(&report);
+            series.push_str(&series_csv(&report));
             total += 1;
             if args.plot.is_some() {
                 reports.push(report);
@@ -283,10 +291,21 @@ fn grid(args: &Args) -> Result<(), String> {
             eprintln!("plot: {}", path.display());
         }
     }
+    write_series(args, &series)?;
     println!(
         "\n{total} runs in {:.1} s of real time (release build: `cargo build --release -p sim`).",
         started.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// Writes the per-second series to `--series`'s file, when given.
+fn write_series(args: &Args, csv: &str) -> Result<(), String> {
+    let Some(path) = &args.series else {
+        return Ok(());
+    };
+    std::fs::write(path, csv).map_err(|e| format!("--series {}: {e}", path.display()))?;
+    eprintln!("series: {}", path.display());
     Ok(())
 }
 
@@ -370,13 +389,18 @@ fn compare_lab(args: &Args) -> Result<(), String> {
         }
         None => LAB.to_vec(),
     };
+    let mut series = String::from(SERIES_HEADER);
     for lab in rows {
         let (at_lab, nominal) = match &lab.schedule {
             Some(schedule) => replayed_runs(args, &lab, schedule)?,
             None => drawn_runs(args, &lab)?,
         };
         print_rows(&lab, &at_lab, &nominal);
+        for report in &at_lab {
+            series.push_str(&series_csv(report));
+        }
     }
+    write_series(args, &series)?;
     println!(
         "\nIn {:.1} s of real time.",
         started.elapsed().as_secs_f64()
