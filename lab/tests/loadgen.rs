@@ -238,7 +238,8 @@ async fn tiny_end_to_end_run_writes_the_report() {
 }
 
 /// The series has the fork's concurrency limit, second by second, for a variant that has one
-/// (`fork-controls`), and leaves the columns empty for upstream.
+/// (`fork-controls`), and leaves the columns empty for upstream and for fork settings without
+/// the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_series_records_the_concurrency_limit_each_second() {
     let cfg = LabConfig {
@@ -246,6 +247,7 @@ async fn the_series_records_the_concurrency_limit_each_second() {
         variants: vec![
             Variant::parse("fork-controls").unwrap(),
             Variant::parse("upstream-best").unwrap(),
+            Variant::parse("fork-recommended").unwrap(),
         ],
         capacity: 60.0,
         instances: 2,
@@ -284,7 +286,11 @@ async fn the_series_records_the_concurrency_limit_each_second() {
             "{r:?}"
         );
     }
-    for r in rows.iter().filter(|r| r[variant] == "upstream-best") {
+    // Upstream keeps no statistics; the recommended settings have no concurrency limit.
+    for r in rows
+        .iter()
+        .filter(|r| r[variant] == "upstream-best" || r[variant] == "fork-recommended")
+    {
         assert!(r[limit].is_empty() && r[waits].is_empty(), "{r:?}");
     }
 }

@@ -53,8 +53,9 @@ pub(crate) async fn sampler(
             if let Some(p) = cpu.sample() {
                 recorder.set_cpu(sec, p);
             }
-            // Only the fork keeps statistics, and only its adaptive concurrency limit waits.
-            if let Some(stats) = overload_stats_of(&clients) {
+            // Only the fork keeps statistics, and only with `adaptiveConcurrency` a limit (at
+            // least one slot per server): without one the columns stay empty.
+            if let Some(stats) = overload_stats_of(&clients).filter(|s| s.concurrency_limit > 0) {
                 let waits = stats.concurrency_waits.saturating_sub(waits_before);
                 recorder.set_concurrency(sec, stats.concurrency_limit, waits);
                 waits_before = stats.concurrency_waits;
