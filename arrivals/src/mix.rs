@@ -23,6 +23,20 @@ impl OpKind {
         OpKind::Insert,
         OpKind::Update,
     ];
+
+    /// Whether the kind reads (a read ticket; upstream 3.9.1 accepts `maxTimeMS` on it).
+    pub fn is_read(self) -> bool {
+        matches!(self, OpKind::PointRead | OpKind::RangeRead)
+    }
+
+    /// The command's name.
+    pub fn command(self) -> &'static str {
+        match self {
+            OpKind::PointRead | OpKind::RangeRead => "find",
+            OpKind::Insert => "insert",
+            OpKind::Update => "update",
+        }
+    }
 }
 
 /// Relative weights of the operation kinds.

@@ -15,17 +15,6 @@ use serde_json::Value;
 use crate::clock::{self, Nanos};
 use crate::server::OpKind;
 
-impl From<arrivals::OpKind> for OpKind {
-    fn from(kind: arrivals::OpKind) -> Self {
-        match kind {
-            arrivals::OpKind::PointRead => OpKind::PointRead,
-            arrivals::OpKind::RangeRead => OpKind::RangeRead,
-            arrivals::OpKind::Insert => OpKind::Insert,
-            arrivals::OpKind::Update => OpKind::Update,
-        }
-    }
-}
-
 /// One request of a replayed schedule.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReplayedArrival {
@@ -57,7 +46,7 @@ impl Replay {
                 schedule.iter().map(move |a| ReplayedArrival {
                     at: clock::nanos(a.at),
                     client: client as u32,
-                    kind: a.kind.into(),
+                    kind: a.kind,
                     phase: a.phase,
                 })
             })

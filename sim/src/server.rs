@@ -28,34 +28,9 @@ use crate::clock::{self, Nanos};
 use crate::engine::Event;
 use crate::queue::{Handle, Queue, Slab};
 
-/// The kind of one operation, as the lab's mix has them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OpKind {
-    /// `find {_id: k}`: a read ticket, `point_read_ms`.
-    PointRead,
-    /// `find {_id: {$gte: k, $lt: k + 20}}`: a read ticket, `range_read_ms`.
-    RangeRead,
-    /// An insert: a write ticket, `write_ms`.
-    Insert,
-    /// An update by `_id`: a write ticket, `write_ms`.
-    Update,
-}
-
-impl OpKind {
-    /// Whether the kind reads (read ticket; upstream 3.9.1 accepts `maxTimeMS` on it).
-    pub fn is_read(self) -> bool {
-        matches!(self, OpKind::PointRead | OpKind::RangeRead)
-    }
-
-    /// The command name, for the controller (throttle exemptions and logs).
-    pub fn command(self) -> &'static str {
-        match self {
-            OpKind::PointRead | OpKind::RangeRead => "find",
-            OpKind::Insert => "insert",
-            OpKind::Update => "update",
-        }
-    }
-}
+/// The kind of one operation: the lab's own (a point or range read takes a read ticket and
+/// `point_read_ms` or `range_read_ms`; an insert or update a write ticket and `write_ms`).
+pub use arrivals::OpKind;
 
 /// The server model's parameters; [`Default`] is the lab's server (`docs/lab.md`, "What runs").
 #[derive(Clone, Debug, PartialEq)]
