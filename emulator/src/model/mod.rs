@@ -96,7 +96,7 @@ pub use config::{
 pub use rejection::{Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
 pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample, WaitPercentiles};
 
-use cores::Cores;
+use cores::{Cores, SliceTimes};
 use draws::{keyed, unit, AttemptCounter};
 use limiter::{Bucket, Take};
 use probing::Prober;
@@ -667,12 +667,7 @@ impl Model {
                 break;
             };
             let slice = remaining.min(quantum);
-            // Work outside requests is usually far shorter than a timer tick (a rejection
-            // costs a fraction of a millisecond), and a sleep lasts at least until the next
-            // tick: without paying it from the bank in full, every rejection would hold its core
-            // for a whole tick while being charged its cost, and a flood of rejections would
-            // occupy the cores several times longer than `busyCoreMs` says.
-            let charged = self.quantum(slice, remaining, cfg, slice).await;
+            let charged = self.quantum(slice, remaining, cfg).await;
             drop(core);
             used += charged;
             remaining -= charged;
@@ -681,26 +676,24 @@ impl Model {
     }
 
     /// Sleeps one quantum of `slice` on a core the caller holds and returns the work to charge
-    /// (at most `remaining`). Earlier timer lateness is paid back with at most `max_repay` of the
-    /// slice (requests: half, so every quantum still takes time and requests interleave), and
-    /// lateness beyond `remaining` is banked (see `cores`).
-    async fn quantum(
-        &self,
-        slice: Duration,
-        remaining: Duration,
-        cfg: &ModelConfig,
-        max_repay: Duration,
-    ) -> Duration {
+    /// (at most `remaining`). Earlier timer lateness is paid back first, with up to the whole
+    /// slice, and lateness beyond `remaining` is banked (see `cores`).
+    async fn quantum(&self, slice: Duration, remaining: Duration, cfg: &ModelConfig) -> Duration {
         let t0 = Instant::now();
-        let repaid = self.cores.repay(max_repay.min(slice));
+        let repaid = self.cores.repay(slice);
         if repaid < slice {
             tokio::time::sleep(slice - repaid).await;
         }
-        let used = Instant::now() - t0;
-        let progress = (used + repaid).max(slice);
-        let charged = progress.min(remaining);
         let quantum = Duration::from_secs_f64(cfg.quantum_ms / 1000.0);
-        self.cores.bank(progress - charged, quantum * cfg.cores * 4);
+        let charged = self.cores.settle(
+            SliceTimes {
+                slice,
+                remaining,
+                repaid,
+                slept: Instant::now() - t0,
+            },
+            quantum * cfg.cores * 4,
+        );
         add_ns(&self.counters.busy_ns, charged);
         charged
     }
@@ -975,7 +968,7 @@ impl Admission {
             if !to_check.is_zero() {
                 slice = slice.min(to_check);
             }
-            let charged = model.quantum(slice, remaining, &cfg, slice / 2).await;
+            let charged = model.quantum(slice, remaining, &cfg).await;
             drop(core);
             run.work += charged;
             remaining -= charged;
