@@ -27,6 +27,9 @@ use crate::variant::{MaxTime, OnDeadline, Overrides, Variant};
 /// The most clients a run may have.
 pub const MAX_CLIENTS: u32 = 100_000;
 
+/// The driver's default `maxPoolSize`, which the lab's variants keep.
+pub const POOL_SIZE: u32 = 100;
+
 /// The key of the one server every client talks to.
 const SERVER: u32 = 0;
 /// One second of virtual time: the per-second series' step.
@@ -80,6 +83,9 @@ pub struct RunConfig {
     /// Whether to record the counters every second of virtual time ([`Report::seconds`]).
     /// Off by default: each second reads every client's concurrency limit.
     pub series: bool,
+    /// Connections per client (the driver's `maxPoolSize`, 100 by default): an attempt
+    /// beyond them waits for one to come back, first come first served.
+    pub pool_size: u32,
 }
 
 impl RunConfig {
@@ -100,6 +106,7 @@ impl RunConfig {
             overrides: Overrides::default(),
             replay: None,
             series: false,
+            pool_size: POOL_SIZE,
         }
     }
 
@@ -168,6 +175,9 @@ impl RunConfig {
         if self.drain > Duration::from_secs(3600) {
             return Err("drain: at most an hour".into());
         }
+        if self.pool_size == 0 {
+            return Err("pool size: at least 1 connection per client".into());
+        }
         self.scenario.validate()?;
         Controller::<u32>::new(
             self.variant.settings(self.deadline, self.overrides),
@@ -219,6 +229,11 @@ pub enum Event {
 enum Stage<'c> {
     /// Asking for a concurrency slot (only with adaptive concurrency).
     Slot(SlotRequest<'c, 'static, u32, ()>),
+    /// Sent by the controller, waiting for a connection of the client's pool.
+    Checkout {
+        attempt: Attempt<'c, u32, ()>,
+        max_time: Option<Nanos>,
+    },
     /// An attempt is at the server.
     InFlight {
         attempt: Attempt<'c, u32, ()>,
@@ -267,6 +282,9 @@ struct Sim<'c> {
     server_rng: StdRng,
     /// Per client, operations waiting for a slot (woken one per release).
     slot_waiters: Vec<VecDeque<(Handle, u32)>>,
+    /// Per client, the connections checked out, and the operations waiting for one.
+    connections: Vec<u32>,
+    checkout_waiters: Vec<VecDeque<(Handle, u32)>>,
     /// Phase boundaries (ns) and arrival rates (per ns).
     phase_ends: Vec<Nanos>,
     rates: Vec<f64>,
@@ -317,6 +335,8 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         policy: StdRng::seed_from_u64(cfg.seed ^ POLICY_SALT),
         server_rng: StdRng::seed_from_u64(cfg.seed ^ SERVER_SALT),
         slot_waiters: (0..cfg.clients).map(|_| VecDeque::new()).collect(),
+        connections: vec![0; cfg.clients as usize],
+        checkout_waiters: (0..cfg.clients).map(|_| VecDeque::new()).collect(),
         phase_ends,
         rates,
         report: Report::new(cfg, capacity),
@@ -558,28 +578,8 @@ impl<'c> Sim<'c> {
                         },
                     },
                 };
-                o.attempts += 1;
-                if o.attempts == 1 {
-                    self.report.first_attempts += 1;
-                } else {
-                    self.report.retries += 1;
-                }
-                let tag = Tag {
-                    op,
-                    attempt: o.attempts,
-                };
-                let req = Request {
-                    tag,
-                    kind: o.kind,
-                    max_time,
-                    client_deadline: o.app_deadline,
-                    rejection_draw: rejection_draw(self.cfg.seed, o.client, o.arrival, o.attempts),
-                };
-                o.stage = Stage::InFlight { attempt, sent: now };
-                self.q.push(
-                    now + self.cfg.server_config_half_rtt(),
-                    Event::ServerArrive(req),
-                );
+                o.stage = Stage::Checkout { attempt, max_time };
+                self.check_out(now, op);
             }
             StartAnswer::WaitUntil(until) => {
                 o.wait = o.wait.wrapping_add(1);
@@ -608,6 +608,72 @@ impl<'c> Sim<'c> {
                 self.q.push(now, Event::SlotPoll { op, wait });
             }
         }
+    }
+
+    /// `op` (its attempt granted) takes one of its client's connections and is sent, or waits
+    /// for one.
+    fn check_out(&mut self, now: Nanos, op: Handle) {
+        let Some(o) = self.ops.get_mut(op) else {
+            return;
+        };
+        let client = o.client as usize;
+        if self.connections[client] < self.cfg.pool_size {
+            self.connections[client] += 1;
+            self.report.peak_connections =
+                self.report.peak_connections.max(self.connections[client]);
+            self.send(now, op);
+        } else {
+            o.wait = o.wait.wrapping_add(1);
+            self.checkout_waiters[client].push_back((op, o.wait));
+            self.report.checkout_waits += 1;
+        }
+    }
+
+    /// Sends the attempt of `op`, which holds a connection.
+    fn send(&mut self, now: Nanos, op: Handle) {
+        let Some(o) = self.ops.get_mut(op) else {
+            return;
+        };
+        let Stage::Checkout { attempt, max_time } = std::mem::replace(&mut o.stage, Stage::Idle)
+        else {
+            return;
+        };
+        o.attempts += 1;
+        if o.attempts == 1 {
+            self.report.first_attempts += 1;
+        } else {
+            self.report.retries += 1;
+        }
+        let tag = Tag {
+            op,
+            attempt: o.attempts,
+        };
+        let req = Request {
+            tag,
+            kind: o.kind,
+            max_time,
+            client_deadline: o.app_deadline,
+            rejection_draw: rejection_draw(self.cfg.seed, o.client, o.arrival, o.attempts),
+        };
+        o.stage = Stage::InFlight { attempt, sent: now };
+        self.q.push(
+            now + self.cfg.server_config_half_rtt(),
+            Event::ServerArrive(req),
+        );
+    }
+
+    /// A connection of `client` came back (a reply, or a call dropped in flight, which closes
+    /// its connection): the first operation still waiting for one takes it.
+    fn check_in(&mut self, now: Nanos, client: u32) {
+        let client = client as usize;
+        // Bounded by the queue's length; stale entries (ended operations) are skipped.
+        while let Some((waiter, wait)) = self.checkout_waiters[client].pop_front() {
+            if self.ops.get(waiter).is_some_and(|o| o.wait == wait) {
+                self.send(now, waiter);
+                return;
+            }
+        }
+        self.connections[client] -= 1;
     }
 
     /// A slot of `op`'s client was released: the first operation of that client still waiting
@@ -640,6 +706,11 @@ impl<'c> Sim<'c> {
             return;
         }
         let Stage::InFlight { attempt, sent } = std::mem::replace(&mut o.stage, Stage::Idle) else {
+            return;
+        };
+        let client = o.client;
+        self.check_in(now, client);
+        let Some(o) = self.ops.get_mut(tag.op) else {
             return;
         };
         let at = clock::instant(now);
@@ -753,10 +824,18 @@ impl<'c> Sim<'c> {
         if self.on_deadline == OnDeadline::Drop {
             // The driver's future is dropped (or the driver returns at its own deadline): a
             // slot or an attempt in flight is given back as abandoned, a backoff ends.
-            let released = matches!(o.stage, Stage::InFlight { .. } | Stage::Slot(_));
+            let released = matches!(
+                o.stage,
+                Stage::InFlight { .. } | Stage::Slot(_) | Stage::Checkout { .. }
+            );
+            let connected = matches!(o.stage, Stage::InFlight { .. });
+            let client = o.client;
             o.stage = Stage::Idle;
             if released {
                 self.wake_slot_waiter(now, op);
+            }
+            if connected {
+                self.check_in(now, client);
             }
             if let Some(o) = self.ops.remove(op) {
                 if o.attempts == 0 {

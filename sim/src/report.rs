@@ -48,6 +48,10 @@ pub struct Report {
     /// Retries the budget refused (when asked, or when they were due after their backoff).
     pub budget_refusals: u64,
     pub slot_waits: u64,
+    /// Attempts that waited for a connection of their client's pool, and the most connections
+    /// one client had checked out at once.
+    pub checkout_waits: u64,
+    pub peak_connections: u32,
     /// Retries the deadline gate declined: the backoff plus the typical service time would
     /// pass the deadline, or the backoff alone would.
     pub cannot_finish: u64,
@@ -151,6 +155,8 @@ impl Report {
             local_rejections: 0,
             budget_refusals: 0,
             slot_waits: 0,
+            checkout_waits: 0,
+            peak_connections: 0,
             cannot_finish: 0,
             backoff_past_deadline: 0,
             unsent: 0,

@@ -125,8 +125,15 @@ fn under_sustained_overload_upstream_sends_more_attempts_than_the_budget() {
         upstream.attempts_per_request(),
         budget.attempts_per_request()
     );
-    // The call that goes on after the deadline makes both retries: about 2.4 attempts.
-    assert!(defaults.attempts_per_request() > 2.0);
+    // The call that goes on after the deadline makes both retries (about 2.4 attempts) when
+    // nothing holds it back; the pool of 100 connections per client does, as the lab's
+    // does: calls wait for a connection while earlier ones queue at the server.
+    let mut unbounded = RunConfig::new(sustained(10.0), Variant::UpstreamDefault, 4, 2);
+    unbounded.pool_size = 100_000;
+    let unbounded = sim::run(&unbounded).expect("valid");
+    assert!(unbounded.attempts_per_request() > 2.0);
+    assert!(defaults.checkout_waits > 0);
+    assert!(defaults.attempts_per_request() < unbounded.attempts_per_request());
     // The budget holds retries near its 9 % share (plus its floor of 4 clients × 1 a second).
     assert!(
         budget.retries_per_first() < 0.13,
@@ -219,23 +226,24 @@ fn the_deadline_gate_needs_successes_that_each_client_sees() {
     // `timeoutMS` declines a retry whose backoff plus the server's typical service time would
     // pass the deadline; the typical service time is each client's median of its own recent
     // successes. Four clients in a flood each see hundreds and decline almost every retry; a
-    // thousand clients each see a handful, the estimate stays unknown (zero), the retries go
-    // out, and the extra attempts' rejection work tips the one-core server into collapse.
+    // thousand clients each see a handful, the estimate stays unknown (zero), and the retries
+    // go out. (Without a budget or a throttle the one-core server collapses at both counts
+    // on the model since 2026-12-05, whose rejections cost their measured hand-off.)
     let flood = || ScenarioName::Flood.build(Length::Suite, Some(10.0));
     let few = run(flood(), Variant::ForkTimeout, 4, 9);
     let fleet = run(flood(), Variant::ForkTimeout, 1_000, 9);
     assert!(
-        few.retries_per_first() < 0.02,
+        few.retries_per_first() < 0.05,
         "{}",
         few.retries_per_first()
     );
     assert!(
-        fleet.retries_per_first() > 0.1,
-        "{}",
-        fleet.retries_per_first()
+        fleet.retries_per_first() > 3.0 * few.retries_per_first(),
+        "{} against {}",
+        fleet.retries_per_first(),
+        few.retries_per_first()
     );
-    assert!(few.cannot_finish > fleet.cannot_finish);
-    assert!(fleet.goodput() < 0.2 * few.goodput());
+    assert!(few.cannot_finish > 10 * fleet.cannot_finish);
 }
 
 #[test]
@@ -331,4 +339,44 @@ fn the_per_second_series_adds_up_to_the_run() {
         .seconds
         .iter()
         .all(|s| s.concurrency_limit.is_none()));
+}
+
+/// A client sends at most its pool's connections at once; the rest wait for one, and every
+/// request still ends exactly once.
+#[test]
+fn a_client_never_has_more_attempts_in_flight_than_its_pool() {
+    // Calls that go on after the deadline without `maxTimeMS` pile up at the server under
+    // 200 % load, as many as the pool lets through.
+    let mut cfg = RunConfig::new(sustained(3.0), Variant::UpstreamNoRetries, 2, 5);
+    cfg.pool_size = 20;
+    let small = sim::run(&cfg).expect("valid");
+    assert_eq!(small.peak_connections, 20);
+    assert!(small.checkout_waits > 0);
+    assert_eq!(small.unfinished, 0);
+    assert_eq!(small.ended(), small.requests);
+    assert_eq!(
+        small.server.peak_jobs, 40,
+        "two clients' connections at most"
+    );
+    cfg.pool_size = 100_000;
+    let unbounded = sim::run(&cfg).expect("valid");
+    assert!(
+        unbounded.peak_connections > 20,
+        "the pool is what bounded it"
+    );
+    assert_eq!(unbounded.checkout_waits, 0);
+    // A dropped call closes its connection at the deadline while its attempt still runs at
+    // the server (which does not kill on disconnect), so the server may hold more.
+    let mut best = RunConfig::new(sustained(3.0), Variant::UpstreamBest, 2, 5);
+    best.pool_size = 20;
+    let dropped = sim::run(&best).expect("valid");
+    assert_eq!(dropped.ended(), dropped.requests);
+    assert_eq!(dropped.peak_connections, 20);
+    assert!(
+        dropped.server.peak_jobs > 40,
+        "{}",
+        dropped.server.peak_jobs
+    );
+    cfg.pool_size = 0;
+    assert!(sim::run(&cfg).unwrap_err().contains("pool size"));
 }

@@ -51,10 +51,17 @@ struct Args {
     /// mean time on a core).
     #[arg(long)]
     capacity: Option<f64>,
-    /// Core time lost each time a slice takes a core (ms; default: the lab emulator's, 0.034;
-    /// 0: ideal cores).
+    /// Core time lost each time a request's slice takes a core (ms; default: the lab
+    /// emulator's, 0.035; 0: ideal cores).
     #[arg(long)]
     handoff_ms: Option<f64>,
+    /// Core time lost each time a rejection or an expired request's stop takes a core (ms;
+    /// default: the lab emulator's, 0.0525).
+    #[arg(long)]
+    rejection_handoff_ms: Option<f64>,
+    /// Connections per client (the driver's `maxPoolSize`).
+    #[arg(long, default_value_t = sim::engine::POOL_SIZE)]
+    pool_size: u32,
     /// The ingress limiter's rate as a share of capacity (0: none).
     #[arg(long, default_value_t = 0.9)]
     limiter_share: f64,
@@ -189,6 +196,10 @@ fn config(
     if let Some(ms) = args.handoff_ms {
         cfg.server.handoff_ms = ms;
     }
+    if let Some(ms) = args.rejection_handoff_ms {
+        cfg.server.rejection_handoff_ms = ms;
+    }
+    cfg.pool_size = args.pool_size;
     cfg.overrides = Overrides {
         budget_min_per_sec: args.budget_min_per_sec,
         budget_percent: args.budget_percent,
