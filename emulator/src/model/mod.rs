@@ -706,7 +706,7 @@ impl Model {
         ModelSnapshot {
             enabled: cfg.enabled,
             uptime_secs: (now - self.start).as_secs_f64(),
-            counters: self.counters.read(),
+            counters: self.counter_snapshot(),
             gauges: self.gauges(now, &cfg),
             queue_wait_ms: self.queue_waits.percentiles(),
         }
@@ -734,6 +734,16 @@ impl Model {
                 Some(v.saturating_sub(ns))
             });
         self.counters.wasted_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// The counters, with the ticket pools' wake-ups.
+    fn counter_snapshot(&self) -> CounterSnapshot {
+        let mut c = self.counters.read();
+        let (rw, rl) = self.read.wakeups();
+        let (ww, wl) = self.write.wakeups();
+        c.ticket_wakeups = rw + ww;
+        c.ticket_races_lost = rl + wl;
+        c
     }
 
     fn gauges(&self, now: Instant, cfg: &ModelConfig) -> GaugeSnapshot {
@@ -780,7 +790,7 @@ impl Model {
         let secs = now.saturating_duration_since(self.start).as_secs();
         let due = lock(&self.series).due(secs);
         if due {
-            let counters = self.counters.read();
+            let counters = self.counter_snapshot();
             let gauges = self.gauges(now, cfg);
             lock(&self.series).record(secs, counters, gauges);
         }

@@ -85,6 +85,11 @@ pub struct CounterSnapshot {
     /// Core time spent stopping requests at interrupt points (`costs.expiryMs` for every
     /// request that expired or was killed), ms; part of both `wastedWorkMs` and `busyCoreMs`.
     pub expiry_work_ms: f64,
+    /// Ticket waiters woken by a ticket coming free (random wake-ups; both pools).
+    pub ticket_wakeups: u64,
+    /// Woken waiters that found the ticket taken by a request that arrived before they came
+    /// for it, and waited again: how often an arrival overtakes the waiters.
+    pub ticket_races_lost: u64,
 }
 
 impl Counters {
@@ -108,6 +113,9 @@ impl Counters {
             busy_core_ms: ms(&self.busy_ns),
             rejection_work_ms: ms(&self.rejection_ns),
             expiry_work_ms: ms(&self.expiry_ns),
+            // Kept by the ticket pools; the model fills them in.
+            ticket_wakeups: 0,
+            ticket_races_lost: 0,
         }
     }
 }
@@ -131,6 +139,8 @@ impl CounterSnapshot {
             busy_core_ms: (self.busy_core_ms - o.busy_core_ms).max(0.0),
             rejection_work_ms: (self.rejection_work_ms - o.rejection_work_ms).max(0.0),
             expiry_work_ms: (self.expiry_work_ms - o.expiry_work_ms).max(0.0),
+            ticket_wakeups: self.ticket_wakeups.saturating_sub(o.ticket_wakeups),
+            ticket_races_lost: self.ticket_races_lost.saturating_sub(o.ticket_races_lost),
         }
     }
 }

@@ -67,6 +67,10 @@ struct PoolState {
     pressure: bool,
     /// FIFO hand-off instead of random wake-ups that race new arrivals.
     fifo: bool,
+    /// Waiters woken so far, and how many of them found their ticket taken by a request that
+    /// arrived meanwhile (they sleep again).
+    wakeups: u64,
+    races_lost: u64,
 }
 
 impl PoolState {
@@ -131,6 +135,7 @@ impl PoolState {
             let s = self.sleeping.swap_remove(i);
             self.keys.insert(s.id, (s.key, s.losses));
             self.woken.push(s.id);
+            self.wakeups += 1;
             if let Some(n) = self.notify.get(&s.id) {
                 n.notify_one();
             }
@@ -218,6 +223,8 @@ impl TicketPool {
                 rng: StdRng::seed_from_u64(seed),
                 pressure: false,
                 fifo,
+                wakeups: 0,
+                races_lost: 0,
             }),
         }
     }
@@ -283,6 +290,7 @@ impl TicketPool {
                         return Ok(Ticket { pool: self });
                     }
                     // Someone else got there first: sleep again.
+                    st.races_lost += 1;
                     st.sleep_again(id);
                 }
                 Err(i) => return Err(AcquireError::Interrupted(i)),
@@ -318,6 +326,13 @@ impl TicketPool {
         let mut st = self.lock();
         st.seed = seed;
         st.rng = StdRng::seed_from_u64(seed);
+    }
+
+    /// Waiters woken so far, and those that lost their ticket to a request that arrived
+    /// before they came for it.
+    pub(crate) fn wakeups(&self) -> (u64, u64) {
+        let st = self.lock();
+        (st.wakeups, st.races_lost)
     }
 
     pub(crate) fn counts(&self) -> PoolCounts {
@@ -383,6 +398,37 @@ mod tests {
         assert_eq!(c, Err(AcquireError::Interrupted(Interrupt::Deadline)));
         drop(t);
         assert_eq!(pool.counts(), PoolCounts::default_with_total(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_arrival_overtakes_a_woken_waiter_which_waits_again_and_is_counted() {
+        let pool = TicketPool::new(1, 0, 0, false);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let take = || async {
+            let never = pin!(std::future::pending::<()>());
+            let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
+            pool.acquire(true, deadline, None, &mut w).await
+        };
+        let holder = take().await.unwrap();
+        let (waited, ()) = tokio::join!(async { take().await.map(drop) }, async {
+            // The waiter is asleep; the release wakes it, and a request arriving before it
+            // runs takes the free ticket at once.
+            tokio::task::yield_now().await;
+            drop(holder);
+            let overtaker = take().await.unwrap();
+            assert_eq!(pool.wakeups(), (1, 0));
+            // Bounded: the waiter runs within a few polls of the joined futures.
+            for _ in 0..10 {
+                if pool.wakeups().1 == 1 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(pool.wakeups(), (1, 1), "the woken waiter lost the race");
+            drop(overtaker);
+        });
+        assert!(waited.is_ok(), "it sleeps again and gets the next ticket");
+        assert_eq!(pool.wakeups(), (2, 1));
     }
 
     /// The keys of waiters (arriving in the given order, all asleep) in the order one released
