@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerates docs/results/<date>-sim.md: the simulator's grid at 4 to 100,000 clients, its
+# Regenerates docs/results/<date>-<time>-sim.md: the simulator's grid at 4 to 100,000 clients, its
 # comparison with the lab's four-instance figures, and the fleet experiments with the budget's
 # floor and the throttle's minimum changed. Run from anywhere; about two minutes on two cores.
 set -eu
@@ -7,7 +7,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cargo build --release -p sim
 bin=target/release/sim
-out=docs/results/$(date -u +%F)-sim.md
+stamp=$(date -u +%F-%H%M)
+out=docs/results/$stamp-sim.md
 started=$(date +%s)
 {
     echo "# Simulator results, $(date -u +%F)"
@@ -41,7 +42,7 @@ started=$(date +%s)
     echo
     echo "## Plots: goodput and retries against the fleet's size (60 s)"
     echo
-    plots=docs/results/$(date -u +%F)-sim-plots
+    plots=docs/results/$stamp-sim-plots
     $bin --scenarios sustained,flood --clients 4,16,64,1000,10k,100k --secs 60 \
         --variants upstream-best,upstream-best-no-retries,recommended,fork-controls \
         --plot "$plots" >/dev/null

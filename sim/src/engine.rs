@@ -222,6 +222,8 @@ pub enum Event {
     SliceEnd { job: Handle },
     /// A ticket wait reached its request's deadline.
     TicketTimeout { job: Handle, wait: u32 },
+    /// A ticket waiter woken by a release comes for the ticket.
+    TicketWake { job: Handle, wait: u32 },
     /// The server's reply reaches the client.
     Reply { tag: Tag, reply: Reply },
 }
@@ -410,7 +412,12 @@ impl<'c> Sim<'c> {
                     .slice_end(now, job, &mut self.q, &mut self.server_rng);
             }
             Event::TicketTimeout { job, wait } => {
-                self.server.ticket_timeout(now, job, wait, &mut self.q);
+                self.server
+                    .ticket_timeout(now, job, wait, &mut self.q, &mut self.server_rng);
+            }
+            Event::TicketWake { job, wait } => {
+                self.server
+                    .ticket_wake(now, job, wait, &mut self.q, &mut self.server_rng);
             }
             Event::Reply { tag, reply } => self.reply(now, tag, reply),
         }

@@ -93,13 +93,18 @@ pub struct SecondCounters {
     pub slot_waits: u64,
     /// Requests that ended without an attempt sent.
     pub unsent: u64,
+    /// Ticket waiters woken, and those that lost their ticket to an arrival (the lab's
+    /// `server_ticketWakeups` and `server_ticketRacesLost`).
+    pub ticket_wakeups: u64,
+    pub ticket_races_lost: u64,
     /// The clients' concurrency limits summed, when the variant has one.
     pub concurrency_limit: Option<u64>,
 }
 
 /// The header of [`series_csv`]'s rows.
 pub const SERIES_HEADER: &str = "scenario,variant,clients,seed,second,requests,success,\
-deadline,first_attempts,retries,server_rejected,slot_waits,unsent,concurrency_limit\n";
+deadline,first_attempts,retries,server_rejected,slot_waits,unsent,ticket_wakeups,\
+ticket_races_lost,concurrency_limit\n";
 
 /// One CSV row per second of `report`'s run (from [`Report::seconds`]): what happened during
 /// the second (by when it happened, not by when its request arrived, unlike the lab's
@@ -110,7 +115,7 @@ pub fn series_csv(report: &Report) -> String {
     for (second, now) in report.seconds.iter().enumerate() {
         let d = |f: fn(&SecondCounters) -> u64| f(now).saturating_sub(f(&before));
         out.push_str(&format!(
-            "{},{},{},{},{second},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{second},{},{},{},{},{},{},{},{},{},{},{}\n",
             report.scenario,
             report.variant.name(),
             report.clients,
@@ -123,6 +128,8 @@ pub fn series_csv(report: &Report) -> String {
             d(|c| c.server_rejected),
             d(|c| c.slot_waits),
             d(|c| c.unsent),
+            d(|c| c.ticket_wakeups),
+            d(|c| c.ticket_races_lost),
             now.concurrency_limit
                 .map_or(String::new(), |l| l.to_string()),
         ));
@@ -191,6 +198,8 @@ impl Report {
             server_rejected: server.rejected,
             slot_waits: self.slot_waits,
             unsent: self.unsent,
+            ticket_wakeups: server.ticket_wakeups,
+            ticket_races_lost: server.ticket_races_lost,
             concurrency_limit,
         }
     }

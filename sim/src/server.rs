@@ -73,6 +73,11 @@ pub struct ServerConfig {
     /// The same for a slice of work outside a request: a rejection, or the stop of an expired
     /// request (ms; the lab's emulator: [`REJECTION_HANDOFF_MS`]).
     pub rejection_handoff_ms: f64,
+    /// How long a ticket waiter woken by a release takes to come and take the ticket (ms; the
+    /// lab's emulator: [`TICKET_WAKE_MS`]). A request arriving meanwhile takes the free ticket
+    /// first, and the woken waiter waits again, as in mongod 8.0's ticket pool. 0: the ticket
+    /// goes straight to the woken waiter.
+    pub ticket_wake_ms: f64,
 }
 
 /// The core time the lab's emulator loses per slice of a request (ms), measured from its own
@@ -97,6 +102,15 @@ pub const HANDOFF_MS: f64 = 0.035;
 /// without sleeping, so it is mostly hand-off. Fitted with [`HANDOFF_MS`].
 pub const REJECTION_HANDOFF_MS: f64 = 0.0525;
 
+/// How long the lab's emulator takes to bring a woken ticket waiter to its ticket (ms), from
+/// its own counters: the emulator counts the waiters it wakes and those that find the ticket
+/// taken by a request that arrived meanwhile (`ticketWakeups`, `ticketRacesLost`). In a lab
+/// run of 2026-12-05 07:00 (`lab-runs/race-0710`) 3.6 to 5.7 % of wake-ups lost the race in
+/// `burst` and `sustained`, at 630 to 950 requests a second reaching the tickets; the model
+/// loses 4.0 to 5.8 % at 0.08 ms (2.3 to 4.5 % at 0.06, 2.0 to 3.0 % at 0.035). `flood`'s one
+/// core lost 4.3 to 7.8 %, which would take about 0.25 ms; the model keeps one figure.
+pub const TICKET_WAKE_MS: f64 = 0.08;
+
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
@@ -117,6 +131,7 @@ impl Default for ServerConfig {
             half_rtt: 100_000,
             handoff_ms: HANDOFF_MS,
             rejection_handoff_ms: REJECTION_HANDOFF_MS,
+            ticket_wake_ms: TICKET_WAKE_MS,
         }
     }
 }
@@ -166,6 +181,7 @@ impl ServerConfig {
             ("expiry cost", self.expiry_ms),
             ("core hand-off", self.handoff_ms),
             ("rejection hand-off", self.rejection_handoff_ms),
+            ("ticket wake-up", self.ticket_wake_ms),
         ] {
             if !(value.is_finite() && (0.0..=60_000.0).contains(&value)) {
                 return Err(format!(
@@ -265,7 +281,10 @@ struct Job {
 struct Pool {
     total: u32,
     in_use: u32,
+    /// Waiters nobody has woken.
     waiters: Vec<Handle>,
+    /// Waiters woken for a free ticket that have not yet come to take it.
+    woken: Vec<Handle>,
 }
 
 /// Counters of one run; times in ns.
@@ -284,6 +303,10 @@ pub struct ServerStats {
     pub expiry_ns: u64,
     /// Most jobs (requests and rejections) held at once.
     pub peak_jobs: u64,
+    /// Ticket waiters woken by a release, and those of them that found the ticket taken by a
+    /// request that arrived meanwhile.
+    pub ticket_wakeups: u64,
+    pub ticket_races_lost: u64,
 }
 
 /// One server's state.
@@ -299,6 +322,7 @@ pub struct Server {
     yield_period: Nanos,
     handoff: Nanos,
     rejection_handoff: Nanos,
+    ticket_wake: Nanos,
     pub stats: ServerStats,
 }
 
@@ -316,11 +340,13 @@ impl Server {
                     total: cfg.read_tickets,
                     in_use: 0,
                     waiters: Vec::new(),
+                    woken: Vec::new(),
                 },
                 Pool {
                     total: cfg.write_tickets,
                     in_use: 0,
                     waiters: Vec::new(),
+                    woken: Vec::new(),
                 },
             ],
             free_cores: cfg.cores,
@@ -330,6 +356,7 @@ impl Server {
             yield_period: clock::ms(cfg.yield_period_ms).max(1),
             handoff: clock::ms(cfg.handoff_ms),
             rejection_handoff: clock::ms(cfg.rejection_handoff_ms),
+            ticket_wake: clock::ms(cfg.ticket_wake_ms),
             stats: ServerStats::default(),
             cfg,
         }
@@ -441,16 +468,75 @@ impl Server {
     fn release_ticket(&mut self, now: Nanos, pool: usize, q: &mut Queue<Event>, rng: &mut StdRng) {
         let p = &mut self.pools[pool];
         p.in_use = p.in_use.saturating_sub(1);
-        if p.waiters.is_empty() {
+        self.wake(now, pool, q, rng);
+    }
+
+    /// Wakes waiters drawn at random until every free ticket has a woken waiter coming for it.
+    /// Without a wake-up time the ticket goes to the woken waiter at once.
+    fn wake(&mut self, now: Nanos, pool: usize, q: &mut Queue<Event>, rng: &mut StdRng) {
+        // Bounded by the number of waiters.
+        loop {
+            let p = &mut self.pools[pool];
+            let free = p.total.saturating_sub(p.in_use) as usize;
+            if free <= p.woken.len() || p.waiters.is_empty() {
+                return;
+            }
+            let pick = rng.random_range(0..p.waiters.len());
+            let next = p.waiters.swap_remove(pick);
+            self.stats.ticket_wakeups += 1;
+            if self.ticket_wake == 0 {
+                p.in_use += 1;
+                if let Some(j) = self.jobs.get_mut(next) {
+                    j.has_ticket = true;
+                }
+                self.run(now, next, q);
+                continue;
+            }
+            p.woken.push(next);
+            if let Some(j) = self.jobs.get(next) {
+                if let Stage::TicketWait(wait) = j.stage {
+                    q.push(
+                        now + self.ticket_wake,
+                        Event::TicketWake { job: next, wait },
+                    );
+                }
+            }
+        }
+    }
+
+    /// The waiter `job`, woken for wait `wait`, comes for its ticket at `now`: it takes one if
+    /// any is free, else (a request that arrived meanwhile took it) it waits again.
+    pub fn ticket_wake(
+        &mut self,
+        now: Nanos,
+        job: Handle,
+        wait: u32,
+        q: &mut Queue<Event>,
+        rng: &mut StdRng,
+    ) {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        let (Stage::TicketWait(w), Some((_, pool))) = (j.stage, j.request) else {
+            return;
+        };
+        if w != wait {
             return;
         }
-        let pick = rng.random_range(0..p.waiters.len());
-        let next = p.waiters.swap_remove(pick);
-        p.in_use += 1;
-        if let Some(j) = self.jobs.get_mut(next) {
+        let p = &mut self.pools[pool];
+        let Some(i) = p.woken.iter().position(|&w| w == job) else {
+            return;
+        };
+        p.woken.swap_remove(i);
+        if p.in_use < p.total {
+            p.in_use += 1;
             j.has_ticket = true;
-            j.stage = Stage::Runnable;
-            self.run(now, next, q);
+            self.run(now, job, q);
+            // More free tickets than woken waiters (another waiter left meanwhile)?
+            self.wake(now, pool, q, rng);
+        } else {
+            p.waiters.push(job);
+            self.stats.ticket_races_lost += 1;
         }
     }
 
@@ -554,7 +640,14 @@ impl Server {
     }
 
     /// The ticket wait `wait` of `job` reached its deadline at `now`.
-    pub fn ticket_timeout(&mut self, now: Nanos, job: Handle, wait: u32, q: &mut Queue<Event>) {
+    pub fn ticket_timeout(
+        &mut self,
+        now: Nanos,
+        job: Handle,
+        wait: u32,
+        q: &mut Queue<Event>,
+        rng: &mut StdRng,
+    ) {
         let Some(j) = self.jobs.get_mut(job) else {
             return;
         };
@@ -571,7 +664,16 @@ impl Server {
             return;
         }
         if let Some((_, pool)) = j.request {
-            self.pools[pool].waiters.retain(|&w| w != job);
+            let p = &mut self.pools[pool];
+            p.waiters.retain(|&w| w != job);
+            let woken = p.woken.len();
+            p.woken.retain(|&w| w != job);
+            if p.woken.len() < woken {
+                // Woken for a free ticket: another waiter comes for it instead.
+                self.expire(now, job, q);
+                self.wake(now, pool, q, rng);
+                return;
+            }
         }
         self.expire(now, job, q);
     }
@@ -604,7 +706,8 @@ mod tests {
             match event {
                 Event::ServerArrive(req) => server.arrive(now, req, q),
                 Event::SliceEnd { job } => server.slice_end(now, job, q, rng),
-                Event::TicketTimeout { job, wait } => server.ticket_timeout(now, job, wait, q),
+                Event::TicketTimeout { job, wait } => server.ticket_timeout(now, job, wait, q, rng),
+                Event::TicketWake { job, wait } => server.ticket_wake(now, job, wait, q, rng),
                 Event::Reply { reply, .. } => {
                     replies[match reply {
                         Reply::Ok => 0,
@@ -691,6 +794,53 @@ mod tests {
     }
 
     #[test]
+    fn a_request_arriving_while_a_woken_waiter_comes_takes_its_ticket() {
+        // One read ticket, two cores. A holds the ticket (2 ms of work), B waits; A ends at
+        // 2 ms and wakes B, who comes for the ticket 0.5 ms later; C arrives at 2.2 ms, takes
+        // the free ticket first, and B waits again until C ends (4.2 ms), comes at 4.7 ms and
+        // ends at 6.7 ms.
+        let run = |ticket_wake_ms: f64| {
+            let mut server = Server::new(ServerConfig {
+                read_tickets: 1,
+                half_rtt: 0,
+                handoff_ms: 0.0,
+                ticket_wake_ms,
+                ..ServerConfig::default()
+            });
+            let (mut q, mut rng) = (Queue::default(), StdRng::seed_from_u64(3));
+            q.push(0, Event::ServerArrive(request(0, OpKind::PointRead, None)));
+            q.push(1, Event::ServerArrive(request(1, OpKind::PointRead, None)));
+            q.push(
+                2_200_000,
+                Event::ServerArrive(request(2, OpKind::PointRead, None)),
+            );
+            let mut replies = Vec::new();
+            while let Some((now, event)) = q.pop() {
+                match event {
+                    Event::ServerArrive(req) => server.arrive(now, req, &mut q),
+                    Event::SliceEnd { job } => server.slice_end(now, job, &mut q, &mut rng),
+                    Event::TicketWake { job, wait } => {
+                        server.ticket_wake(now, job, wait, &mut q, &mut rng)
+                    }
+                    Event::TicketTimeout { job, wait } => {
+                        server.ticket_timeout(now, job, wait, &mut q, &mut rng)
+                    }
+                    Event::Reply { tag, .. } => replies.push((tag.op.index, now)),
+                    _ => unreachable!("no other event here"),
+                }
+            }
+            (replies, server.stats)
+        };
+        let (raced, stats) = run(0.5);
+        assert_eq!(raced, [(0, 2_000_000), (2, 4_200_000), (1, 6_700_000)]);
+        assert_eq!((stats.ticket_wakeups, stats.ticket_races_lost), (2, 1));
+        // Handed straight over, the ticket goes to B at 2 ms and C waits.
+        let (direct, stats) = run(0.0);
+        assert_eq!(direct, [(0, 2_000_000), (1, 4_000_000), (2, 6_000_000)]);
+        assert_eq!((stats.ticket_wakeups, stats.ticket_races_lost), (2, 0));
+    }
+
+    #[test]
     fn a_rejection_holds_its_core_for_the_rejection_hand_off() {
         // One core and one token: a point read (two 1 ms slices) is admitted, the next request
         // is rejected (0.3 ms) and runs between the read's slices, each slice with its own
@@ -701,6 +851,7 @@ mod tests {
             limiter_rate: Some(4.0),
             handoff_ms: 0.1,
             rejection_handoff_ms: 0.2,
+            ticket_wake_ms: 0.0,
             ..ServerConfig::default()
         });
         let (mut q, mut rng) = (Queue::default(), StdRng::seed_from_u64(3));
@@ -744,6 +895,7 @@ mod tests {
             ServerConfig::default().rejection_handoff_ms,
             REJECTION_HANDOFF_MS
         );
+        assert_eq!(ServerConfig::default().ticket_wake_ms, TICKET_WAKE_MS);
         let bad = ServerConfig {
             handoff_ms: -1.0,
             ..ServerConfig::default()

@@ -332,6 +332,10 @@ fn the_per_second_series_adds_up_to_the_run() {
         })
         .sum();
     assert_eq!(arrived, traced.requests);
+    // The ticket races: at most the run's, and some under 200 % load.
+    assert!(last.ticket_races_lost > 0);
+    assert!(last.ticket_races_lost <= last.ticket_wakeups);
+    assert!(last.ticket_wakeups <= traced.server.ticket_wakeups);
     let mut cfg = RunConfig::new(scenario, Variant::UpstreamBest, 4, 7);
     cfg.series = true;
     let upstream = sim::run(&cfg).expect("valid configuration");

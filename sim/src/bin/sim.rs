@@ -59,6 +59,10 @@ struct Args {
     /// default: the lab emulator's, 0.0525).
     #[arg(long)]
     rejection_handoff_ms: Option<f64>,
+    /// How long a woken ticket waiter takes to come for its ticket (ms; default: the lab
+    /// emulator's, 0.035; 0: the ticket goes straight to it).
+    #[arg(long)]
+    ticket_wake_ms: Option<f64>,
     /// Connections per client (the driver's `maxPoolSize`).
     #[arg(long, default_value_t = sim::engine::POOL_SIZE)]
     pool_size: u32,
@@ -198,6 +202,9 @@ fn config(
     }
     if let Some(ms) = args.rejection_handoff_ms {
         cfg.server.rejection_handoff_ms = ms;
+    }
+    if let Some(ms) = args.ticket_wake_ms {
+        cfg.server.ticket_wake_ms = ms;
     }
     cfg.pool_size = args.pool_size;
     cfg.overrides = Overrides {
