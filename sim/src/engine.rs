@@ -232,10 +232,7 @@ enum Stage<'c> {
     /// Asking for a concurrency slot (only with adaptive concurrency).
     Slot(SlotRequest<'c, 'static, u32, ()>),
     /// Sent by the controller, waiting for a connection of the client's pool.
-    Checkout {
-        attempt: Attempt<'c, u32, ()>,
-        max_time: Option<Nanos>,
-    },
+    Checkout { attempt: Attempt<'c, u32, ()> },
     /// An attempt is at the server.
     InFlight {
         attempt: Attempt<'c, u32, ()>,
@@ -540,7 +537,6 @@ impl<'c> Sim<'c> {
 
     /// Asks the slot request of `op` again.
     fn poll(&mut self, now: Nanos, op: Handle) {
-        let controllers = self.controllers;
         let rng = &mut self.policy;
         let Some(o) = self.ops.get_mut(op) else {
             return;
@@ -552,40 +548,7 @@ impl<'c> Sim<'c> {
         let answer = request.poll(clock::instant(now), &mut jitter);
         match answer {
             StartAnswer::Send(attempt) => {
-                let ctl = &controllers[o.client as usize];
-                let max_time = match self.max_time {
-                    MaxTime::None => None,
-                    MaxTime::AppOnReads => {
-                        o.kind.is_read().then(|| clock::nanos(self.cfg.deadline))
-                    }
-                    MaxTime::Driver => match o.deadline {
-                        None => None,
-                        Some(d) => match ctl.max_time(
-                            d,
-                            ServerTimeLimit::Remaining,
-                            self.min_rtt,
-                            clock::instant(now),
-                        ) {
-                            Ok(t) => t.map(clock::nanos),
-                            Err(_) => {
-                                // Time out without sending.
-                                attempt.finish(
-                                    AttemptEnd::Failed {
-                                        overload: Overload::None,
-                                        replied: false,
-                                    },
-                                    None,
-                                    clock::instant(now),
-                                );
-                                o.stage = Stage::Idle;
-                                self.wake_slot_waiter(now, op);
-                                self.driver_end(now, op, Outcome::Deadline);
-                                return;
-                            }
-                        },
-                    },
-                };
-                o.stage = Stage::Checkout { attempt, max_time };
+                o.stage = Stage::Checkout { attempt };
                 self.check_out(now, op);
             }
             StartAnswer::WaitUntil(until) => {
@@ -628,7 +591,10 @@ impl<'c> Sim<'c> {
             self.connections[client] += 1;
             self.report.peak_connections =
                 self.report.peak_connections.max(self.connections[client]);
-            self.send(now, op);
+            if !self.send(now, op) {
+                // Nobody waits while a connection is free.
+                self.connections[client] -= 1;
+            }
         } else {
             o.wait = o.wait.wrapping_add(1);
             self.checkout_waiters[client].push_back((op, o.wait));
@@ -636,14 +602,45 @@ impl<'c> Sim<'c> {
         }
     }
 
-    /// Sends the attempt of `op`, which holds a connection.
-    fn send(&mut self, now: Nanos, op: Handle) {
+    /// Sends the attempt of `op`, which holds a connection, with the `maxTimeMS` its
+    /// application or driver gives it now. Returns false when `op` ended instead (its driver's
+    /// deadline left no time to send), and the connection is still to be handed on.
+    fn send(&mut self, now: Nanos, op: Handle) -> bool {
+        let controllers = self.controllers;
         let Some(o) = self.ops.get_mut(op) else {
-            return;
+            return false;
         };
-        let Stage::Checkout { attempt, max_time } = std::mem::replace(&mut o.stage, Stage::Idle)
-        else {
-            return;
+        let Stage::Checkout { attempt } = std::mem::replace(&mut o.stage, Stage::Idle) else {
+            return false;
+        };
+        let max_time = match self.max_time {
+            MaxTime::None => None,
+            MaxTime::AppOnReads => o.kind.is_read().then(|| clock::nanos(self.cfg.deadline)),
+            MaxTime::Driver => match o.deadline {
+                None => None,
+                Some(d) => match controllers[o.client as usize].max_time(
+                    d,
+                    ServerTimeLimit::Remaining,
+                    self.min_rtt,
+                    clock::instant(now),
+                ) {
+                    Ok(t) => t.map(clock::nanos),
+                    Err(_) => {
+                        // Time out without sending.
+                        attempt.finish(
+                            AttemptEnd::Failed {
+                                overload: Overload::None,
+                                replied: false,
+                            },
+                            None,
+                            clock::instant(now),
+                        );
+                        self.wake_slot_waiter(now, op);
+                        self.driver_end(now, op, Outcome::Deadline);
+                        return false;
+                    }
+                },
+            },
         };
         o.attempts += 1;
         if o.attempts == 1 {
@@ -667,16 +664,16 @@ impl<'c> Sim<'c> {
             now + self.cfg.server_config_half_rtt(),
             Event::ServerArrive(req),
         );
+        true
     }
 
     /// A connection of `client` came back (a reply, or a call dropped in flight, which closes
-    /// its connection): the first operation still waiting for one takes it.
+    /// its connection): the first operation still waiting for one that can be sent takes it.
     fn check_in(&mut self, now: Nanos, client: u32) {
         let client = client as usize;
         // Bounded by the queue's length; stale entries (ended operations) are skipped.
         while let Some((waiter, wait)) = self.checkout_waiters[client].pop_front() {
-            if self.ops.get(waiter).is_some_and(|o| o.wait == wait) {
-                self.send(now, waiter);
+            if self.ops.get(waiter).is_some_and(|o| o.wait == wait) && self.send(now, waiter) {
                 return;
             }
         }

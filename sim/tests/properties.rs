@@ -381,6 +381,21 @@ fn a_client_never_has_more_attempts_in_flight_than_its_pool() {
         "{}",
         dropped.server.peak_jobs
     );
+    // With `timeoutMS` the driver computes `maxTimeMS` when it has a connection, and an
+    // operation whose time ran out while it waited ends without sending, handing the
+    // connection on.
+    let mut timeout = RunConfig::new(sustained(3.0), Variant::ForkTimeout, 2, 5);
+    timeout.pool_size = 2;
+    let waited = sim::run(&timeout).expect("valid");
+    assert_eq!(waited.peak_connections, 2);
+    assert!(waited.checkout_waits > 0);
+    assert_eq!(waited.unfinished, 0);
+    assert_eq!(waited.ended(), waited.requests);
+    assert_eq!(
+        waited.server.attempts,
+        waited.first_attempts + waited.retries
+    );
+    assert!(waited.unsent > 0);
     cfg.pool_size = 0;
     assert!(sim::run(&cfg).unwrap_err().contains("pool size"));
 }
