@@ -59,6 +59,24 @@ fn one_phase(load: f64, secs: f64) -> Scenario {
     }
 }
 
+/// A short end-to-end run of `variants`: two instances at 150 % of 60 ops/s for `secs`,
+/// against the fail-point server.
+fn small_failpoint_run(variants: &[&str], secs: f64) -> LabConfig {
+    LabConfig {
+        scenario: one_phase(1.5, secs),
+        variants: variants
+            .iter()
+            .map(|v| Variant::parse(v).unwrap())
+            .collect(),
+        capacity: 60.0,
+        instances: 2,
+        server_mode: ServerMode::Failpoint,
+        docs: 50,
+        drain: Duration::from_millis(500),
+        ..LabConfig::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_keeps_its_schedule_whatever_the_client_does() {
     let scenario = one_phase(1.0, 1.0);
@@ -206,16 +224,7 @@ fn figures_on_synthetic_data() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_end_to_end_run_writes_the_report() {
-    let cfg = LabConfig {
-        scenario: one_phase(1.5, 2.0),
-        variants: vec![Variant::parse("fork-default").unwrap()],
-        capacity: 60.0,
-        instances: 2,
-        server_mode: ServerMode::Failpoint,
-        docs: 50,
-        drain: Duration::from_millis(500),
-        ..LabConfig::default()
-    };
+    let cfg = small_failpoint_run(&["fork-default"], 2.0);
     let bar = indicatif::ProgressBar::hidden();
     let run = runner::run(&cfg, &bar).await.expect("lab run");
     assert_eq!(run.runs.len(), 1);
@@ -242,20 +251,7 @@ async fn tiny_end_to_end_run_writes_the_report() {
 /// the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_series_records_the_concurrency_limit_each_second() {
-    let cfg = LabConfig {
-        scenario: one_phase(1.5, 3.0),
-        variants: vec![
-            Variant::parse("fork-controls").unwrap(),
-            Variant::parse("upstream-best").unwrap(),
-            Variant::parse("fork-recommended").unwrap(),
-        ],
-        capacity: 60.0,
-        instances: 2,
-        server_mode: ServerMode::Failpoint,
-        docs: 50,
-        drain: Duration::from_millis(500),
-        ..LabConfig::default()
-    };
+    let cfg = small_failpoint_run(&["fork-controls", "upstream-best", "fork-recommended"], 3.0);
     let bar = indicatif::ProgressBar::hidden();
     let run = runner::run(&cfg, &bar).await.expect("lab run");
     let csv = report::csv(&run);

@@ -699,26 +699,38 @@ mod tests {
 
     use super::*;
 
-    /// Runs the server's own events to the end; returns the replies by kind.
-    fn drain(server: &mut Server, q: &mut Queue<Event>, rng: &mut StdRng) -> [u64; 3] {
-        let mut replies = [0; 3];
+    /// Runs the server's own events to the end; returns every reply: the request's index,
+    /// when the reply reached the client, and the reply.
+    fn replies(
+        server: &mut Server,
+        q: &mut Queue<Event>,
+        rng: &mut StdRng,
+    ) -> Vec<(u32, Nanos, Reply)> {
+        let mut replies = Vec::new();
         while let Some((now, event)) = q.pop() {
             match event {
                 Event::ServerArrive(req) => server.arrive(now, req, q),
                 Event::SliceEnd { job } => server.slice_end(now, job, q, rng),
                 Event::TicketTimeout { job, wait } => server.ticket_timeout(now, job, wait, q, rng),
                 Event::TicketWake { job, wait } => server.ticket_wake(now, job, wait, q, rng),
-                Event::Reply { reply, .. } => {
-                    replies[match reply {
-                        Reply::Ok => 0,
-                        Reply::Overloaded => 1,
-                        Reply::Expired => 2,
-                    }] += 1
-                }
+                Event::Reply { tag, reply } => replies.push((tag.op.index, now, reply)),
                 _ => unreachable!("the server schedules no other event"),
             }
         }
         replies
+    }
+
+    /// Runs the server's own events to the end; returns the replies by kind.
+    fn drain(server: &mut Server, q: &mut Queue<Event>, rng: &mut StdRng) -> [u64; 3] {
+        let mut counts = [0; 3];
+        for (_, _, reply) in replies(server, q, rng) {
+            counts[match reply {
+                Reply::Ok => 0,
+                Reply::Overloaded => 1,
+                Reply::Expired => 2,
+            }] += 1;
+        }
+        counts
     }
 
     fn request(i: u32, kind: OpKind, max_time: Option<Nanos>) -> Request {
@@ -772,15 +784,8 @@ mod tests {
             for i in 0..3 {
                 q.push(0, Event::ServerArrive(request(i, OpKind::PointRead, None)));
             }
-            let mut last = 0;
-            while let Some((now, event)) = q.pop() {
-                match event {
-                    Event::ServerArrive(req) => server.arrive(now, req, &mut q),
-                    Event::SliceEnd { job } => server.slice_end(now, job, &mut q, &mut rng),
-                    Event::Reply { .. } => last = now,
-                    _ => unreachable!("no other event here"),
-                }
-            }
+            let done = replies(&mut server, &mut q, &mut rng);
+            let last = done.iter().map(|&(_, at, _)| at).max().unwrap_or(0);
             (last, server.stats)
         };
         let (ideal, ideal_stats) = last_reply(0.0);
@@ -814,22 +819,9 @@ mod tests {
                 2_200_000,
                 Event::ServerArrive(request(2, OpKind::PointRead, None)),
             );
-            let mut replies = Vec::new();
-            while let Some((now, event)) = q.pop() {
-                match event {
-                    Event::ServerArrive(req) => server.arrive(now, req, &mut q),
-                    Event::SliceEnd { job } => server.slice_end(now, job, &mut q, &mut rng),
-                    Event::TicketWake { job, wait } => {
-                        server.ticket_wake(now, job, wait, &mut q, &mut rng)
-                    }
-                    Event::TicketTimeout { job, wait } => {
-                        server.ticket_timeout(now, job, wait, &mut q, &mut rng)
-                    }
-                    Event::Reply { tag, .. } => replies.push((tag.op.index, now)),
-                    _ => unreachable!("no other event here"),
-                }
-            }
-            (replies, server.stats)
+            let done = replies(&mut server, &mut q, &mut rng);
+            let order: Vec<(u32, Nanos)> = done.iter().map(|&(i, at, _)| (i, at)).collect();
+            (order, server.stats)
         };
         let (raced, stats) = run(0.5);
         assert_eq!(raced, [(0, 2_000_000), (2, 4_200_000), (1, 6_700_000)]);
@@ -851,25 +843,15 @@ mod tests {
             limiter_rate: Some(4.0),
             handoff_ms: 0.1,
             rejection_handoff_ms: 0.2,
-            ticket_wake_ms: 0.0,
             ..ServerConfig::default()
         });
         let (mut q, mut rng) = (Queue::default(), StdRng::seed_from_u64(3));
         for i in 0..2 {
             q.push(0, Event::ServerArrive(request(i, OpKind::PointRead, None)));
         }
-        let mut replies = Vec::new();
-        while let Some((now, event)) = q.pop() {
-            match event {
-                Event::ServerArrive(req) => server.arrive(now, req, &mut q),
-                Event::SliceEnd { job } => server.slice_end(now, job, &mut q, &mut rng),
-                Event::Reply { reply, .. } => replies.push((now, reply)),
-                _ => unreachable!("no other event here"),
-            }
-        }
         assert_eq!(
-            replies,
-            [(1_600_000, Reply::Overloaded), (2_700_000, Reply::Ok)]
+            replies(&mut server, &mut q, &mut rng),
+            [(1, 1_600_000, Reply::Overloaded), (0, 2_700_000, Reply::Ok)]
         );
         assert_eq!(server.stats.busy_ns, 2_300_000, "hand-offs are not work");
     }

@@ -60,7 +60,7 @@ struct Args {
     #[arg(long)]
     rejection_handoff_ms: Option<f64>,
     /// How long a woken ticket waiter takes to come for its ticket (ms; default: the lab
-    /// emulator's, 0.035; 0: the ticket goes straight to it).
+    /// emulator's, 0.08; 0: the ticket goes straight to it).
     #[arg(long)]
     ticket_wake_ms: Option<f64>,
     /// Connections per client (the driver's `maxPoolSize`).
