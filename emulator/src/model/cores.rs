@@ -13,12 +13,24 @@
 //! a second at 8 to 48 requests in flight instead of 833. Rejections, which always paid in
 //! full, hid it under overload.) With a paused clock sleeps are exact and the bank stays
 //! empty.
+//!
+//! A core given back while requests wait for one passes to the first of them, but the host
+//! has to run that waiter's task before its slice starts; meanwhile the core is held and does
+//! no work. The cores measure that hand-off (from the release to the waiter starting) for
+//! each kind of slice, so that a model of these cores (the simulator's) can be given what the
+//! host cost in a run.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+
+/// Release times kept for waiters that have not yet started; more means releases nobody took
+/// (waiters that gave up), the oldest of which are dropped.
+const RELEASES_KEPT: usize = 64;
 
 #[derive(Debug)]
 pub(crate) struct Cores {
@@ -27,6 +39,33 @@ pub(crate) struct Cores {
     busy: AtomicU32,
     /// Core time used beyond what requests needed (timer lateness), in ns.
     owed_ns: AtomicU64,
+    /// Tasks waiting for a core.
+    waiting: AtomicU32,
+    handoffs: Mutex<HandoffLog>,
+}
+
+/// What a core is taken for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SliceKind {
+    /// A slice of a request's work.
+    Request,
+    /// Work outside a request: a rejection, an expired request's stop, a connection's set-up.
+    Other,
+}
+
+/// Hand-offs of cores to waiters of one kind of slice, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Handoffs {
+    pub(crate) count: u64,
+    pub(crate) time: Duration,
+}
+
+#[derive(Debug, Default)]
+struct HandoffLog {
+    /// When a core was given back while a task waited, oldest first.
+    releases: VecDeque<Instant>,
+    request: Handoffs,
+    other: Handoffs,
 }
 
 #[derive(Debug)]
@@ -58,13 +97,35 @@ pub(crate) struct Core<'a> {
 impl Drop for Core<'_> {
     fn drop(&mut self) {
         self.cores.busy.fetch_sub(1, Ordering::Relaxed);
-        if let Some(p) = self.permit.take() {
+        let Some(p) = self.permit.take() else {
+            return;
+        };
+        {
             let mut c = self.cores.lock();
             if c.debt > 0 {
                 c.debt -= 1;
                 p.forget();
+                return;
             }
         }
+        // Logged before the permit goes, so that the waiter it goes to finds it.
+        if self.cores.waiting.load(Ordering::Relaxed) > 0 {
+            let mut log = self.cores.log();
+            if log.releases.len() >= RELEASES_KEPT {
+                log.releases.pop_front();
+            }
+            log.releases.push_back(Instant::now());
+        }
+        drop(p);
+    }
+}
+
+/// Counts a task as waiting for a core while it lives.
+struct Waiting<'a>(&'a AtomicU32);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -75,6 +136,8 @@ impl Cores {
             total: Mutex::new(CoreCount { total, debt: 0 }),
             busy: AtomicU32::new(0),
             owed_ns: AtomicU64::new(0),
+            waiting: AtomicU32::new(0),
+            handoffs: Mutex::new(HandoffLog::default()),
         }
     }
 
@@ -117,15 +180,58 @@ impl Cores {
         self.total.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits for a core (FIFO). Cancel-safe.
-    pub(crate) async fn acquire(&self) -> Core<'_> {
-        // The semaphore is never closed, so acquire cannot fail.
-        let permit = self.sem.acquire().await.ok();
+    fn log(&self) -> std::sync::MutexGuard<'_, HandoffLog> {
+        self.handoffs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for a core (FIFO) for a slice of `kind`. Cancel-safe.
+    pub(crate) async fn acquire(&self, kind: SliceKind) -> Core<'_> {
+        // A free core is only free when nobody waits: the semaphore gives released permits to
+        // its waiters first.
+        let permit = match self.sem.try_acquire() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                let since = Instant::now();
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+                let waiting = Waiting(&self.waiting);
+                // The semaphore is never closed, so acquire cannot fail.
+                let permit = self.sem.acquire().await.ok();
+                drop(waiting);
+                self.handed_off(since, kind);
+                permit
+            }
+        };
         self.busy.fetch_add(1, Ordering::Relaxed);
         Core {
             cores: self,
             permit,
         }
+    }
+
+    /// A task that began waiting at `since` got its core: the hand-off lasted from the first
+    /// release since then until now. Releases before `since` went to earlier waiters that
+    /// gave up or have not yet run; a core that came from a resize has no release to count.
+    fn handed_off(&self, since: Instant, kind: SliceKind) {
+        let now = Instant::now();
+        let mut log = self.log();
+        while log.releases.front().is_some_and(|t| *t < since) {
+            log.releases.pop_front();
+        }
+        let Some(released) = log.releases.pop_front() else {
+            return;
+        };
+        let h = match kind {
+            SliceKind::Request => &mut log.request,
+            SliceKind::Other => &mut log.other,
+        };
+        h.count += 1;
+        h.time += now.saturating_duration_since(released);
+    }
+
+    /// Hand-offs so far: to slices of requests, and to other work.
+    pub(crate) fn handoffs(&self) -> (Handoffs, Handoffs) {
+        let log = self.log();
+        (log.request, log.other)
     }
 
     pub(crate) fn resize(&self, new: u32) {
@@ -162,8 +268,8 @@ mod tests {
     #[tokio::test]
     async fn shrink_while_busy_then_grow() {
         let c = Cores::new(2);
-        let a = c.acquire().await;
-        let b = c.acquire().await;
+        let a = c.acquire(SliceKind::Request).await;
+        let b = c.acquire(SliceKind::Request).await;
         assert_eq!(c.busy(), 2);
         c.resize(1);
         drop(a);
@@ -175,6 +281,39 @@ mod tests {
         assert_eq!(c.sem.available_permits(), 3);
         assert_eq!(c.total(), 3);
         assert_eq!(c.busy(), 0);
+    }
+
+    /// Real time: the releasing task blocks its thread for 5 ms after giving the core back, so
+    /// the waiter's slice starts at least that late, and the cores count it for the waiter's
+    /// kind. Taking a free core is no hand-off.
+    #[tokio::test]
+    async fn a_hand_off_is_timed_from_the_release_to_the_waiter_starting() {
+        let c = std::sync::Arc::new(Cores::new(1));
+        let held = c.acquire(SliceKind::Request).await;
+        assert_eq!(c.handoffs(), (Handoffs::default(), Handoffs::default()));
+        let waiter = {
+            let c = c.clone();
+            tokio::spawn(async move {
+                drop(c.acquire(SliceKind::Other).await);
+            })
+        };
+        // Bounded: the spawned task queues for the core within a few polls.
+        for _ in 0..100 {
+            if c.waiting.load(Ordering::Relaxed) == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(c.waiting.load(Ordering::Relaxed), 1, "the waiter waits");
+        drop(held);
+        std::thread::sleep(Duration::from_millis(5));
+        waiter.await.expect("the waiter ran");
+        let (request, other) = c.handoffs();
+        assert_eq!(request, Handoffs::default());
+        assert_eq!(other.count, 1);
+        assert!(other.time >= Duration::from_millis(5), "{other:?}");
+        assert!(other.time < Duration::from_secs(5), "{other:?}");
+        assert_eq!(c.waiting.load(Ordering::Relaxed), 0);
     }
 
     /// A run queue of `depth` closed-loop requests of the lab's mix (80 % 2 ms, 10 % 5 ms,

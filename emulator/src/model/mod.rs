@@ -96,7 +96,7 @@ pub use config::{
 pub use rejection::{Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
 pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample, WaitPercentiles};
 
-use cores::{Cores, SliceTimes};
+use cores::{Cores, SliceKind, SliceTimes};
 use draws::{keyed, unit, AttemptCounter};
 use limiter::{Bucket, Take};
 use probing::Prober;
@@ -663,7 +663,9 @@ impl Model {
         let mut used = Duration::ZERO;
         // Each turn charges at least min(quantum, remaining) > 0; the deadline ends it anyway.
         while !remaining.is_zero() {
-            let Ok(core) = tokio::time::timeout_at(deadline, self.cores.acquire()).await else {
+            let Ok(core) =
+                tokio::time::timeout_at(deadline, self.cores.acquire(SliceKind::Other)).await
+            else {
                 break;
             };
             let slice = remaining.min(quantum);
@@ -736,13 +738,18 @@ impl Model {
         self.counters.wasted_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
-    /// The counters, with the ticket pools' wake-ups.
+    /// The counters, with the ticket pools' wake-ups and the cores' hand-offs.
     fn counter_snapshot(&self) -> CounterSnapshot {
         let mut c = self.counters.read();
-        let (rw, rl) = self.read.wakeups();
-        let (ww, wl) = self.write.wakeups();
-        c.ticket_wakeups = rw + ww;
-        c.ticket_races_lost = rl + wl;
+        let (r, w) = (self.read.wakeups(), self.write.wakeups());
+        c.ticket_wakeups = r.woken + w.woken;
+        c.ticket_races_lost = r.races_lost + w.races_lost;
+        c.ticket_wake_ms = (r.wake_time + w.wake_time).as_secs_f64() * 1000.0;
+        let (request, other) = self.cores.handoffs();
+        c.request_handoffs = request.count;
+        c.request_handoff_ms = request.time.as_secs_f64() * 1000.0;
+        c.other_handoffs = other.count;
+        c.other_handoff_ms = other.time.as_secs_f64() * 1000.0;
         c
     }
 
@@ -969,7 +976,9 @@ impl Admission {
         // > 0 of work, and the safety limit stops it anyway.
         while !remaining.is_zero() {
             let t0 = Instant::now();
-            let Ok(core) = tokio::time::timeout_at(safety, model.cores.acquire()).await else {
+            let Ok(core) =
+                tokio::time::timeout_at(safety, model.cores.acquire(SliceKind::Request)).await
+            else {
                 return Err(run.stop(Interrupt::Deadline, &cfg).await);
             };
             out.core_wait += Instant::now() - t0;

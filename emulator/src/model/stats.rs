@@ -90,6 +90,17 @@ pub struct CounterSnapshot {
     /// Woken waiters that found the ticket taken by a request that arrived before they came
     /// for it, and waited again: how often an arrival overtakes the waiters.
     pub ticket_races_lost: u64,
+    /// Time from waking each waiter to its coming for the ticket, summed (ms): the host's
+    /// scheduling delay, the window in which arrivals overtake (÷ `ticketWakeups`: the mean).
+    pub ticket_wake_ms: f64,
+    /// Cores handed to a request's slice that waited for one, and the time from the release to
+    /// the slice starting, summed (ms): core time the host's scheduling loses.
+    pub request_handoffs: u64,
+    pub request_handoff_ms: f64,
+    /// The same for work outside requests: rejections, expired requests' stops, connections'
+    /// set-up.
+    pub other_handoffs: u64,
+    pub other_handoff_ms: f64,
 }
 
 impl Counters {
@@ -113,9 +124,14 @@ impl Counters {
             busy_core_ms: ms(&self.busy_ns),
             rejection_work_ms: ms(&self.rejection_ns),
             expiry_work_ms: ms(&self.expiry_ns),
-            // Kept by the ticket pools; the model fills them in.
+            // Kept by the ticket pools and the cores; the model fills them in.
             ticket_wakeups: 0,
             ticket_races_lost: 0,
+            ticket_wake_ms: 0.0,
+            request_handoffs: 0,
+            request_handoff_ms: 0.0,
+            other_handoffs: 0,
+            other_handoff_ms: 0.0,
         }
     }
 }
@@ -141,6 +157,11 @@ impl CounterSnapshot {
             expiry_work_ms: (self.expiry_work_ms - o.expiry_work_ms).max(0.0),
             ticket_wakeups: self.ticket_wakeups.saturating_sub(o.ticket_wakeups),
             ticket_races_lost: self.ticket_races_lost.saturating_sub(o.ticket_races_lost),
+            ticket_wake_ms: (self.ticket_wake_ms - o.ticket_wake_ms).max(0.0),
+            request_handoffs: self.request_handoffs.saturating_sub(o.request_handoffs),
+            request_handoff_ms: (self.request_handoff_ms - o.request_handoff_ms).max(0.0),
+            other_handoffs: self.other_handoffs.saturating_sub(o.other_handoffs),
+            other_handoff_ms: (self.other_handoff_ms - o.other_handoff_ms).max(0.0),
         }
     }
 }

@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -55,8 +56,8 @@ struct PoolState {
     /// Keys of waiters that are awake (woken, or racing for a ticket), by id, so that one that
     /// sleeps again keeps its key and losses.
     keys: HashMap<u64, (u64, u64)>,
-    /// Waiters woken for a free ticket that have not yet tried to take it.
-    woken: Vec<u64>,
+    /// Waiters woken for a free ticket that have not yet tried to take it, with when.
+    woken: Vec<(u64, Instant)>,
     notify: HashMap<u64, Arc<Notify>>,
     next_id: u64,
     /// Mixed into every draw; changes with the model's seed.
@@ -71,6 +72,9 @@ struct PoolState {
     /// arrived meanwhile (they sleep again).
     wakeups: u64,
     races_lost: u64,
+    /// Total time from waking a waiter to its coming for the ticket (ns): the host's
+    /// scheduling delay, the window in which an arrival can overtake it.
+    wake_ns: u64,
 }
 
 impl PoolState {
@@ -134,7 +138,7 @@ impl PoolState {
             let i = self.choose();
             let s = self.sleeping.swap_remove(i);
             self.keys.insert(s.id, (s.key, s.losses));
-            self.woken.push(s.id);
+            self.woken.push((s.id, Instant::now()));
             self.wakeups += 1;
             if let Some(n) = self.notify.get(&s.id) {
                 n.notify_one();
@@ -151,7 +155,7 @@ impl PoolState {
     fn forget(&mut self, id: u64) -> bool {
         self.notify.remove(&id);
         self.keys.remove(&id);
-        if let Some(i) = self.woken.iter().position(|w| *w == id) {
+        if let Some(i) = self.woken.iter().position(|w| w.0 == id) {
             self.woken.swap_remove(i);
             return true;
         }
@@ -199,6 +203,15 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// A pool's wake-ups so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Wakeups {
+    pub(crate) woken: u64,
+    pub(crate) races_lost: u64,
+    /// From each wake-up to the woken waiter coming for its ticket, summed.
+    pub(crate) wake_time: Duration,
+}
+
 /// Counts of one pool at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PoolCounts {
@@ -225,6 +238,7 @@ impl TicketPool {
                 fifo,
                 wakeups: 0,
                 races_lost: 0,
+                wake_ns: 0,
             }),
         }
     }
@@ -277,8 +291,10 @@ impl TicketPool {
             match watch.wait(deadline, notify.notified()).await {
                 Ok(()) => {
                     let mut st = self.lock();
-                    if let Some(i) = st.woken.iter().position(|w| *w == id) {
-                        st.woken.swap_remove(i);
+                    if let Some(i) = st.woken.iter().position(|w| w.0 == id) {
+                        let (_, at) = st.woken.swap_remove(i);
+                        let late = u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                        st.wake_ns = st.wake_ns.saturating_add(late);
                     }
                     if st.free() > 0 {
                         st.notify.remove(&id);
@@ -328,11 +344,15 @@ impl TicketPool {
         st.rng = StdRng::seed_from_u64(seed);
     }
 
-    /// Waiters woken so far, and those that lost their ticket to a request that arrived
-    /// before they came for it.
-    pub(crate) fn wakeups(&self) -> (u64, u64) {
+    /// Waiters woken so far, those that lost their ticket to a request that arrived before
+    /// they came for it, and how long the woken took to come.
+    pub(crate) fn wakeups(&self) -> Wakeups {
         let st = self.lock();
-        (st.wakeups, st.races_lost)
+        Wakeups {
+            woken: st.wakeups,
+            races_lost: st.races_lost,
+            wake_time: Duration::from_nanos(st.wake_ns),
+        }
     }
 
     pub(crate) fn counts(&self) -> PoolCounts {
@@ -416,19 +436,49 @@ mod tests {
             tokio::task::yield_now().await;
             drop(holder);
             let overtaker = take().await.unwrap();
-            assert_eq!(pool.wakeups(), (1, 0));
+            assert_eq!(races(&pool), (1, 0));
             // Bounded: the waiter runs within a few polls of the joined futures.
             for _ in 0..10 {
-                if pool.wakeups().1 == 1 {
+                if races(&pool).1 == 1 {
                     break;
                 }
                 tokio::task::yield_now().await;
             }
-            assert_eq!(pool.wakeups(), (1, 1), "the woken waiter lost the race");
+            assert_eq!(races(&pool), (1, 1), "the woken waiter lost the race");
             drop(overtaker);
         });
         assert!(waited.is_ok(), "it sleeps again and gets the next ticket");
-        assert_eq!(pool.wakeups(), (2, 1));
+        assert_eq!(races(&pool), (2, 1));
+    }
+
+    fn races(pool: &TicketPool) -> (u64, u64) {
+        let w = pool.wakeups();
+        (w.woken, w.races_lost)
+    }
+
+    /// Real time: the waker blocks its thread for 5 ms after the release, so the woken waiter
+    /// comes for its ticket at least that late, and the pool counts that time.
+    #[tokio::test]
+    async fn the_time_a_woken_waiter_takes_to_come_is_summed() {
+        let pool = TicketPool::new(1, 0, 0, false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let take = || async {
+            let never = pin!(std::future::pending::<()>());
+            let mut w = Watch::new(never, false, Duration::from_secs(5), Instant::now());
+            pool.acquire(true, deadline, None, &mut w).await
+        };
+        let holder = take().await.unwrap();
+        assert_eq!(pool.wakeups(), Wakeups::default(), "nobody woken yet");
+        let (waited, ()) = tokio::join!(async { take().await.map(drop) }, async {
+            tokio::task::yield_now().await;
+            drop(holder);
+            std::thread::sleep(Duration::from_millis(5));
+        });
+        assert!(waited.is_ok());
+        let w = pool.wakeups();
+        assert_eq!((w.woken, w.races_lost), (1, 0));
+        assert!(w.wake_time >= Duration::from_millis(5), "{w:?}");
+        assert!(w.wake_time < Duration::from_secs(5), "{w:?}");
     }
 
     /// The keys of waiters (arriving in the given order, all asleep) in the order one released
@@ -448,7 +498,7 @@ mod tests {
         for _ in 0..arrivals.len() {
             st.in_use = 0;
             st.wake();
-            let id = st.woken.pop().expect("one waiter woken per free ticket");
+            let (id, _) = st.woken.pop().expect("one waiter woken per free ticket");
             st.keys.remove(&id);
             st.in_use = 1;
             order.push(arrivals[id as usize]);
@@ -496,7 +546,7 @@ mod tests {
             });
             st.in_use = 0;
             st.wake();
-            if st.woken.pop() == Some(0) {
+            if st.woken.pop().map(|w| w.0) == Some(0) {
                 first_wins += 1;
             }
             st.keys.clear();
