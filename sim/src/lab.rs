@@ -43,6 +43,10 @@ pub struct LabRow {
     pub schedule: Option<Arc<LabSchedule>>,
     /// The lab repetitions the figures are the median of (its valid runs), each replayed once.
     pub repetitions: Vec<usize>,
+    /// The schedule length the lab ran: the suite's for the built-in figures; for a suite's
+    /// rows, the one whose phases are its `summary.json`'s (`lab run --suite --quick` or
+    /// `--long` runs the suite's variants at other lengths).
+    pub length: Length,
 }
 
 const fn row(
@@ -66,6 +70,7 @@ const fn row(
         wasted_pct: figures.4,
         schedule: None,
         repetitions: Vec::new(),
+        length: LENGTH,
     }
 }
 
@@ -196,6 +201,9 @@ pub const LAB: [LabRow; 16] = {
 /// The lab's schedule length of the suite.
 pub const LENGTH: Length = Length::Suite;
 
+/// Every length the lab runs.
+const LENGTHS: [Length; 4] = [Length::Suite, Length::Quick, Length::Default, Length::Long];
+
 /// Relative difference of `sim` from `lab` (0.1 = 10 %); `None` when the lab's figure is 0.
 pub fn relative(sim: f64, lab: f64) -> Option<f64> {
     (lab != 0.0).then(|| (sim - lab) / lab)
@@ -271,6 +279,7 @@ pub fn from_verdict(
                 wasted_pct: 100.0 * median(v, "wastedShare").unwrap_or(0.0),
                 schedule: None,
                 repetitions: Vec::new(),
+                length: LENGTH,
             });
         }
     }
@@ -332,19 +341,21 @@ fn attach(
             instances.unwrap_or_default()
         ));
     }
-    let simulated = row.scenario.build(LENGTH, None);
-    let same_phases = simulated.phases.len() == schedule.phases.len()
-        && simulated
-            .phases
-            .iter()
-            .zip(&schedule.phases)
-            .all(|(s, l)| s.load == l.load && (s.secs - l.duration.as_secs_f64()).abs() < 1e-9);
-    if !same_phases {
+    let same_phases =
+        |length: Length| {
+            let simulated = row.scenario.build(length, None);
+            simulated.phases.len() == schedule.phases.len()
+                && simulated.phases.iter().zip(&schedule.phases).all(|(s, l)| {
+                    s.load == l.load && (s.secs - l.duration.as_secs_f64()).abs() < 1e-9
+                })
+        };
+    let Some(length) = LENGTHS.into_iter().find(|l| same_phases(*l)) else {
         return Err(format!(
-            "{name}: the lab's phases are not the simulator's {} at the suite's length",
+            "{name}: the lab's phases are not the simulator's {} at any of the lab's lengths",
             row.scenario.name()
         ));
-    }
+    };
+    row.length = length;
     if schedule.mix != arrivals::OpMix::default() {
         return Err(format!(
             "{name}: the lab ran another operation mix than the one the model's capacity is              for ({:?})",
@@ -366,6 +377,46 @@ fn attach(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `burst` suite row and a summary whose phases are `burst`'s at `secs`.
+    fn burst_at(secs: [f64; 3]) -> (LabRow, Arc<LabSchedule>) {
+        let json = format!(
+            r#"{{"config": {{
+                "scenario": {{"name": "burst", "phases": [
+                    {{"name": "base", "load": 0.5, "duration": {}}},
+                    {{"name": "burst", "load": 1.3, "duration": {}}},
+                    {{"name": "after", "load": 0.5, "duration": {}}}]}},
+                "arrivals": "poisson", "instances": 4, "docs": 1000, "seed": 4,
+                "mix": {{"point": 80.0, "range": 10.0, "insert": 5.0, "update": 5.0,
+                        "range_len": 20}}}},
+              "capacity": 800.0,
+              "runs": [{{"variant": "upstream-best", "rep": 0, "offered": 1, "invalid": false}}]
+            }}"#,
+            secs[0], secs[1], secs[2]
+        );
+        let schedule = LabSchedule::from_summary(&json, "summary.json").expect("a summary");
+        let mut row = LAB
+            .iter()
+            .find(|r| r.scenario == ScenarioName::Burst && r.variant == Variant::UpstreamBest)
+            .expect("a burst row")
+            .clone();
+        row.capacity = 800.0;
+        (row, Arc::new(schedule))
+    }
+
+    #[test]
+    fn a_suite_run_at_another_length_is_replayed_at_that_length() {
+        let (mut row, schedule) = burst_at([2.0, 6.0, 4.0]);
+        attach(&mut row, schedule, None).expect("the lab's quick burst");
+        assert_eq!(row.length, Length::Quick);
+        assert_eq!(row.repetitions, [0]);
+        let (mut row, schedule) = burst_at([10.0, 15.0, 20.0]);
+        attach(&mut row, schedule, None).expect("the lab's long burst");
+        assert_eq!(row.length, Length::Long);
+        let (mut row, schedule) = burst_at([1.0, 5.0, 3.0]);
+        let err = attach(&mut row, schedule, None).expect_err("no lab length");
+        assert!(err.contains("any of the lab's lengths"), "{err}");
+    }
 
     #[test]
     fn a_verdict_gives_the_judged_rows_of_the_modelled_scenarios() {

@@ -13,7 +13,7 @@ use arrivals::{Arrivals, OpMix, Phase, ScheduleSpec};
 use serde_json::Value;
 
 use crate::clock::{self, Nanos};
-use crate::server::OpKind;
+use crate::server::{OpKind, ServerConfig};
 
 /// One request of a replayed schedule.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -98,6 +98,61 @@ pub struct LabRun {
     pub offered: u64,
     /// Valid runs are the ones the lab's medians are over.
     pub valid: bool,
+    /// What the host's scheduling cost the emulator in this run.
+    pub host: HostLatencies,
+}
+
+/// The latencies of the lab's host that the model's server takes as inputs, as one lab run
+/// measured them: the emulator's cores time each hand-off of a core to a waiting slice
+/// (`requestHandoffMs` over `requestHandoffs`, `otherHandoffMs` over `otherHandoffs`) and its
+/// ticket pools each woken waiter's way to its ticket (`ticketWakeMs` over `ticketWakeups`).
+/// They follow how busy the host is, so they move with the variant and the run. `None` where
+/// the run counted fewer than [`HostLatencies::MIN_EVENTS`] (too few to matter, or to
+/// measure): the model's defaults stand in.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostLatencies {
+    /// Whether the run recorded these counters at all (runs before 2026-12-05 08:00 did not).
+    pub recorded: bool,
+    /// Mean hand-off to a request's slice (ms): [`ServerConfig::handoff_ms`].
+    pub handoff_ms: Option<f64>,
+    /// Mean hand-off to work outside a request (ms): [`ServerConfig::rejection_handoff_ms`].
+    pub rejection_handoff_ms: Option<f64>,
+    /// Mean time a woken ticket waiter took to come (ms): [`ServerConfig::ticket_wake_ms`].
+    pub ticket_wake_ms: Option<f64>,
+}
+
+impl HostLatencies {
+    /// Fewer events than this give no mean.
+    pub const MIN_EVENTS: f64 = 100.0;
+
+    /// From a run's server counters (`summary.json`'s `runs[].server`).
+    pub fn from_counters(server: &Value) -> HostLatencies {
+        let mean = |total: &str, count: &str| {
+            let (t, n) = (server[total].as_f64()?, server[count].as_f64()?);
+            (n >= Self::MIN_EVENTS && t.is_finite() && t >= 0.0).then(|| t / n)
+        };
+        HostLatencies {
+            recorded: ["requestHandoffs", "otherHandoffs", "ticketWakeups"]
+                .iter()
+                .all(|k| server[*k].is_number()),
+            handoff_ms: mean("requestHandoffMs", "requestHandoffs"),
+            rejection_handoff_ms: mean("otherHandoffMs", "otherHandoffs"),
+            ticket_wake_ms: mean("ticketWakeMs", "ticketWakeups"),
+        }
+    }
+
+    /// Sets the measured ones on `server`.
+    pub fn apply(&self, server: &mut ServerConfig) {
+        if let Some(ms) = self.handoff_ms {
+            server.handoff_ms = ms;
+        }
+        if let Some(ms) = self.rejection_handoff_ms {
+            server.rejection_handoff_ms = ms;
+        }
+        if let Some(ms) = self.ticket_wake_ms {
+            server.ticket_wake_ms = ms;
+        }
+    }
 }
 
 /// How a lab scenario drew its arrivals, from its `summary.json`: what
@@ -179,6 +234,7 @@ impl LabSchedule {
                 repetition: repetition as usize,
                 offered,
                 valid: r["invalid"].as_bool() == Some(false),
+                host: HostLatencies::from_counters(&r["server"]),
             });
         }
         let schedule = LabSchedule {
@@ -249,6 +305,16 @@ impl LabSchedule {
         reps
     }
 
+    /// What the host cost the emulator when `variant` ran repetition `rep` (all `None` if
+    /// no such run).
+    pub fn host(&self, variant: &str, rep: usize) -> HostLatencies {
+        self.runs
+            .iter()
+            .find(|r| r.variant == variant && r.repetition == rep)
+            .map(|r| r.host)
+            .unwrap_or_default()
+    }
+
     /// Checks that `replay`, drawn for repetition `rep` at the lab's capacity, holds as many
     /// requests as every lab run of that repetition offered: the generator, its seeds and its
     /// inputs are the lab's.
@@ -294,7 +360,10 @@ mod tests {
         "runs": [
             {"variant": "upstream-best", "rep": 0, "offered": 5413, "invalid": false},
             {"variant": "fork-controls", "rep": 0, "offered": 5413, "invalid": true},
-            {"variant": "upstream-best", "rep": 1, "offered": 5487, "invalid": false}
+            {"variant": "upstream-best", "rep": 1, "offered": 5487, "invalid": false,
+             "server": {"requestHandoffs": 4000.0, "requestHandoffMs": 160.0,
+                        "otherHandoffs": 50.0, "otherHandoffMs": 9.0,
+                        "ticketWakeups": 1000.0, "ticketWakeMs": 250.0}}
         ]
     }"#;
 
@@ -321,6 +390,28 @@ mod tests {
         // Another repetition's schedule is not repetition 0's.
         let other = s.replay(1, s.capacity);
         assert!(s.check(0, &other).is_err());
+    }
+
+    #[test]
+    fn a_runs_host_latencies_are_its_counters_means_where_it_counted_enough() {
+        let s = LabSchedule::from_summary(SUMMARY, "summary.json").expect("a summary");
+        let host = s.host("upstream-best", 1);
+        assert_eq!(host.handoff_ms, Some(0.04));
+        assert_eq!(host.ticket_wake_ms, Some(0.25));
+        // 50 hand-offs to other work are too few for a mean.
+        assert_eq!(host.rejection_handoff_ms, None);
+        assert!(host.recorded);
+        let mut server = ServerConfig::default();
+        host.apply(&mut server);
+        assert_eq!(server.handoff_ms, 0.04);
+        assert_eq!(server.ticket_wake_ms, 0.25);
+        assert_eq!(
+            server.rejection_handoff_ms,
+            ServerConfig::default().rejection_handoff_ms
+        );
+        // Runs from before the counters, or not in the summary, measured nothing.
+        assert_eq!(s.host("upstream-best", 0), HostLatencies::default());
+        assert_eq!(s.host("fork-recommended", 1), HostLatencies::default());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use sim::lab::{relative, LabRow, LAB, LENGTH};
+use sim::lab::{relative, LabRow, LAB};
 use sim::replay::LabSchedule;
 use sim::report::{row, series_csv, Report, HEADER, SERIES_HEADER};
 use sim::variant::Overrides;
@@ -372,7 +372,11 @@ fn compare_lab(args: &Args) -> Result<(), String> {
              schedule holds as many requests as the lab's run offered, checked). Each figure is \
              the median over those runs, as the lab's is over its valid runs. Sim at lab cap: \
              load, schedule and limiter at the capacity the lab calibrated for the scenario \
-             (once, for every repetition); sim at nominal: the same seeds drawn at the model's \
+             (once, for every repetition), on the model's host latencies (its defaults: \
+             the core hand-offs and the ticket wake-up it was built with); run's host: the \
+             same, with the host latencies each lab run measured (its emulator's mean core \
+             hand-offs and ticket wake-up, `summary.json`'s server counters; – for runs from \
+             before those counters); sim at nominal: the same seeds drawn at the model's \
              nominal capacity. In brackets: the simulator's difference from the lab, bold \
              beyond 10 %.\n"
         );
@@ -381,8 +385,8 @@ fn compare_lab(args: &Args) -> Result<(), String> {
             "As many clients as the lab's instances, the lab's suite schedule, seeds {}, {} and \
              {} (median of the three); \
              each lab figure is the median of its suite's valid runs. Sim at lab cap: load and \
-             limiter at the capacity that lab run calibrated; sim at nominal: at the model's \
-             nominal capacity. In brackets: the simulator's difference from the lab, bold \
+             limiter at the capacity that lab run calibrated; run's host: not measured for \
+             these figures (–); sim at nominal: at the model's nominal capacity. In brackets: the simulator's difference from the lab, bold \
              beyond 10 %.\n",
             args.seed,
             args.seed.wrapping_add(1),
@@ -390,8 +394,9 @@ fn compare_lab(args: &Args) -> Result<(), String> {
         );
     }
     println!(
-        "| scenario | variant | clients | lab suite | figure | lab | sim at lab cap | sim at nominal |\n\
-         |---|---|---|---|---|---|---|---|"
+        "| scenario | variant | clients | lab suite | figure | lab | sim at lab cap | \
+         sim at lab cap, run's host | sim at nominal |\n\
+         |---|---|---|---|---|---|---|---|---|"
     );
     let started = Instant::now();
     let rows = match &args.lab_verdict {
@@ -409,12 +414,12 @@ fn compare_lab(args: &Args) -> Result<(), String> {
     };
     let mut series = String::from(SERIES_HEADER);
     for lab in rows {
-        let (at_lab, nominal) = match &lab.schedule {
+        let runs = match &lab.schedule {
             Some(schedule) => replayed_runs(args, &lab, schedule)?,
             None => drawn_runs(args, &lab)?,
         };
-        print_rows(&lab, &at_lab, &nominal);
-        for report in &at_lab {
+        print_rows(&lab, &runs);
+        for report in &runs.at_lab {
             series.push_str(&series_csv(report));
         }
     }
@@ -426,21 +431,33 @@ fn compare_lab(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// The simulator's runs for a lab row, at the lab's capacity and at nominal.
-type Runs = (Vec<Report>, Vec<Report>);
+/// The simulator's runs for a lab row.
+#[derive(Default)]
+struct Runs {
+    /// At the lab's capacity, on the model's host latencies.
+    at_lab: Vec<Report>,
+    /// At the lab's capacity, on the host latencies each lab run measured (empty unless every
+    /// run recorded them).
+    run_host: Vec<Report>,
+    /// At the model's nominal capacity.
+    nominal: Vec<Report>,
+}
 
 /// One run per valid lab repetition, each replaying that repetition's schedule.
 fn replayed_runs(args: &Args, lab: &LabRow, schedule: &LabSchedule) -> Result<Runs, String> {
-    let mut at_lab = Vec::new();
-    let mut nominal = Vec::new();
-    for &rep in &lab.repetitions {
+    let mut runs = Runs::default();
+    let hosts: Vec<_> = (lab.repetitions.iter())
+        .map(|&rep| schedule.host(lab.variant.name(), rep))
+        .collect();
+    let measured = hosts.iter().all(|h| h.recorded);
+    for (&rep, host) in lab.repetitions.iter().zip(&hosts) {
         // The policies' and the server's streams follow the repetition's seed too, as the
         // lab's emulator model does (`runner.rs`).
         let seed = schedule.seed(rep);
         let mut cfg = config(
             args,
             lab.scenario,
-            LENGTH,
+            lab.length,
             None,
             lab.variant,
             lab.instances,
@@ -452,40 +469,54 @@ fn replayed_runs(args: &Args, lab: &LabRow, schedule: &LabSchedule) -> Result<Ru
         cfg.replay = Some(Arc::new(replay));
         let r = sim::run(&cfg)?;
         warn_unfinished(&r);
-        at_lab.push(r);
+        runs.at_lab.push(r);
+        if measured {
+            let mut on_host = cfg.clone();
+            host.apply(&mut on_host.server);
+            let r = sim::run(&on_host)?;
+            warn_unfinished(&r);
+            runs.run_host.push(r);
+        }
         cfg.capacity = None;
         let nominal_capacity = cfg.effective_capacity(&cfg.server_config());
         cfg.replay = Some(Arc::new(schedule.replay(rep, nominal_capacity)));
         let r = sim::run(&cfg)?;
         warn_unfinished(&r);
-        nominal.push(r);
+        runs.nominal.push(r);
     }
-    Ok((at_lab, nominal))
+    Ok(runs)
 }
 
 /// Three runs on the simulator's own draws: `--seed` and the two seeds after it.
 fn drawn_runs(args: &Args, lab: &LabRow) -> Result<Runs, String> {
-    let mut at_lab = Vec::new();
-    let mut nominal = Vec::new();
+    let mut runs = Runs::default();
     for i in 0..3 {
         let seed = args.seed.wrapping_add(i);
         let clients = lab.instances;
-        let mut cfg = config(args, lab.scenario, LENGTH, None, lab.variant, clients, seed)?;
+        let mut cfg = config(
+            args,
+            lab.scenario,
+            lab.length,
+            None,
+            lab.variant,
+            clients,
+            seed,
+        )?;
         cfg.capacity = Some(lab.capacity);
         let r = sim::run(&cfg)?;
         warn_unfinished(&r);
-        at_lab.push(r);
+        runs.at_lab.push(r);
         cfg.capacity = None;
         let r = sim::run(&cfg)?;
         warn_unfinished(&r);
-        nominal.push(r);
+        runs.nominal.push(r);
     }
-    Ok((at_lab, nominal))
+    Ok(runs)
 }
 
 type Figure = fn(&Report) -> f64;
 
-fn print_rows(lab: &LabRow, at_lab: &[Report], nominal: &[Report]) {
+fn print_rows(lab: &LabRow, runs: &Runs) {
     let med = |runs: &[Report], f: Figure| -> f64 { median(runs.iter().map(f).collect()) };
     let mut figures: Vec<(&str, f64, Figure)> = vec![
         ("goodput ÷ cap", lab.goodput_share, Report::goodput_share),
@@ -505,14 +536,18 @@ fn print_rows(lab: &LabRow, at_lab: &[Report], nominal: &[Report]) {
         figures.insert(1, ("burst ÷ cap", b, |r| r.burst_share().unwrap_or(0.0)));
     }
     for (name, value, f) in figures {
+        let on_run_host = match runs.run_host.is_empty() {
+            true => "–".to_owned(),
+            false => cell(value, med(&runs.run_host, f)),
+        };
         println!(
-            "| {} | {} | {} | {} | {name} | {value:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {name} | {value:.2} | {} | {on_run_host} | {} |",
             lab.scenario.name(),
             lab.variant.name(),
             lab.instances,
             lab.suite,
-            cell(value, med(at_lab, f)),
-            cell(value, med(nominal, f)),
+            cell(value, med(&runs.at_lab, f)),
+            cell(value, med(&runs.nominal, f)),
         );
     }
 }
