@@ -51,16 +51,16 @@ struct Args {
     /// mean time on a core).
     #[arg(long)]
     capacity: Option<f64>,
-    /// Core time lost each time a request's slice takes a core (ms; default: the lab
-    /// emulator's, 0.035; 0: ideal cores).
+    /// Core time lost each time a request's slice that waited for a core gets one (ms;
+    /// default: the lab emulator's, 0.045; 0: ideal cores).
     #[arg(long)]
     handoff_ms: Option<f64>,
-    /// Core time lost each time a rejection or an expired request's stop takes a core (ms;
-    /// default: the lab emulator's, 0.0525).
+    /// Core time lost each time a rejection or an expired request's stop that waited for a
+    /// core gets one (ms; default: the lab emulator's, 0.04).
     #[arg(long)]
     rejection_handoff_ms: Option<f64>,
     /// How long a woken ticket waiter takes to come for its ticket (ms; default: the lab
-    /// emulator's, 0.08; 0: the ticket goes straight to it).
+    /// emulator's, 0.083; 0: the ticket goes straight to it).
     #[arg(long)]
     ticket_wake_ms: Option<f64>,
     /// Connections per client (the driver's `maxPoolSize`).
@@ -549,5 +549,35 @@ fn print_rows(lab: &LabRow, runs: &Runs) {
             cell(value, med(&runs.at_lab, f)),
             cell(value, med(&runs.nominal, f)),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use sim::server::{HANDOFF_MS, REJECTION_HANDOFF_MS, TICKET_WAKE_MS};
+
+    use super::Args;
+
+    /// The help names the model's defaults, which are constants of `sim::server`.
+    #[test]
+    fn the_help_gives_the_models_own_defaults() {
+        let cmd = Args::command();
+        for (id, default) in [
+            ("handoff_ms", HANDOFF_MS),
+            ("rejection_handoff_ms", REJECTION_HANDOFF_MS),
+            ("ticket_wake_ms", TICKET_WAKE_MS),
+        ] {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .expect("the option exists");
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            assert!(
+                help.contains(&format!("emulator's, {default};"))
+                    || help.contains(&format!("emulator's, {default})")),
+                "--{id}: {help}"
+            );
+        }
     }
 }
