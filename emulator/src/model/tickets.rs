@@ -424,11 +424,7 @@ mod tests {
     async fn an_arrival_overtakes_a_woken_waiter_which_waits_again_and_is_counted() {
         let pool = TicketPool::new(1, 0, 0, false);
         let deadline = Instant::now() + Duration::from_secs(1);
-        let take = || async {
-            let never = pin!(std::future::pending::<()>());
-            let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
-            pool.acquire(true, deadline, None, &mut w).await
-        };
+        let take = || take(&pool, deadline);
         let holder = take().await.unwrap();
         let (waited, ()) = tokio::join!(async { take().await.map(drop) }, async {
             // The waiter is asleep; the release wakes it, and a request arriving before it
@@ -451,6 +447,13 @@ mod tests {
         assert_eq!(races(&pool), (2, 1));
     }
 
+    /// A sheddable request taking a ticket from `pool` by `deadline`, never disconnected.
+    async fn take(pool: &TicketPool, deadline: Instant) -> Result<Ticket<'_>, AcquireError> {
+        let never = pin!(std::future::pending::<()>());
+        let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
+        pool.acquire(true, deadline, None, &mut w).await
+    }
+
     fn races(pool: &TicketPool) -> (u64, u64) {
         let w = pool.wakeups();
         (w.woken, w.races_lost)
@@ -462,11 +465,7 @@ mod tests {
     async fn the_time_a_woken_waiter_takes_to_come_is_summed() {
         let pool = TicketPool::new(1, 0, 0, false);
         let deadline = Instant::now() + Duration::from_secs(10);
-        let take = || async {
-            let never = pin!(std::future::pending::<()>());
-            let mut w = Watch::new(never, false, Duration::from_secs(5), Instant::now());
-            pool.acquire(true, deadline, None, &mut w).await
-        };
+        let take = || take(&pool, deadline);
         let holder = take().await.unwrap();
         assert_eq!(pool.wakeups(), Wakeups::default(), "nobody woken yet");
         let (waited, ()) = tokio::join!(async { take().await.map(drop) }, async {

@@ -294,9 +294,8 @@ fn grid(args: &Args) -> Result<(), String> {
         );
         print!("{HEADER}");
         for cfg in configs {
-            let report = sim::run(cfg)?;
+            let report = run_warned(cfg)?;
             print!("{}", row(&report));
-            warn_unfinished(&report);
             series.push_str(&series_csv(&report));
             total += 1;
             if args.plot.is_some() {
@@ -327,7 +326,9 @@ fn write_series(args: &Args, csv: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn warn_unfinished(r: &Report) {
+/// Runs `cfg`, telling on standard error when requests were still unfinished at the end.
+fn run_warned(cfg: &RunConfig) -> Result<Report, String> {
+    let r = sim::run(cfg)?;
     if r.unfinished > 0 {
         eprintln!(
             "sim: {} {} {} clients: {} requests unfinished when the drain ended",
@@ -337,6 +338,7 @@ fn warn_unfinished(r: &Report) {
             r.unfinished
         );
     }
+    Ok(r)
 }
 
 /// The median as the lab takes it (`Spread::of`): the middle value, or the mean of the two
@@ -467,21 +469,18 @@ fn replayed_runs(args: &Args, lab: &LabRow, schedule: &LabSchedule) -> Result<Ru
         schedule.check(rep, &replay)?;
         cfg.capacity = Some(schedule.capacity);
         cfg.replay = Some(Arc::new(replay));
-        let r = sim::run(&cfg)?;
-        warn_unfinished(&r);
+        let r = run_warned(&cfg)?;
         runs.at_lab.push(r);
         if measured {
             let mut on_host = cfg.clone();
             host.apply(&mut on_host.server);
-            let r = sim::run(&on_host)?;
-            warn_unfinished(&r);
+            let r = run_warned(&on_host)?;
             runs.run_host.push(r);
         }
         cfg.capacity = None;
         let nominal_capacity = cfg.effective_capacity(&cfg.server_config());
         cfg.replay = Some(Arc::new(schedule.replay(rep, nominal_capacity)));
-        let r = sim::run(&cfg)?;
-        warn_unfinished(&r);
+        let r = run_warned(&cfg)?;
         runs.nominal.push(r);
     }
     Ok(runs)
@@ -503,12 +502,10 @@ fn drawn_runs(args: &Args, lab: &LabRow) -> Result<Runs, String> {
             seed,
         )?;
         cfg.capacity = Some(lab.capacity);
-        let r = sim::run(&cfg)?;
-        warn_unfinished(&r);
+        let r = run_warned(&cfg)?;
         runs.at_lab.push(r);
         cfg.capacity = None;
-        let r = sim::run(&cfg)?;
-        warn_unfinished(&r);
+        let r = run_warned(&cfg)?;
         runs.nominal.push(r);
     }
     Ok(runs)
