@@ -63,6 +63,13 @@ struct Args {
     /// emulator's, 0.083; 0: the ticket goes straight to it).
     #[arg(long)]
     ticket_wake_ms: Option<f64>,
+    /// The host's timer tick, on which the emulator's cores end their slices (ms; default:
+    /// the lab host's, 1; 0: slices end exactly when their work does).
+    #[arg(long)]
+    timer_tick_ms: Option<f64>,
+    /// How long after its tick a core's sleep ends (ms; default: the lab host's, 0.05).
+    #[arg(long)]
+    timer_lateness_ms: Option<f64>,
     /// Connections per client (the driver's `maxPoolSize`).
     #[arg(long, default_value_t = sim::engine::POOL_SIZE)]
     pool_size: u32,
@@ -101,6 +108,13 @@ struct Args {
     /// scenarios' `summary.json` records them; a different count is refused.
     #[arg(long, value_name = "N")]
     lab_instances: Option<u32>,
+    /// With `--lab-verdict`: simulations of each lab repetition, each with its own streams for
+    /// the policies and the server (the lab's repetition's arrivals in every one). A lab
+    /// repetition is one draw of the server's and the drivers' randomness; several
+    /// simulations of it estimate what the model expects of that schedule.
+    #[arg(long, value_name = "K", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    replications: u32,
 }
 
 fn parse_clients(list: &str) -> Result<Vec<u32>, String> {
@@ -205,6 +219,12 @@ fn config(
     }
     if let Some(ms) = args.ticket_wake_ms {
         cfg.server.ticket_wake_ms = ms;
+    }
+    if let Some(ms) = args.timer_tick_ms {
+        cfg.server.timer_tick_ms = ms;
+    }
+    if let Some(ms) = args.timer_lateness_ms {
+        cfg.server.timer_lateness_ms = ms;
     }
     cfg.pool_size = args.pool_size;
     cfg.overrides = Overrides {
@@ -367,20 +387,23 @@ fn compare_lab(args: &Args) -> Result<(), String> {
     if args.lab_verdict.is_some() {
         println!(
             "As many clients as the lab's instances, and the lab's own arrivals: for every valid \
-             lab run of a variant, one simulation of the schedule that run's repetition sent \
+             lab run of a variant, {} simulation(s) of the schedule that run's repetition sent \
              (the lab's generator, the `arrivals` crate, with the repetition's seed, the lab's \
              seed + 1000 × repetition, and the instances, mix and capacity of the scenario's \
              `summary.json`; each client sends its lab instance's requests; every replayed \
-             schedule holds as many requests as the lab's run offered, checked). Each figure is \
-             the median over those runs, as the lab's is over its valid runs. Sim at lab cap: \
-             load, schedule and limiter at the capacity the lab calibrated for the scenario \
-             (once, for every repetition), on the model's host latencies (its defaults: \
-             the core hand-offs and the ticket wake-up it was built with); run's host: the \
-             same, with the host latencies each lab run measured (its emulator's mean core \
-             hand-offs and ticket wake-up, `summary.json`'s server counters; – for runs from \
-             before those counters); sim at nominal: the same seeds drawn at the model's \
-             nominal capacity. In brackets: the simulator's difference from the lab, bold \
-             beyond 10 %.\n"
+             schedule holds as many requests as the lab's run offered, checked; the \
+             simulations of one repetition differ only in the policies' and the server's \
+             random streams). Each figure is the median over those simulations, as the lab's \
+             is over its valid runs. Sim at lab cap: load, schedule and limiter at the capacity \
+             the lab calibrated for the scenario (once, for every repetition), on the model's \
+             host latencies (its defaults: the core hand-offs and the ticket wake-up it was \
+             built with); run's host: the same, with the host latencies each lab run measured \
+             (its emulator's mean core hand-offs and ticket wake-up, `summary.json`'s server \
+             counters; – for runs from before those counters), the validation since \
+             2026-12-05 11:00 (`docs/simulator.md`); sim at nominal: the same seeds drawn at \
+             the model's nominal capacity. In brackets: the simulator's difference from the \
+             lab, bold beyond 10 %.\n",
+            args.replications
         );
     } else {
         println!(
@@ -445,17 +468,27 @@ struct Runs {
     nominal: Vec<Report>,
 }
 
-/// One run per valid lab repetition, each replaying that repetition's schedule.
+/// Splits a repetition's seed into one per replication (the first keeps the repetition's).
+const REPLICATION_SALT: u64 = 0x5DEE_CE66_D1CE_4E5B;
+
+/// One run per valid lab repetition (`--replications` of them), each replaying that
+/// repetition's schedule.
 fn replayed_runs(args: &Args, lab: &LabRow, schedule: &LabSchedule) -> Result<Runs, String> {
     let mut runs = Runs::default();
     let hosts: Vec<_> = (lab.repetitions.iter())
         .map(|&rep| schedule.host(lab.variant.name(), rep))
         .collect();
     let measured = hosts.iter().all(|h| h.recorded);
-    for (&rep, host) in lab.repetitions.iter().zip(&hosts) {
+    let replications = (0..u64::from(args.replications)).flat_map(|k| {
+        lab.repetitions
+            .iter()
+            .zip(&hosts)
+            .map(move |(&rep, host)| (k, rep, host))
+    });
+    for (k, rep, host) in replications {
         // The policies' and the server's streams follow the repetition's seed too, as the
-        // lab's emulator model does (`runner.rs`).
-        let seed = schedule.seed(rep);
+        // lab's emulator model does (`runner.rs`); further replications salt it.
+        let seed = schedule.seed(rep) ^ k.wrapping_mul(REPLICATION_SALT);
         let mut cfg = config(
             args,
             lab.scenario,
@@ -552,7 +585,9 @@ fn print_rows(lab: &LabRow, runs: &Runs) {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
-    use sim::server::{HANDOFF_MS, REJECTION_HANDOFF_MS, TICKET_WAKE_MS};
+    use sim::server::{
+        HANDOFF_MS, REJECTION_HANDOFF_MS, TICKET_WAKE_MS, TIMER_LATENESS_MS, TIMER_TICK_MS,
+    };
 
     use super::Args;
 
@@ -564,6 +599,8 @@ mod tests {
             ("handoff_ms", HANDOFF_MS),
             ("rejection_handoff_ms", REJECTION_HANDOFF_MS),
             ("ticket_wake_ms", TICKET_WAKE_MS),
+            ("timer_tick_ms", TIMER_TICK_MS),
+            ("timer_lateness_ms", TIMER_LATENESS_MS),
         ] {
             let arg = cmd
                 .get_arguments()
@@ -571,8 +608,9 @@ mod tests {
                 .expect("the option exists");
             let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
             assert!(
-                help.contains(&format!("emulator's, {default};"))
-                    || help.contains(&format!("emulator's, {default})")),
+                [";", ")"]
+                    .iter()
+                    .any(|end| help.contains(&format!("'s, {default}{end}"))),
                 "--{id}: {help}"
             );
         }
