@@ -1040,8 +1040,8 @@ mod tests {
         assert_eq!(server.stats.useful_ns, 3 * 5_000_000);
     }
 
-    /// Replies to `n` requests that are all rejected (at random, at the rejection's cost),
-    /// arriving at the given instants, on one core without hand-offs or network.
+    /// The replies to requests that are all rejected (at random, at the rejection's cost), one
+    /// arriving at each of `arrivals`, on one core without hand-offs or network.
     fn rejections(cfg: ServerConfig, arrivals: &[Nanos]) -> (Vec<(u32, Nanos, Reply)>, Server) {
         let mut server = Server::new(ServerConfig {
             cores: 1,
