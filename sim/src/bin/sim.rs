@@ -90,8 +90,9 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     plot: Option<std::path::PathBuf>,
     /// Also write every run's counters, second by second of virtual time, as CSV to this
-    /// file (with `--lab-verdict`: the runs at the lab's capacity, one per repetition; the
-    /// `seed` column names the repetition's). For comparing with a lab run's `series.csv`.
+    /// file (with `--lab-verdict`: the runs at the lab's capacity, one per repetition and
+    /// replication; the `seed` column names the simulation's, the repetition's own for the
+    /// first replication). For comparing with a lab run's `series.csv`.
     #[arg(long, value_name = "FILE")]
     series: Option<std::path::PathBuf>,
     /// Compare with the lab's four-instance figures instead of running the grid (uses
