@@ -472,50 +472,55 @@ struct Runs {
 /// Splits a repetition's seed into one per replication (the first keeps the repetition's).
 const REPLICATION_SALT: u64 = 0x5DEE_CE66_D1CE_4E5B;
 
-/// One run per valid lab repetition (`--replications` of them), each replaying that
-/// repetition's schedule.
+/// A run of `lab`'s scenario and variant at its instances and length, with `seed`.
+fn lab_config(args: &Args, lab: &LabRow, seed: u64) -> Result<RunConfig, String> {
+    config(
+        args,
+        lab.scenario,
+        lab.length,
+        None,
+        lab.variant,
+        lab.instances,
+        seed,
+    )
+}
+
+/// `--replications` runs per valid lab repetition, each replaying that repetition's schedule.
 fn replayed_runs(args: &Args, lab: &LabRow, schedule: &LabSchedule) -> Result<Runs, String> {
     let mut runs = Runs::default();
     let hosts: Vec<_> = (lab.repetitions.iter())
         .map(|&rep| schedule.host(lab.variant.name(), rep))
         .collect();
     let measured = hosts.iter().all(|h| h.recorded);
-    let replications = (0..u64::from(args.replications)).flat_map(|k| {
-        lab.repetitions
-            .iter()
-            .zip(&hosts)
-            .map(move |(&rep, host)| (k, rep, host))
-    });
-    for (k, rep, host) in replications {
-        // The policies' and the server's streams follow the repetition's seed too, as the
-        // lab's emulator model does (`runner.rs`); further replications salt it.
-        let seed = schedule.seed(rep) ^ k.wrapping_mul(REPLICATION_SALT);
-        let mut cfg = config(
-            args,
-            lab.scenario,
-            lab.length,
-            None,
-            lab.variant,
-            lab.instances,
-            seed,
-        )?;
+    for (&rep, host) in lab.repetitions.iter().zip(&hosts) {
+        // Each repetition's schedules are drawn once, for all its replications.
         let replay = schedule.replay(rep, schedule.capacity);
         schedule.check(rep, &replay)?;
-        cfg.capacity = Some(schedule.capacity);
-        cfg.replay = Some(Arc::new(replay));
-        let r = run_warned(&cfg)?;
-        runs.at_lab.push(r);
-        if measured {
-            let mut on_host = cfg.clone();
-            host.apply(&mut on_host.server);
-            let r = run_warned(&on_host)?;
-            runs.run_host.push(r);
+        let replay = Arc::new(replay);
+        let nominal_replay = {
+            let cfg = lab_config(args, lab, schedule.seed(rep))?;
+            Arc::new(schedule.replay(rep, cfg.effective_capacity(&cfg.server_config())))
+        };
+        for k in 0..u64::from(args.replications) {
+            // The policies' and the server's streams follow the repetition's seed too, as the
+            // lab's emulator model does (`runner.rs`); further replications salt it.
+            let mut cfg = lab_config(
+                args,
+                lab,
+                schedule.seed(rep) ^ k.wrapping_mul(REPLICATION_SALT),
+            )?;
+            cfg.capacity = Some(schedule.capacity);
+            cfg.replay = Some(replay.clone());
+            runs.at_lab.push(run_warned(&cfg)?);
+            if measured {
+                let mut on_host = cfg.clone();
+                host.apply(&mut on_host.server);
+                runs.run_host.push(run_warned(&on_host)?);
+            }
+            cfg.capacity = None;
+            cfg.replay = Some(nominal_replay.clone());
+            runs.nominal.push(run_warned(&cfg)?);
         }
-        cfg.capacity = None;
-        let nominal_capacity = cfg.effective_capacity(&cfg.server_config());
-        cfg.replay = Some(Arc::new(schedule.replay(rep, nominal_capacity)));
-        let r = run_warned(&cfg)?;
-        runs.nominal.push(r);
     }
     Ok(runs)
 }
@@ -525,16 +530,7 @@ fn drawn_runs(args: &Args, lab: &LabRow) -> Result<Runs, String> {
     let mut runs = Runs::default();
     for i in 0..3 {
         let seed = args.seed.wrapping_add(i);
-        let clients = lab.instances;
-        let mut cfg = config(
-            args,
-            lab.scenario,
-            lab.length,
-            None,
-            lab.variant,
-            clients,
-            seed,
-        )?;
+        let mut cfg = lab_config(args, lab, seed)?;
         cfg.capacity = Some(lab.capacity);
         let r = run_warned(&cfg)?;
         runs.at_lab.push(r);
