@@ -28,6 +28,8 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
+use super::delays::DelayCounts;
+
 /// Release times kept for waiters that have not yet started; more means releases nobody took
 /// (waiters that gave up), the oldest of which are dropped.
 const RELEASES_KEPT: usize = 64;
@@ -58,6 +60,8 @@ pub(crate) enum SliceKind {
 pub(crate) struct Handoffs {
     pub(crate) count: u64,
     pub(crate) time: Duration,
+    /// The same hand-offs, counted by how long each took.
+    pub(crate) delays: DelayCounts,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +70,15 @@ struct HandoffLog {
     releases: VecDeque<Instant>,
     request: Handoffs,
     other: Handoffs,
+    /// How long slices slept beyond what they asked, summed and counted by size.
+    oversleep: Oversleep,
+}
+
+/// How long the slices that slept slept beyond what they asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Oversleep {
+    pub(crate) time: Duration,
+    pub(crate) delays: DelayCounts,
 }
 
 #[derive(Debug)]
@@ -159,6 +172,13 @@ impl Cores {
     /// repaid, at least the slice and at most `remaining`) and banks the rest; the bank holds
     /// at most `cap`.
     pub(crate) fn settle(&self, t: SliceTimes, cap: Duration) -> Duration {
+        if t.repaid < t.slice {
+            let asked = t.slice - t.repaid;
+            let over = t.slept.saturating_sub(asked);
+            let mut log = self.log();
+            log.oversleep.time += over;
+            log.oversleep.delays.record(over);
+        }
         let progress = (t.slept + t.repaid).max(t.slice);
         let charged = progress.min(t.remaining);
         self.bank(progress - charged, cap);
@@ -224,14 +244,21 @@ impl Cores {
             SliceKind::Request => &mut log.request,
             SliceKind::Other => &mut log.other,
         };
+        let took = now.saturating_duration_since(released);
         h.count += 1;
-        h.time += now.saturating_duration_since(released);
+        h.time += took;
+        h.delays.record(took);
     }
 
     /// Hand-offs so far: to slices of requests, and to other work.
     pub(crate) fn handoffs(&self) -> (Handoffs, Handoffs) {
         let log = self.log();
         (log.request, log.other)
+    }
+
+    /// How long the slices that slept have slept beyond what they asked, so far.
+    pub(crate) fn oversleep(&self) -> Oversleep {
+        self.log().oversleep
     }
 
     pub(crate) fn resize(&self, new: u32) {
@@ -313,7 +340,40 @@ mod tests {
         assert_eq!(other.count, 1);
         assert!(other.time >= Duration::from_millis(5), "{other:?}");
         assert!(other.time < Duration::from_secs(5), "{other:?}");
+        // Counted by size too: in a bucket above 2 ms (5 ms and up), none below.
+        assert_eq!(other.delays.total(), 1);
+        assert_eq!(
+            other.delays.counts()[..5].iter().sum::<u64>(),
+            0,
+            "{other:?}"
+        );
         assert_eq!(c.waiting.load(Ordering::Relaxed), 0);
+    }
+
+    /// A slice that slept longer than it asked counts the excess by size; one paid in full
+    /// from the bank slept nothing and counts nothing.
+    #[test]
+    fn a_slice_counts_how_long_it_slept_beyond_what_it_asked() {
+        let c = Cores::new(1);
+        let ms = Duration::from_millis;
+        let times = |repaid, slept| SliceTimes {
+            slice: ms(1),
+            remaining: ms(2),
+            repaid,
+            slept,
+        };
+        c.settle(times(Duration::ZERO, ms(4)), ms(4));
+        c.settle(
+            times(Duration::from_micros(500), Duration::from_micros(550)),
+            ms(4),
+        );
+        c.settle(times(ms(1), Duration::ZERO), ms(4));
+        let over = c.oversleep();
+        let counts = over.delays.counts();
+        assert_eq!(over.delays.total(), 2);
+        assert_eq!(over.time, Duration::from_micros(3_050));
+        // 3 ms over (bucket up to 5 ms) and 50 µs over (up to 100 µs).
+        assert_eq!((counts[0], counts[5]), (1, 1), "{counts:?}");
     }
 
     /// A run queue of `depth` closed-loop requests of the lab's mix (80 % 2 ms, 10 % 5 ms,

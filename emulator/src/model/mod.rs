@@ -69,6 +69,7 @@
 
 mod config;
 mod cores;
+mod delays;
 mod draws;
 mod histogram;
 mod limiter;
@@ -93,6 +94,7 @@ pub use config::{
     ConfigError, CostConfig, LimiterConfig, ModelConfig, ProbingConfig, TicketConfig, TicketMode,
     Wakeup, DEFAULT_EXEMPT_COMMANDS,
 };
+pub use delays::{DelayCounts, BOUNDS_US as DELAY_BOUNDS_US};
 pub use rejection::{Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
 pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample, WaitPercentiles};
 
@@ -750,6 +752,13 @@ impl Model {
         c.request_handoff_ms = request.time.as_secs_f64() * 1000.0;
         c.other_handoffs = other.count;
         c.other_handoff_ms = other.time.as_secs_f64() * 1000.0;
+        c.ticket_wake_delays = r.wake_delays;
+        c.ticket_wake_delays.add(&w.wake_delays);
+        c.request_handoff_delays = request.delays;
+        c.other_handoff_delays = other.delays;
+        let over = self.cores.oversleep();
+        c.slice_oversleep_ms = over.time.as_secs_f64() * 1000.0;
+        c.slice_oversleep = over.delays;
         c
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bson::Document;
 use serde::Serialize;
 
+use super::delays::DelayCounts;
 use super::histogram::LogHistogram;
 
 /// Monotonic counters (core time in nanoseconds internally, so that per-quantum sums and
@@ -101,6 +102,17 @@ pub struct CounterSnapshot {
     /// set-up.
     pub other_handoffs: u64,
     pub other_handoff_ms: f64,
+    /// The times of `ticketWakeMs`, `requestHandoffMs` and `otherHandoffMs`, each counted by
+    /// size (`le100us` … `le100ms`, `over100ms`): whether the host is slow on every one or
+    /// stalls now and then.
+    pub ticket_wake_delays: DelayCounts,
+    pub request_handoff_delays: DelayCounts,
+    pub other_handoff_delays: DelayCounts,
+    /// How long slices that slept slept beyond what they asked, summed (ms) and by size: the
+    /// timer fires on a millisecond tick at or after the deadline, and the host runs the
+    /// core's task some time after that (the bank pays it back; see `cores`).
+    pub slice_oversleep_ms: f64,
+    pub slice_oversleep: DelayCounts,
 }
 
 impl Counters {
@@ -132,6 +144,11 @@ impl Counters {
             request_handoff_ms: 0.0,
             other_handoffs: 0,
             other_handoff_ms: 0.0,
+            ticket_wake_delays: DelayCounts::default(),
+            request_handoff_delays: DelayCounts::default(),
+            other_handoff_delays: DelayCounts::default(),
+            slice_oversleep_ms: 0.0,
+            slice_oversleep: DelayCounts::default(),
         }
     }
 }
@@ -162,6 +179,11 @@ impl CounterSnapshot {
             request_handoff_ms: (self.request_handoff_ms - o.request_handoff_ms).max(0.0),
             other_handoffs: self.other_handoffs.saturating_sub(o.other_handoffs),
             other_handoff_ms: (self.other_handoff_ms - o.other_handoff_ms).max(0.0),
+            ticket_wake_delays: self.ticket_wake_delays.minus(&o.ticket_wake_delays),
+            request_handoff_delays: self.request_handoff_delays.minus(&o.request_handoff_delays),
+            other_handoff_delays: self.other_handoff_delays.minus(&o.other_handoff_delays),
+            slice_oversleep_ms: (self.slice_oversleep_ms - o.slice_oversleep_ms).max(0.0),
+            slice_oversleep: self.slice_oversleep.minus(&o.slice_oversleep),
         }
     }
 }

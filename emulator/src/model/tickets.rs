@@ -24,6 +24,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::delays::DelayCounts;
 use super::draws::keyed;
 use super::wait::{Interrupt, Watch};
 
@@ -75,6 +76,8 @@ struct PoolState {
     /// Total time from waking a waiter to its coming for the ticket (ns): the host's
     /// scheduling delay, the window in which an arrival can overtake it.
     wake_ns: u64,
+    /// The same times, counted by size.
+    wake_delays: DelayCounts,
 }
 
 impl PoolState {
@@ -210,6 +213,8 @@ pub(crate) struct Wakeups {
     pub(crate) races_lost: u64,
     /// From each wake-up to the woken waiter coming for its ticket, summed.
     pub(crate) wake_time: Duration,
+    /// The same times, counted by size.
+    pub(crate) wake_delays: DelayCounts,
 }
 
 /// Counts of one pool at one moment.
@@ -239,6 +244,7 @@ impl TicketPool {
                 wakeups: 0,
                 races_lost: 0,
                 wake_ns: 0,
+                wake_delays: DelayCounts::default(),
             }),
         }
     }
@@ -295,6 +301,7 @@ impl TicketPool {
                         let (_, at) = st.woken.swap_remove(i);
                         let late = u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX);
                         st.wake_ns = st.wake_ns.saturating_add(late);
+                        st.wake_delays.record(Duration::from_nanos(late));
                     }
                     if st.free() > 0 {
                         st.notify.remove(&id);
@@ -352,6 +359,7 @@ impl TicketPool {
             woken: st.wakeups,
             races_lost: st.races_lost,
             wake_time: Duration::from_nanos(st.wake_ns),
+            wake_delays: st.wake_delays,
         }
     }
 
@@ -478,6 +486,9 @@ mod tests {
         assert_eq!((w.woken, w.races_lost), (1, 0));
         assert!(w.wake_time >= Duration::from_millis(5), "{w:?}");
         assert!(w.wake_time < Duration::from_secs(5), "{w:?}");
+        // Counted by size too, above 2 ms.
+        assert_eq!(w.wake_delays.total(), 1);
+        assert_eq!(w.wake_delays.counts()[..5].iter().sum::<u64>(), 0, "{w:?}");
     }
 
     /// The keys of waiters (arriving in the given order, all asleep) in the order one released
