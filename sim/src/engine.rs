@@ -40,6 +40,7 @@ const SECOND: Nanos = 1_000_000_000;
 const ARRIVAL_SALT: u64 = 0x243f_6a88_85a3_08d3;
 const POLICY_SALT: u64 = 0x1319_8a2e_0370_7344;
 const SERVER_SALT: u64 = 0xa409_3822_299f_31d0;
+const TIMER_SALT: u64 = 0x082e_fa98_ec4e_6c89;
 
 /// The uniform draw that decides whether an attempt meets a random rejection, keyed by the
 /// request's client, arrival and attempt number (which every variant shares) and the seed:
@@ -328,7 +329,11 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         cfg,
         controllers: &controllers,
         ops: Slab::default(),
-        server: Server::new(server_cfg),
+        server: {
+            let mut server = Server::new(server_cfg);
+            server.seed_timer(cfg.seed ^ TIMER_SALT);
+            server
+        },
         q: Queue::default(),
         arrivals,
         policy: StdRng::seed_from_u64(cfg.seed ^ POLICY_SALT),

@@ -13,7 +13,7 @@ use arrivals::{Arrivals, OpMix, Phase, ScheduleSpec};
 use serde_json::Value;
 
 use crate::clock::{self, Nanos};
-use crate::server::{OpKind, ServerConfig};
+use crate::server::{OpKind, ServerConfig, TIMER_TICK_MS};
 
 /// One request of a replayed schedule.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -119,6 +119,12 @@ pub struct HostLatencies {
     pub rejection_handoff_ms: Option<f64>,
     /// Mean time a woken ticket waiter took to come (ms): [`ServerConfig::ticket_wake_ms`].
     pub ticket_wake_ms: Option<f64>,
+    /// How late the timer fired after its tick, on average (ms):
+    /// [`ServerConfig::timer_lateness_ms`]. The emulator counts how long each slice slept
+    /// beyond what it asked (`sliceOversleepMs` over the `sliceOversleep` buckets, since
+    /// 2026-12-05 13:00); a deadline falls half a tick before its tick on average, so the
+    /// lateness is the mean oversleep less half a tick, at least 0.
+    pub timer_lateness_ms: Option<f64>,
 }
 
 impl HostLatencies {
@@ -138,7 +144,20 @@ impl HostLatencies {
             handoff_ms: mean("requestHandoffMs", "requestHandoffs"),
             rejection_handoff_ms: mean("otherHandoffMs", "otherHandoffs"),
             ticket_wake_ms: mean("ticketWakeMs", "ticketWakeups"),
+            timer_lateness_ms: Self::timer_lateness(server),
         }
+    }
+
+    /// The timer's mean lateness from the oversleep counters, where there are enough.
+    fn timer_lateness(server: &Value) -> Option<f64> {
+        let slept = server["sliceOversleepMs"].as_f64()?;
+        let slices: f64 = (server.as_object()?.iter())
+            .filter(|(k, _)| k.starts_with("sliceOversleep."))
+            .filter_map(|(_, v)| v.as_f64())
+            .sum();
+        let half_tick = TIMER_TICK_MS / 2.0;
+        (slices >= Self::MIN_EVENTS && slept.is_finite() && slept >= 0.0)
+            .then(|| (slept / slices - half_tick).max(0.0))
     }
 
     /// Sets the measured ones on `server`.
@@ -151,6 +170,9 @@ impl HostLatencies {
         }
         if let Some(ms) = self.ticket_wake_ms {
             server.ticket_wake_ms = ms;
+        }
+        if let Some(ms) = self.timer_lateness_ms {
+            server.timer_lateness_ms = ms;
         }
     }
 }
@@ -363,7 +385,9 @@ mod tests {
             {"variant": "upstream-best", "rep": 1, "offered": 5487, "invalid": false,
              "server": {"requestHandoffs": 4000.0, "requestHandoffMs": 160.0,
                         "otherHandoffs": 50.0, "otherHandoffMs": 9.0,
-                        "ticketWakeups": 1000.0, "ticketWakeMs": 250.0}}
+                        "ticketWakeups": 1000.0, "ticketWakeMs": 250.0,
+                        "sliceOversleepMs": 180.0, "sliceOversleep.le1ms": 150.0,
+                        "sliceOversleep.le2ms": 50.0}}
         ]
     }"#;
 
@@ -400,11 +424,14 @@ mod tests {
         assert_eq!(host.ticket_wake_ms, Some(0.25));
         // 50 hand-offs to other work are too few for a mean.
         assert_eq!(host.rejection_handoff_ms, None);
+        // 200 slices overslept 0.9 ms on average: the timer is 0.4 ms late.
+        assert_eq!(host.timer_lateness_ms, Some(0.9 - TIMER_TICK_MS / 2.0));
         assert!(host.recorded);
         let mut server = ServerConfig::default();
         host.apply(&mut server);
         assert_eq!(server.handoff_ms, 0.04);
         assert_eq!(server.ticket_wake_ms, 0.25);
+        assert_eq!(server.timer_lateness_ms, 0.9 - TIMER_TICK_MS / 2.0);
         assert_eq!(
             server.rejection_handoff_ms,
             ServerConfig::default().rejection_handoff_ms

@@ -91,8 +91,21 @@ pub struct ServerConfig {
     /// The time beyond the slice's work is banked and paid back by later slices, as the
     /// emulator's cores do (see [`Server`]).
     pub timer_tick_ms: f64,
-    /// How long after its tick a timer's sleep ends (ms; [`TIMER_LATENESS_MS`]).
+    /// How long after its tick a timer's sleep ends (ms; [`TIMER_LATENESS_MS`]): the mean,
+    /// with `timer_lateness_shape` its spread.
     pub timer_lateness_ms: f64,
+    pub timer_lateness_shape: LatenessShape,
+}
+
+/// How the timer's lateness varies from tick to tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LatenessShape {
+    /// The same at every tick (the model until 2026-12-05 13:00).
+    Fixed,
+    /// Exponential with the mean, cut at a tick, drawn once per tick: a runtime fires its
+    /// timers when its thread next wakes after the tick, for an event or its own timeout.
+    #[default]
+    Exponential,
 }
 
 /// The lab's host timer tick (ms): tokio's timer wheel rounds a sleep's deadline up to the
@@ -100,10 +113,15 @@ pub struct ServerConfig {
 /// (`emulator/src/model/cores.rs`, whose bank this model's follows).
 pub const TIMER_TICK_MS: f64 = 1.0;
 
-/// How long after its tick a sleep of the emulator's cores ends (ms): the 50 µs the emulator's
-/// own test of its cores assumes, not a measurement. The comparisons with the lab move by no
-/// more than their repetitions do for lateness from 0 to 0.2 ms (`docs/simulator.md`).
-pub const TIMER_LATENESS_MS: f64 = 0.05;
+/// How long after its tick a sleep of the emulator's cores ends, on average (ms).
+///
+/// Since 2026-12-05 13:00 the emulator counts how long each slice slept beyond what it asked
+/// (`sliceOversleep`). In `flood` at 380 and 420 ops/s (`lab-runs/dist-flood-{380,420}`), 34
+/// to 38 % of slices overslept by more than a tick, which a fixed lateness of this size gives
+/// in 6 % and an exponential one (drawn per tick, [`LatenessShape::Exponential`]) in 34 %; the
+/// mean oversleep is about half a tick plus this. Until then the model used 0.05 ms at every
+/// tick, what the emulator's own test of its cores assumes.
+pub const TIMER_LATENESS_MS: f64 = 0.37;
 
 /// The core time the lab's emulator loses each time a core passes to a request's slice that
 /// waited for one (ms), as its cores time it.
@@ -162,6 +180,7 @@ impl Default for ServerConfig {
             ticket_wake_ms: TICKET_WAKE_MS,
             timer_tick_ms: TIMER_TICK_MS,
             timer_lateness_ms: TIMER_LATENESS_MS,
+            timer_lateness_shape: LatenessShape::Exponential,
         }
     }
 }
@@ -346,6 +365,11 @@ pub struct ServerStats {
     /// Slices that waited for a core and started after a hand-off (the emulator's
     /// `requestHandoffs` + `otherHandoffs`).
     pub handoffs: u64,
+    /// Slices that slept, how long they slept beyond what they asked, summed, and how many
+    /// of them by more than a tick (the emulator's `sliceOversleep` counters).
+    pub oversleeps: u64,
+    pub oversleep_ns: u64,
+    pub oversleeps_beyond_tick: u64,
 }
 
 /// One server's state.
@@ -364,8 +388,7 @@ pub struct Server {
     handoff: Nanos,
     rejection_handoff: Nanos,
     ticket_wake: Nanos,
-    tick: Nanos,
-    lateness: Nanos,
+    timer: Timer,
     /// Core time slept beyond the slices' work, to pay back (the emulator's bank), and the
     /// most it holds.
     owed: Nanos,
@@ -404,14 +427,23 @@ impl Server {
             handoff: clock::ms(cfg.handoff_ms),
             rejection_handoff: clock::ms(cfg.rejection_handoff_ms),
             ticket_wake: clock::ms(cfg.ticket_wake_ms),
-            tick: clock::ms(cfg.timer_tick_ms),
-            lateness: clock::ms(cfg.timer_lateness_ms),
+            timer: Timer {
+                tick: clock::ms(cfg.timer_tick_ms),
+                lateness: clock::ms(cfg.timer_lateness_ms),
+                shape: cfg.timer_lateness_shape,
+                seed: 0,
+            },
             owed: 0,
             // The emulator's cap: four quanta per core.
             owed_cap: clock::ms(cfg.quantum_ms).max(1) * u64::from(cfg.cores) * 4,
             stats: ServerStats::default(),
             cfg,
         }
+    }
+
+    /// Keys the timer's lateness at each tick with `seed` (0 until set).
+    pub fn seed_timer(&mut self, seed: u64) {
+        self.timer.seed = seed;
     }
 
     /// The configuration.
@@ -641,7 +673,7 @@ impl Server {
             self.owed -= repaid;
             let end = match slice - repaid {
                 0 => started,
-                sleep => timer_fires(self.tick, self.lateness, started + sleep),
+                sleep => self.timer.fires(started + sleep),
             };
             (j.slice, j.repaid, j.started) = (slice, repaid, started);
             self.free_cores -= 1;
@@ -659,6 +691,12 @@ impl Server {
         // The work done is what the slice slept plus what it was paid, at least the slice and
         // at most what the job had left; the rest of the time slept is banked.
         let slept = now.saturating_sub(j.started);
+        if j.repaid < j.slice {
+            let over = slept.saturating_sub(j.slice - j.repaid);
+            self.stats.oversleeps += 1;
+            self.stats.oversleep_ns += over;
+            self.stats.oversleeps_beyond_tick += u64::from(over > self.timer.tick);
+        }
         let progress = (slept + j.repaid).max(j.slice);
         let slice = progress.min(j.remaining);
         self.owed = (self.owed + (progress - slice)).min(self.owed_cap);
@@ -770,13 +808,42 @@ impl Server {
     }
 }
 
-/// When a sleep until `deadline` ends: on the first timer tick at or after it, `lateness`
-/// late; at the deadline itself without ticks (`tick` 0).
-fn timer_fires(tick: Nanos, lateness: Nanos, deadline: Nanos) -> Nanos {
-    if tick == 0 {
-        return deadline;
+/// The host's timer, on which the cores sleep their slices.
+#[derive(Clone, Copy, Debug)]
+struct Timer {
+    /// 0: sleeps end exactly.
+    tick: Nanos,
+    /// How late after its tick the timer fires, on average, and how that varies.
+    lateness: Nanos,
+    shape: LatenessShape,
+    /// Keys the lateness at each tick.
+    seed: u64,
+}
+
+impl Timer {
+    /// When a sleep until `deadline` ends: on the first timer tick at or after it, as late as
+    /// the timer is at that tick; at the deadline itself without ticks (`tick` 0).
+    fn fires(&self, deadline: Nanos) -> Nanos {
+        if self.tick == 0 {
+            return deadline;
+        }
+        let k = deadline.div_ceil(self.tick);
+        k * self.tick + self.lateness_at(k)
     }
-    deadline.div_ceil(tick) * tick + lateness
+
+    /// How late the timer fires at tick `k`: every sleep ending on that tick ends together.
+    fn lateness_at(&self, k: u64) -> Nanos {
+        if self.shape == LatenessShape::Fixed || self.lateness == 0 {
+            return self.lateness;
+        }
+        let mut z = self.seed ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let u: f64 = (z >> 11) as f64 / (1u64 << 53) as f64;
+        let x = -(self.lateness as f64) * (1.0 - u).ln();
+        (x as Nanos).min(self.tick - 1)
+    }
 }
 
 fn bucket_cap(rate: f64, burst_secs: f64) -> f64 {
@@ -1064,11 +1131,20 @@ mod tests {
 
     #[test]
     fn a_slice_ends_on_the_timer_tick_and_banks_what_it_slept_beyond_its_work() {
-        // 1 ms ticks, sleeps 0.05 ms late. A rejection (0.3 ms) at 0.2 ms sleeps until the
-        // tick at 1 ms: it holds the core until 1.05 and banks 0.55 ms. The one at 2 ms is
-        // paid 0.3 from the bank and takes no time. The one at 3 ms is paid the 0.25 left and
-        // sleeps the other 0.05, until the tick at 4 ms.
-        let (done, server) = rejections(ServerConfig::default(), &[200_000, 2_000_000, 3_000_000]);
+        // 1 ms ticks, sleeps 0.05 ms late at every tick. A rejection (0.3 ms) at 0.2 ms sleeps
+        // until the tick at 1 ms: it holds the core until 1.05 and banks 0.55 ms. The one at
+        // 2 ms is paid 0.3 from the bank and takes no time. The one at 3 ms is paid the 0.25
+        // left and sleeps the other 0.05, until the tick at 4 ms.
+        let fixed = ServerConfig {
+            timer_lateness_ms: 0.05,
+            timer_lateness_shape: LatenessShape::Fixed,
+            ..ServerConfig::default()
+        };
+        let (done, server) = rejections(fixed, &[200_000, 2_000_000, 3_000_000]);
+        // Two of the three slept: 0.55 and 1 ms beyond what they asked.
+        assert_eq!(server.stats.oversleeps, 2);
+        assert_eq!(server.stats.oversleep_ns, 550_000 + 1_000_000);
+        assert_eq!(server.stats.oversleeps_beyond_tick, 0);
         let at: Vec<(u32, Nanos)> = done.iter().map(|&(i, at, _)| (i, at)).collect();
         assert_eq!(at, [(0, 1_050_000), (1, 2_000_000), (2, 4_050_000)]);
         // The work charged is the rejections' cost, whatever the ticks held.
@@ -1081,18 +1157,60 @@ mod tests {
     }
 
     #[test]
+    fn the_timers_lateness_is_drawn_per_tick_with_its_mean_and_under_a_tick() {
+        let timer = |seed| Timer {
+            tick: 1_000_000,
+            lateness: 370_000,
+            shape: LatenessShape::Exponential,
+            seed,
+        };
+        let ticks = 20_000u64;
+        let lateness: Vec<Nanos> = (1..=ticks).map(|k| timer(9).lateness_at(k)).collect();
+        let mean = lateness.iter().sum::<u64>() as f64 / ticks as f64;
+        // The cut at a tick takes e^(-1/0.37) × 0.37 ≈ 0.025 ms off the mean.
+        assert!((330_000.0..360_000.0).contains(&mean), "mean {mean} ns");
+        assert!(lateness.iter().all(|&l| l < 1_000_000));
+        let beyond_half = lateness.iter().filter(|&&l| l > 500_000).count() as f64;
+        // e^(-0.5/0.37) = 0.26.
+        assert!((0.23..0.29).contains(&(beyond_half / ticks as f64)));
+        // Every sleep that ends on one tick ends at the same instant; another seed draws
+        // other lateness.
+        assert_eq!(timer(9).fires(2_100_000), timer(9).fires(2_900_000));
+        assert_ne!(
+            (1..100)
+                .map(|k| timer(9).lateness_at(k))
+                .collect::<Vec<_>>(),
+            (1..100)
+                .map(|k| timer(10).lateness_at(k))
+                .collect::<Vec<_>>()
+        );
+        // Fixed: the mean at every tick.
+        let fixed = Timer {
+            shape: LatenessShape::Fixed,
+            ..timer(9)
+        };
+        assert_eq!(fixed.fires(2_100_000), 3_370_000);
+    }
+
+    #[test]
     fn the_bank_keeps_what_the_cores_complete_on_ticks() {
         // 100 rejections at once: each sleep ends on a tick, and the time slept beyond the
-        // work pays for the next ones, so they end by 30 ms (100 × 0.3) plus the last tick,
-        // not after 100 ticks.
+        // work pays for the next ones, so they end by 30 ms (100 × 0.3) plus the last tick
+        // and its lateness (less than a tick), not after 100 ticks.
         let (done, server) = rejections(ServerConfig::default(), &[0; 100]);
         let last = done.iter().map(|&(_, at, _)| at).max().unwrap_or(0);
         assert!(
-            (30_000_000..=31_050_000).contains(&last),
+            (30_000_000..32_000_000).contains(&last),
             "last reply at {last} ns"
         );
         assert_eq!(server.stats.busy_ns, 100 * 300_000);
         // A slice paid in full from the bank takes no time: several end on each tick.
+        let fixed = ServerConfig {
+            timer_lateness_ms: 0.05,
+            timer_lateness_shape: LatenessShape::Fixed,
+            ..ServerConfig::default()
+        };
+        let (done, _) = rejections(fixed, &[0; 100]);
         let on_first_tick = done.iter().filter(|&&(_, at, _)| at == 1_050_000).count();
         assert_eq!(
             on_first_tick, 3,

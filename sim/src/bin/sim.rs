@@ -11,6 +11,7 @@ use clap::Parser;
 use sim::lab::{relative, LabRow, LAB};
 use sim::replay::LabSchedule;
 use sim::report::{row, series_csv, Report, HEADER, SERIES_HEADER};
+use sim::server::LatenessShape;
 use sim::variant::Overrides;
 use sim::{Length, RunConfig, ScenarioName, Variant};
 
@@ -67,9 +68,13 @@ struct Args {
     /// the lab host's, 1; 0: slices end exactly when their work does).
     #[arg(long)]
     timer_tick_ms: Option<f64>,
-    /// How long after its tick a core's sleep ends (ms; default: the lab host's, 0.05).
+    /// How long after its tick a core's sleep ends, on average (ms; default: the lab host's,
+    /// 0.37).
     #[arg(long)]
     timer_lateness_ms: Option<f64>,
+    /// How that lateness varies from tick to tick (default: exponential, drawn per tick).
+    #[arg(long, value_enum)]
+    timer_lateness_shape: Option<LatenessShape>,
     /// Connections per client (the driver's `maxPoolSize`).
     #[arg(long, default_value_t = sim::engine::POOL_SIZE)]
     pool_size: u32,
@@ -226,6 +231,9 @@ fn config(
     }
     if let Some(ms) = args.timer_lateness_ms {
         cfg.server.timer_lateness_ms = ms;
+    }
+    if let Some(shape) = args.timer_lateness_shape {
+        cfg.server.timer_lateness_shape = shape;
     }
     cfg.pool_size = args.pool_size;
     cfg.overrides = Overrides {
@@ -399,7 +407,7 @@ fn compare_lab(args: &Args) -> Result<(), String> {
              the lab calibrated for the scenario (once, for every repetition), on the model's \
              host latencies (its defaults: the core hand-offs and the ticket wake-up it was \
              built with); run's host: the same, with the host latencies each lab run measured \
-             (its emulator's mean core hand-offs and ticket wake-up, `summary.json`'s server \
+             (its emulator's mean core hand-offs, ticket wake-up and, since 2026-12-05 13:00, timer lateness, `summary.json`'s server \
              counters; – for runs from before those counters), the validation since \
              2026-12-05 11:00 (`docs/simulator.md`); sim at nominal: the same seeds drawn at \
              the model's nominal capacity. In brackets: the simulator's difference from the \
