@@ -21,7 +21,7 @@ use crate::queue::{Handle, Queue, Slab};
 use crate::replay::Replay;
 use crate::report::{Outcome, Report};
 use crate::scenario::{Scenario, MIX};
-use crate::server::{OpKind, Reply, Request, Server, ServerConfig, Tag};
+use crate::server::{keyed_unit, OpKind, Reply, Request, Server, ServerConfig, Tag};
 use crate::variant::{MaxTime, OnDeadline, Overrides, Variant};
 
 /// The most clients a run may have.
@@ -46,13 +46,11 @@ const TIMER_SALT: u64 = 0x082e_fa98_ec4e_6c89;
 /// request's client, arrival and attempt number (which every variant shares) and the seed:
 /// splitmix64's finaliser over their mix, scaled to `[0, 1)`.
 fn rejection_draw(seed: u64, client: u32, arrival: Nanos, attempt: u32) -> f64 {
-    let mut z = (seed ^ SERVER_SALT)
-        .wrapping_add(arrival.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-        .wrapping_add(u64::from(client) << 32 | u64::from(attempt));
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    (z >> 11) as f64 / (1u64 << 53) as f64
+    keyed_unit(
+        (seed ^ SERVER_SALT)
+            .wrapping_add(arrival.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .wrapping_add(u64::from(client) << 32 | u64::from(attempt)),
+    )
 }
 
 /// Everything one run needs.

@@ -836,14 +836,19 @@ impl Timer {
         if self.shape == LatenessShape::Fixed || self.lateness == 0 {
             return self.lateness;
         }
-        let mut z = self.seed ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        let u: f64 = (z >> 11) as f64 / (1u64 << 53) as f64;
+        let u = keyed_unit(self.seed ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let x = -(self.lateness as f64) * (1.0 - u).ln();
         (x as Nanos).min(self.tick - 1)
     }
+}
+
+/// A uniform draw in `[0, 1)` keyed by `z`, not taken from a stream (so that every variant of
+/// a run meets the same draw): splitmix64's finaliser over `z`.
+pub(crate) fn keyed_unit(mut z: u64) -> f64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
 fn bucket_cap(rate: f64, burst_secs: f64) -> f64 {

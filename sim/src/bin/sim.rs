@@ -405,10 +405,12 @@ fn compare_lab(args: &Args) -> Result<(), String> {
              random streams). Each figure is the median over those simulations, as the lab's \
              is over its valid runs. Sim at lab cap: load, schedule and limiter at the capacity \
              the lab calibrated for the scenario (once, for every repetition), on the model's \
-             host latencies (its defaults: the core hand-offs and the ticket wake-up it was \
-             built with); run's host: the same, with the host latencies each lab run measured \
-             (its emulator's mean core hand-offs, ticket wake-up and, since 2026-12-05 13:00, timer lateness, `summary.json`'s server \
-             counters; – for runs from before those counters), the validation since \
+             host latencies (its defaults: the core hand-offs, the ticket wake-up and the \
+             timer's lateness it was built with); run's host: the same, with the host \
+             latencies each lab run measured (its emulator's mean core hand-offs and ticket \
+             wake-up, and since 2026-12-05 13:00 its timer's mean lateness, from \
+             `summary.json`'s server counters; – for runs from before those counters; the \
+             model's lateness for runs before 13:00), the validation since \
              2026-12-05 11:00 (`docs/simulator.md`); sim at nominal: the same seeds drawn at \
              the model's nominal capacity. In brackets: the simulator's difference from the \
              lab, bold beyond 10 %.\n",
