@@ -170,7 +170,7 @@ impl Cores {
 
     /// Settles one quantum: returns the work to charge (what the slice took, with what it
     /// repaid, at least the slice and at most `remaining`) and banks the rest; the bank holds
-    /// at most `cap`.
+    /// at most `cap`. A slice that slept counts how long it slept beyond what it asked.
     pub(crate) fn settle(&self, t: SliceTimes, cap: Duration) -> Duration {
         if t.repaid < t.slice {
             let asked = t.slice - t.repaid;
