@@ -838,7 +838,7 @@ impl Timer {
         }
         let u = keyed_unit(self.seed ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let x = -(self.lateness as f64) * (1.0 - u).ln();
-        (x as Nanos).min(self.tick - 1)
+        (x as Nanos).min(self.tick.saturating_sub(1))
     }
 }
 
@@ -900,6 +900,16 @@ mod tests {
     fn exact() -> ServerConfig {
         ServerConfig {
             timer_tick_ms: 0.0,
+            ..ServerConfig::default()
+        }
+    }
+
+    /// The lab's server with the timer 0.05 ms late at every tick, for tests that time
+    /// slices to the nanosecond.
+    fn fixed_lateness() -> ServerConfig {
+        ServerConfig {
+            timer_lateness_ms: 0.05,
+            timer_lateness_shape: LatenessShape::Fixed,
             ..ServerConfig::default()
         }
     }
@@ -1140,12 +1150,7 @@ mod tests {
         // until the tick at 1 ms: it holds the core until 1.05 and banks 0.55 ms. The one at
         // 2 ms is paid 0.3 from the bank and takes no time. The one at 3 ms is paid the 0.25
         // left and sleeps the other 0.05, until the tick at 4 ms.
-        let fixed = ServerConfig {
-            timer_lateness_ms: 0.05,
-            timer_lateness_shape: LatenessShape::Fixed,
-            ..ServerConfig::default()
-        };
-        let (done, server) = rejections(fixed, &[200_000, 2_000_000, 3_000_000]);
+        let (done, server) = rejections(fixed_lateness(), &[200_000, 2_000_000, 3_000_000]);
         // Two of the three slept: 0.55 and 1 ms beyond what they asked.
         assert_eq!(server.stats.oversleeps, 2);
         assert_eq!(server.stats.oversleep_ns, 550_000 + 1_000_000);
@@ -1210,12 +1215,7 @@ mod tests {
         );
         assert_eq!(server.stats.busy_ns, 100 * 300_000);
         // A slice paid in full from the bank takes no time: several end on each tick.
-        let fixed = ServerConfig {
-            timer_lateness_ms: 0.05,
-            timer_lateness_shape: LatenessShape::Fixed,
-            ..ServerConfig::default()
-        };
-        let (done, _) = rejections(fixed, &[0; 100]);
+        let (done, _) = rejections(fixed_lateness(), &[0; 100]);
         let on_first_tick = done.iter().filter(|&&(_, at, _)| at == 1_050_000).count();
         assert_eq!(
             on_first_tick, 3,

@@ -15,7 +15,7 @@ use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
 /// Upper bounds of the buckets (µs), each inclusive; a last bucket holds the rest.
-pub const BOUNDS_US: [u64; 10] = [
+pub(crate) const BOUNDS_US: [u64; 10] = [
     100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000,
 ];
 

@@ -217,20 +217,18 @@ fn config(
     cfg.rtt = millis("rtt-ms", args.rtt_ms, 10_000.0)?;
     cfg.capacity = args.capacity;
     cfg.limiter_share = args.limiter_share;
-    if let Some(ms) = args.handoff_ms {
-        cfg.server.handoff_ms = ms;
-    }
-    if let Some(ms) = args.rejection_handoff_ms {
-        cfg.server.rejection_handoff_ms = ms;
-    }
-    if let Some(ms) = args.ticket_wake_ms {
-        cfg.server.ticket_wake_ms = ms;
-    }
-    if let Some(ms) = args.timer_tick_ms {
-        cfg.server.timer_tick_ms = ms;
-    }
-    if let Some(ms) = args.timer_lateness_ms {
-        cfg.server.timer_lateness_ms = ms;
+    // The host's latencies: each option given replaces the model's default.
+    let server = &mut cfg.server;
+    for (given, field) in [
+        (args.handoff_ms, &mut server.handoff_ms),
+        (args.rejection_handoff_ms, &mut server.rejection_handoff_ms),
+        (args.ticket_wake_ms, &mut server.ticket_wake_ms),
+        (args.timer_tick_ms, &mut server.timer_tick_ms),
+        (args.timer_lateness_ms, &mut server.timer_lateness_ms),
+    ] {
+        if let Some(ms) = given {
+            *field = ms;
+        }
     }
     if let Some(shape) = args.timer_lateness_shape {
         cfg.server.timer_lateness_shape = shape;
