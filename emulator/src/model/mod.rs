@@ -103,7 +103,7 @@ use draws::{keyed, unit, AttemptCounter};
 use limiter::{Bucket, Take};
 use probing::Prober;
 use stats::{add_ns, bump, Counters, Series, WaitHistogram};
-use tickets::{AcquireError, TicketPool};
+use tickets::{AcquireError, Entry, TicketPool};
 use wait::{Interrupt, Watch};
 
 /// What kind of work a command is, for its cost and its ticket pool.
@@ -754,6 +754,14 @@ impl Model {
         c.other_handoff_ms = other.time.as_secs_f64() * 1000.0;
         c.ticket_wake_delays = r.wake_delays;
         c.ticket_wake_delays.add(&w.wake_delays);
+        let (rs, ws) = (r.steals, w.steals);
+        c.ticket_steals = rs.after_release;
+        c.ticket_steals.add(&ws.after_release);
+        c.ticket_stealers_arrived_before = rs.arrived_before;
+        c.ticket_stealers_arrived_before.add(&ws.arrived_before);
+        c.ticket_stealers_arrived_after = rs.arrived_after;
+        c.ticket_stealers_arrived_after.add(&ws.arrived_after);
+        c.ticket_steals_by_yields = rs.by_yields + ws.by_yields;
         c.request_handoff_delays = request.delays;
         c.other_handoff_delays = other.delays;
         let over = self.cores.oversleep();
@@ -961,7 +969,12 @@ impl Admission {
         if let Some(p) = pool {
             let t0 = Instant::now();
             match p
-                .acquire(true, self.deadline, self.wake_key, &mut watch)
+                .acquire(
+                    Entry::Arrival(self.arrival),
+                    self.deadline,
+                    self.wake_key,
+                    &mut watch,
+                )
                 .await
             {
                 Ok(t) => ticket = Some(t),
@@ -1021,7 +1034,7 @@ impl Admission {
                 drop(ticket.take());
                 let t0 = Instant::now();
                 match p
-                    .acquire(false, self.deadline, self.wake_key, &mut watch)
+                    .acquire(Entry::Yield, self.deadline, self.wake_key, &mut watch)
                     .await
                 {
                     Ok(t) => ticket = Some(t),

@@ -113,6 +113,14 @@ pub struct CounterSnapshot {
     /// core's task some time after that (the bank pays it back; see `cores`).
     pub slice_oversleep_ms: f64,
     pub slice_oversleep: DelayCounts,
+    /// Tickets taken while a woken waiter was coming for them (each is a race that waiter
+    /// loses unless another ticket comes free first), by the time from the release that woke
+    /// it; and who took them: requests that reached the server before that release or after
+    /// it, by how long (the same buckets), or requests coming back from a yield.
+    pub ticket_steals: DelayCounts,
+    pub ticket_stealers_arrived_before: DelayCounts,
+    pub ticket_stealers_arrived_after: DelayCounts,
+    pub ticket_steals_by_yields: u64,
 }
 
 impl Counters {
@@ -149,6 +157,10 @@ impl Counters {
             other_handoff_delays: DelayCounts::default(),
             slice_oversleep_ms: 0.0,
             slice_oversleep: DelayCounts::default(),
+            ticket_steals: DelayCounts::default(),
+            ticket_stealers_arrived_before: DelayCounts::default(),
+            ticket_stealers_arrived_after: DelayCounts::default(),
+            ticket_steals_by_yields: 0,
         }
     }
 }
@@ -184,6 +196,16 @@ impl CounterSnapshot {
             other_handoff_delays: self.other_handoff_delays.minus(&o.other_handoff_delays),
             slice_oversleep_ms: (self.slice_oversleep_ms - o.slice_oversleep_ms).max(0.0),
             slice_oversleep: self.slice_oversleep.minus(&o.slice_oversleep),
+            ticket_steals: self.ticket_steals.minus(&o.ticket_steals),
+            ticket_stealers_arrived_before: self
+                .ticket_stealers_arrived_before
+                .minus(&o.ticket_stealers_arrived_before),
+            ticket_stealers_arrived_after: self
+                .ticket_stealers_arrived_after
+                .minus(&o.ticket_stealers_arrived_after),
+            ticket_steals_by_yields: self
+                .ticket_steals_by_yields
+                .saturating_sub(o.ticket_steals_by_yields),
         }
     }
 }

@@ -37,6 +37,31 @@ pub(crate) enum AcquireError {
     Interrupted(Interrupt),
 }
 
+/// How a request comes to a pool for a ticket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// A request that has just been admitted, which reached the server at the instant given;
+    /// a full waiter queue sheds it.
+    Arrival(Instant),
+    /// A request coming back from a yield, which is never shed.
+    Yield,
+}
+
+/// Tickets taken by requests while a woken waiter was still coming for them: the moments in
+/// which a woken waiter loses its race. Counted to tell whether the requests that overtake
+/// arrive in the wake-up's window or were already on their way when the ticket came free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Steals {
+    /// From the release that woke the waiter to the ticket being taken.
+    pub(crate) after_release: DelayCounts,
+    /// Arrivals that reached the server before that release, by how long before.
+    pub(crate) arrived_before: DelayCounts,
+    /// Arrivals that reached the server after it, by how long after.
+    pub(crate) arrived_after: DelayCounts,
+    /// Requests coming back from a yield (they gave the ticket back themselves).
+    pub(crate) by_yields: u64,
+}
+
 /// A waiter nobody has woken yet.
 #[derive(Debug, Clone, Copy)]
 struct Sleeper {
@@ -78,6 +103,7 @@ struct PoolState {
     wake_ns: u64,
     /// The same times, counted by size.
     wake_delays: DelayCounts,
+    steals: Steals,
 }
 
 impl PoolState {
@@ -96,6 +122,26 @@ impl PoolState {
             self.sleeping.is_empty() && self.free() as usize > self.woken.len()
         } else {
             self.free() > 0
+        }
+    }
+
+    /// Counts a request taking a free ticket at `now` that a woken waiter is coming for (every
+    /// free ticket has one): the waiter will find it gone unless another comes free meanwhile.
+    fn count_steal(&mut self, entry: Entry, now: Instant) {
+        if self.fifo || self.free() as usize > self.woken.len() {
+            return;
+        }
+        // The earliest wake-up is the release whose ticket is taken first.
+        let Some(released) = self.woken.iter().map(|w| w.1).min() else {
+            return;
+        };
+        let s = &mut self.steals;
+        s.after_release
+            .record(now.saturating_duration_since(released));
+        match entry {
+            Entry::Arrival(at) if at <= released => s.arrived_before.record(released - at),
+            Entry::Arrival(at) => s.arrived_after.record(at - released),
+            Entry::Yield => s.by_yields += 1,
         }
     }
 
@@ -215,6 +261,8 @@ pub(crate) struct Wakeups {
     pub(crate) wake_time: Duration,
     /// The same times, counted by size.
     pub(crate) wake_delays: DelayCounts,
+    /// Tickets taken while a woken waiter was coming for them.
+    pub(crate) steals: Steals,
 }
 
 /// Counts of one pool at one moment.
@@ -245,6 +293,7 @@ impl TicketPool {
                 races_lost: 0,
                 wake_ns: 0,
                 wake_delays: DelayCounts::default(),
+                steals: Steals::default(),
             }),
         }
     }
@@ -254,12 +303,12 @@ impl TicketPool {
     }
 
     /// Takes a ticket, waiting (non-FIFO) if none is free: an interruptible wait that wakes at
-    /// `deadline` and at the watch's interval for an interrupt point. `may_shed`: a full waiter
-    /// queue rejects this request (false for requests coming back from a yield). `key`: the
-    /// request's key for wake-up draws (`None`: drawn from the pool's generator).
+    /// `deadline` and at the watch's interval for an interrupt point. A full waiter queue
+    /// rejects an arrival, never a request coming back from a yield. `key`: the request's key
+    /// for wake-up draws (`None`: drawn from the pool's generator).
     pub(crate) async fn acquire<F: Future<Output = ()>>(
         &self,
-        may_shed: bool,
+        entry: Entry,
         deadline: Instant,
         key: Option<u64>,
         watch: &mut Watch<'_, F>,
@@ -267,10 +316,12 @@ impl TicketPool {
         let (id, notify) = {
             let mut st = self.lock();
             if st.arrival_may_take() {
+                st.count_steal(entry, Instant::now());
                 st.take();
                 return Ok(Ticket { pool: self });
             }
             st.pressure = true;
+            let may_shed = matches!(entry, Entry::Arrival(_));
             if may_shed && st.max_waiters > 0 && st.waiters() as u64 >= st.max_waiters {
                 return Err(AcquireError::Shed);
             }
@@ -360,6 +411,7 @@ impl TicketPool {
             races_lost: st.races_lost,
             wake_time: Duration::from_nanos(st.wake_ns),
             wake_delays: st.wake_delays,
+            steals: st.steals,
         }
     }
 
@@ -393,7 +445,10 @@ mod tests {
         let never = pin!(std::future::pending::<()>());
         let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
         let deadline = Instant::now() + Duration::from_millis(50);
-        let t = pool.acquire(true, deadline, None, &mut w).await.unwrap();
+        let t = pool
+            .acquire(Entry::Arrival(Instant::now()), deadline, None, &mut w)
+            .await
+            .unwrap();
         assert_eq!(pool.counts().in_use, 1);
         // One waiter fits, the second is shed, an exempt one still queues.
         let pool = &pool;
@@ -401,20 +456,26 @@ mod tests {
             async {
                 let never = pin!(std::future::pending::<()>());
                 let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
-                pool.acquire(true, deadline, None, &mut w).await.map(drop)
+                pool.acquire(Entry::Arrival(Instant::now()), deadline, None, &mut w)
+                    .await
+                    .map(drop)
             },
             async {
                 tokio::task::yield_now().await;
                 let never = pin!(std::future::pending::<()>());
                 let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
-                pool.acquire(true, deadline, None, &mut w).await.map(drop)
+                pool.acquire(Entry::Arrival(Instant::now()), deadline, None, &mut w)
+                    .await
+                    .map(drop)
             },
             async {
                 tokio::task::yield_now().await;
                 tokio::task::yield_now().await;
                 let never = pin!(std::future::pending::<()>());
                 let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
-                pool.acquire(false, deadline, None, &mut w).await.map(drop)
+                pool.acquire(Entry::Yield, deadline, None, &mut w)
+                    .await
+                    .map(drop)
             },
         );
         assert_eq!(
@@ -455,11 +516,49 @@ mod tests {
         assert_eq!(races(&pool), (2, 1));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_ticket_taken_while_its_woken_waiter_comes_is_counted_with_when_the_taker_arrived() {
+        let pool = TicketPool::new(1, 0, 0, false);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let holder = take(&pool, deadline).await.unwrap();
+        let (waited, ()) = tokio::join!(async { take(&pool, deadline).await.map(drop) }, async {
+            // The overtaker reached the server 1 ms before the release, and a request coming
+            // back from a yield takes the next ticket the waiter was woken for.
+            let arrived = Instant::now();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            drop(holder);
+            let overtaker = acquire(&pool, Entry::Arrival(arrived), deadline).await;
+            let s = pool.wakeups().steals;
+            assert_eq!(s.after_release.total(), 1);
+            assert_eq!(s.arrived_before.counts()[3], 1, "1 ms before: {s:?}");
+            assert_eq!((s.arrived_after.total(), s.by_yields), (0, 0));
+            drop(overtaker);
+            let yielder = acquire(&pool, Entry::Yield, deadline).await;
+            assert_eq!(pool.wakeups().steals.by_yields, 1);
+            drop(yielder);
+        });
+        assert!(waited.is_ok());
+        // A ticket taken with nobody woken for it is no steal.
+        let s = pool.wakeups().steals;
+        drop(take(&pool, deadline).await.unwrap());
+        assert_eq!(pool.wakeups().steals, s);
+    }
+
+    /// A request entering `pool` as `entry` and taking a free ticket.
+    async fn acquire(pool: &TicketPool, entry: Entry, deadline: Instant) -> Ticket<'_> {
+        let never = pin!(std::future::pending::<()>());
+        let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
+        pool.acquire(entry, deadline, None, &mut w)
+            .await
+            .expect("a free ticket")
+    }
+
     /// A sheddable request taking a ticket from `pool` by `deadline`, never disconnected.
     async fn take(pool: &TicketPool, deadline: Instant) -> Result<Ticket<'_>, AcquireError> {
         let never = pin!(std::future::pending::<()>());
         let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
-        pool.acquire(true, deadline, None, &mut w).await
+        pool.acquire(Entry::Arrival(Instant::now()), deadline, None, &mut w)
+            .await
     }
 
     fn races(pool: &TicketPool) -> (u64, u64) {
@@ -572,12 +671,17 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         let never = pin!(std::future::pending::<()>());
         let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
-        let held = pool.acquire(true, deadline, None, &mut w).await.unwrap();
+        let held = pool
+            .acquire(Entry::Arrival(Instant::now()), deadline, None, &mut w)
+            .await
+            .unwrap();
         let pool = &pool;
         let waiter = || async move {
             let never = pin!(std::future::pending::<()>());
             let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
-            pool.acquire(true, deadline, None, &mut w).await.map(drop)
+            pool.acquire(Entry::Arrival(Instant::now()), deadline, None, &mut w)
+                .await
+                .map(drop)
         };
         // One waiter gives up after 10 ms (its future is dropped); the other gets the ticket
         // released at 20 ms.
