@@ -62,6 +62,16 @@ pub(crate) struct Steals {
     pub(crate) by_yields: u64,
 }
 
+impl Steals {
+    /// Adds `other`'s counts (two pools' into one).
+    pub(crate) fn add(&mut self, other: &Steals) {
+        self.after_release.add(&other.after_release);
+        self.arrived_before.add(&other.arrived_before);
+        self.arrived_after.add(&other.arrived_after);
+        self.by_yields = self.by_yields.saturating_add(other.by_yields);
+    }
+}
+
 /// A waiter nobody has woken yet.
 #[derive(Debug, Clone, Copy)]
 struct Sleeper {
