@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-use super::delays::DelayCounts;
+use super::delays::TimedDelays;
 
 /// Release times kept for waiters that have not yet started; more means releases nobody took
 /// (waiters that gave up), the oldest of which are dropped.
@@ -55,30 +55,15 @@ pub(crate) enum SliceKind {
     Other,
 }
 
-/// Hand-offs of cores to waiters of one kind of slice, summed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Handoffs {
-    pub(crate) count: u64,
-    pub(crate) time: Duration,
-    /// The same hand-offs, counted by how long each took.
-    pub(crate) delays: DelayCounts,
-}
-
 #[derive(Debug, Default)]
 struct HandoffLog {
     /// When a core was given back while a task waited, oldest first.
     releases: VecDeque<Instant>,
-    request: Handoffs,
-    other: Handoffs,
-    /// How long slices slept beyond what they asked, summed and counted by size.
-    oversleep: Oversleep,
-}
-
-/// How long the slices that slept slept beyond what they asked.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Oversleep {
-    pub(crate) time: Duration,
-    pub(crate) delays: DelayCounts,
+    /// Hand-offs of cores to waiters of each kind of slice, from release to start.
+    request: TimedDelays,
+    other: TimedDelays,
+    /// How long slices slept beyond what they asked.
+    oversleep: TimedDelays,
 }
 
 #[derive(Debug)]
@@ -174,10 +159,7 @@ impl Cores {
     pub(crate) fn settle(&self, t: SliceTimes, cap: Duration) -> Duration {
         if t.repaid < t.slice {
             let asked = t.slice - t.repaid;
-            let over = t.slept.saturating_sub(asked);
-            let mut log = self.log();
-            log.oversleep.time += over;
-            log.oversleep.delays.record(over);
+            self.log().oversleep.record(t.slept.saturating_sub(asked));
         }
         let progress = (t.slept + t.repaid).max(t.slice);
         let charged = progress.min(t.remaining);
@@ -244,20 +226,17 @@ impl Cores {
             SliceKind::Request => &mut log.request,
             SliceKind::Other => &mut log.other,
         };
-        let took = now.saturating_duration_since(released);
-        h.count += 1;
-        h.time += took;
-        h.delays.record(took);
+        h.record(now.saturating_duration_since(released));
     }
 
     /// Hand-offs so far: to slices of requests, and to other work.
-    pub(crate) fn handoffs(&self) -> (Handoffs, Handoffs) {
+    pub(crate) fn handoffs(&self) -> (TimedDelays, TimedDelays) {
         let log = self.log();
         (log.request, log.other)
     }
 
     /// How long the slices that slept have slept beyond what they asked, so far.
-    pub(crate) fn oversleep(&self) -> Oversleep {
+    pub(crate) fn oversleep(&self) -> TimedDelays {
         self.log().oversleep
     }
 
@@ -317,7 +296,7 @@ mod tests {
     async fn a_hand_off_is_timed_from_the_release_to_the_waiter_starting() {
         let c = std::sync::Arc::new(Cores::new(1));
         let held = c.acquire(SliceKind::Request).await;
-        assert_eq!(c.handoffs(), (Handoffs::default(), Handoffs::default()));
+        assert_eq!(c.handoffs(), Default::default());
         let waiter = {
             let c = c.clone();
             tokio::spawn(async move {
@@ -336,14 +315,14 @@ mod tests {
         std::thread::sleep(Duration::from_millis(5));
         waiter.await.expect("the waiter ran");
         let (request, other) = c.handoffs();
-        assert_eq!(request, Handoffs::default());
-        assert_eq!(other.count, 1);
+        assert_eq!(request, TimedDelays::default());
+        assert_eq!(other.count(), 1);
         assert!(other.time >= Duration::from_millis(5), "{other:?}");
         assert!(other.time < Duration::from_secs(5), "{other:?}");
         // Counted by size too: in a bucket above 2 ms (5 ms and up), none below.
-        assert_eq!(other.delays.total(), 1);
+        assert_eq!(other.sizes.total(), 1);
         assert_eq!(
-            other.delays.counts()[..5].iter().sum::<u64>(),
+            other.sizes.counts()[..5].iter().sum::<u64>(),
             0,
             "{other:?}"
         );
@@ -369,8 +348,8 @@ mod tests {
         );
         c.settle(times(ms(1), Duration::ZERO), ms(4));
         let over = c.oversleep();
-        let counts = over.delays.counts();
-        assert_eq!(over.delays.total(), 2);
+        let counts = over.sizes.counts();
+        assert_eq!(over.sizes.total(), 2);
         assert_eq!(over.time, Duration::from_micros(3_050));
         // 3 ms over (bucket up to 5 ms) and 50 µs over (up to 100 µs).
         assert_eq!((counts[0], counts[5]), (1, 1), "{counts:?}");

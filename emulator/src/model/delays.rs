@@ -81,6 +81,36 @@ impl DelayCounts {
     }
 }
 
+/// Delays summed and counted by size: how many, how long in all, and how they are spread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TimedDelays {
+    pub(crate) time: Duration,
+    pub(crate) sizes: DelayCounts,
+}
+
+impl TimedDelays {
+    pub(crate) fn record(&mut self, delay: Duration) {
+        self.time = self.time.saturating_add(delay);
+        self.sizes.record(delay);
+    }
+
+    /// Delays recorded.
+    pub(crate) fn count(&self) -> u64 {
+        self.sizes.total()
+    }
+
+    /// Their sum in milliseconds, as the counters report it.
+    pub(crate) fn ms(&self) -> f64 {
+        self.time.as_secs_f64() * 1000.0
+    }
+
+    /// Adds `other`'s delays (two pools' into one).
+    pub(crate) fn add(&mut self, other: &TimedDelays) {
+        self.time = self.time.saturating_add(other.time);
+        self.sizes.add(&other.sizes);
+    }
+}
+
 impl Serialize for DelayCounts {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(BUCKETS))?;
@@ -130,6 +160,27 @@ mod tests {
         assert_eq!(d.total(), 2);
         // Never negative, even if the snapshots are swapped.
         assert_eq!(a.minus(&b).total(), 0);
+    }
+
+    #[test]
+    fn timed_delays_sum_count_and_spread_what_they_record() {
+        let mut a = TimedDelays::default();
+        a.record(us(150));
+        let mut b = TimedDelays::default();
+        b.record(us(3_000));
+        b.record(us(50));
+        a.add(&b);
+        assert_eq!(a.count(), 3);
+        assert_eq!(a.time, us(3_200));
+        assert!((a.ms() - 3.2).abs() < 1e-9);
+        assert_eq!(
+            (
+                a.sizes.counts()[0],
+                a.sizes.counts()[1],
+                a.sizes.counts()[5]
+            ),
+            (1, 1, 1)
+        );
     }
 
     #[test]

@@ -746,25 +746,26 @@ impl Model {
         let (r, w) = (self.read.wakeups(), self.write.wakeups());
         c.ticket_wakeups = r.woken + w.woken;
         c.ticket_races_lost = r.races_lost + w.races_lost;
-        c.ticket_wake_ms = (r.wake_time + w.wake_time).as_secs_f64() * 1000.0;
+        let mut wakes = r.wakes;
+        wakes.add(&w.wakes);
+        c.ticket_wake_ms = wakes.ms();
+        c.ticket_wake_delays = wakes.sizes;
         let (request, other) = self.cores.handoffs();
-        c.request_handoffs = request.count;
-        c.request_handoff_ms = request.time.as_secs_f64() * 1000.0;
-        c.other_handoffs = other.count;
-        c.other_handoff_ms = other.time.as_secs_f64() * 1000.0;
-        c.ticket_wake_delays = r.wake_delays;
-        c.ticket_wake_delays.add(&w.wake_delays);
+        c.request_handoffs = request.count();
+        c.request_handoff_ms = request.ms();
+        c.request_handoff_delays = request.sizes;
+        c.other_handoffs = other.count();
+        c.other_handoff_ms = other.ms();
+        c.other_handoff_delays = other.sizes;
         let mut steals = r.steals;
         steals.add(&w.steals);
         c.ticket_steals = steals.after_release;
         c.ticket_stealers_arrived_before = steals.arrived_before;
         c.ticket_stealers_arrived_after = steals.arrived_after;
         c.ticket_steals_by_yields = steals.by_yields;
-        c.request_handoff_delays = request.delays;
-        c.other_handoff_delays = other.delays;
         let over = self.cores.oversleep();
-        c.slice_oversleep_ms = over.time.as_secs_f64() * 1000.0;
-        c.slice_oversleep = over.delays;
+        c.slice_oversleep_ms = over.ms();
+        c.slice_oversleep = over.sizes;
         c
     }
 

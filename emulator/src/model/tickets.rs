@@ -17,14 +17,13 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::delays::DelayCounts;
+use super::delays::{DelayCounts, TimedDelays};
 use super::draws::keyed;
 use super::wait::{Interrupt, Watch};
 
@@ -108,11 +107,9 @@ struct PoolState {
     /// arrived meanwhile (they sleep again).
     wakeups: u64,
     races_lost: u64,
-    /// Total time from waking a waiter to its coming for the ticket (ns): the host's
-    /// scheduling delay, the window in which an arrival can overtake it.
-    wake_ns: u64,
-    /// The same times, counted by size.
-    wake_delays: DelayCounts,
+    /// From waking each waiter to its coming for the ticket: the host's scheduling delay,
+    /// the window in which an arrival can overtake it.
+    wakes: TimedDelays,
     steals: Steals,
 }
 
@@ -267,10 +264,9 @@ impl Drop for Waiting<'_> {
 pub(crate) struct Wakeups {
     pub(crate) woken: u64,
     pub(crate) races_lost: u64,
-    /// From each wake-up to the woken waiter coming for its ticket, summed.
-    pub(crate) wake_time: Duration,
-    /// The same times, counted by size.
-    pub(crate) wake_delays: DelayCounts,
+    /// From each wake-up to the woken waiter coming for its ticket (a waiter that gave up
+    /// before coming is not in it).
+    pub(crate) wakes: TimedDelays,
     /// Tickets taken while a woken waiter was coming for them.
     pub(crate) steals: Steals,
 }
@@ -301,8 +297,7 @@ impl TicketPool {
                 fifo,
                 wakeups: 0,
                 races_lost: 0,
-                wake_ns: 0,
-                wake_delays: DelayCounts::default(),
+                wakes: TimedDelays::default(),
                 steals: Steals::default(),
             }),
         }
@@ -360,9 +355,7 @@ impl TicketPool {
                     let mut st = self.lock();
                     if let Some(i) = st.woken.iter().position(|w| w.0 == id) {
                         let (_, at) = st.woken.swap_remove(i);
-                        let late = u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                        st.wake_ns = st.wake_ns.saturating_add(late);
-                        st.wake_delays.record(Duration::from_nanos(late));
+                        st.wakes.record(at.elapsed());
                     }
                     if st.free() > 0 {
                         st.notify.remove(&id);
@@ -419,8 +412,7 @@ impl TicketPool {
         Wakeups {
             woken: st.wakeups,
             races_lost: st.races_lost,
-            wake_time: Duration::from_nanos(st.wake_ns),
-            wake_delays: st.wake_delays,
+            wakes: st.wakes,
             steals: st.steals,
         }
     }
@@ -537,13 +529,15 @@ mod tests {
             let arrived = Instant::now();
             tokio::time::sleep(Duration::from_millis(1)).await;
             drop(holder);
-            let overtaker = acquire(&pool, Entry::Arrival(arrived), deadline).await;
+            let overtaker = enter(&pool, Entry::Arrival(arrived), deadline)
+                .await
+                .unwrap();
             let s = pool.wakeups().steals;
             assert_eq!(s.after_release.total(), 1);
             assert_eq!(s.arrived_before.counts()[3], 1, "1 ms before: {s:?}");
             assert_eq!((s.arrived_after.total(), s.by_yields), (0, 0));
             drop(overtaker);
-            let yielder = acquire(&pool, Entry::Yield, deadline).await;
+            let yielder = enter(&pool, Entry::Yield, deadline).await.unwrap();
             assert_eq!(pool.wakeups().steals.by_yields, 1);
             drop(yielder);
         });
@@ -554,21 +548,21 @@ mod tests {
         assert_eq!(pool.wakeups().steals, s);
     }
 
-    /// A request entering `pool` as `entry` and taking a free ticket.
-    async fn acquire(pool: &TicketPool, entry: Entry, deadline: Instant) -> Ticket<'_> {
+    /// A request entering `pool` as `entry` and taking a ticket by `deadline`, never
+    /// disconnected.
+    async fn enter(
+        pool: &TicketPool,
+        entry: Entry,
+        deadline: Instant,
+    ) -> Result<Ticket<'_>, AcquireError> {
         let never = pin!(std::future::pending::<()>());
         let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
-        pool.acquire(entry, deadline, None, &mut w)
-            .await
-            .expect("a free ticket")
+        pool.acquire(entry, deadline, None, &mut w).await
     }
 
-    /// A sheddable request taking a ticket from `pool` by `deadline`, never disconnected.
+    /// A request arriving now and taking a ticket from `pool` by `deadline`.
     async fn take(pool: &TicketPool, deadline: Instant) -> Result<Ticket<'_>, AcquireError> {
-        let never = pin!(std::future::pending::<()>());
-        let mut w = Watch::new(never, false, Duration::from_millis(500), Instant::now());
-        pool.acquire(Entry::Arrival(Instant::now()), deadline, None, &mut w)
-            .await
+        enter(pool, Entry::Arrival(Instant::now()), deadline).await
     }
 
     fn races(pool: &TicketPool) -> (u64, u64) {
@@ -593,11 +587,11 @@ mod tests {
         assert!(waited.is_ok());
         let w = pool.wakeups();
         assert_eq!((w.woken, w.races_lost), (1, 0));
-        assert!(w.wake_time >= Duration::from_millis(5), "{w:?}");
-        assert!(w.wake_time < Duration::from_secs(5), "{w:?}");
+        assert!(w.wakes.time >= Duration::from_millis(5), "{w:?}");
+        assert!(w.wakes.time < Duration::from_secs(5), "{w:?}");
         // Counted by size too, above 2 ms.
-        assert_eq!(w.wake_delays.total(), 1);
-        assert_eq!(w.wake_delays.counts()[..5].iter().sum::<u64>(), 0, "{w:?}");
+        assert_eq!(w.wakes.count(), 1);
+        assert_eq!(w.wakes.sizes.counts()[..5].iter().sum::<u64>(), 0, "{w:?}");
     }
 
     /// The keys of waiters (arriving in the given order, all asleep) in the order one released
