@@ -88,8 +88,14 @@ pub struct SecondCounters {
     pub deadline: u64,
     pub first_attempts: u64,
     pub retries: u64,
-    /// Attempts the server's ingress limiter rejected.
+    /// Attempts the server's ingress limiter rejected, admitted, completed, and stopped at
+    /// their `maxTimeMS`, and its cores' busy time (the lab's `server_rejected`,
+    /// `server_admitted`, `server_completed`, `server_expired` and `server_busyCoreMs`).
     pub server_rejected: u64,
+    pub server_admitted: u64,
+    pub server_completed: u64,
+    pub server_expired: u64,
+    pub server_busy_ns: u64,
     pub slot_waits: u64,
     /// Requests that ended without an attempt sent.
     pub unsent: u64,
@@ -103,8 +109,9 @@ pub struct SecondCounters {
 
 /// The header of [`series_csv`]'s rows.
 pub const SERIES_HEADER: &str = "scenario,variant,clients,seed,second,requests,success,\
-deadline,first_attempts,retries,server_rejected,slot_waits,unsent,ticket_wakeups,\
-ticket_races_lost,concurrency_limit\n";
+deadline,first_attempts,retries,server_rejected,server_admitted,server_completed,\
+server_expired,server_busy_ms,slot_waits,unsent,ticket_wakeups,ticket_races_lost,\
+concurrency_limit\n";
 
 /// One CSV row per second of `report`'s run (from [`Report::seconds`]): what happened during
 /// the second (by when it happened, not by when its request arrived, unlike the lab's
@@ -115,7 +122,7 @@ pub fn series_csv(report: &Report) -> String {
     for (second, now) in report.seconds.iter().enumerate() {
         let d = |f: fn(&SecondCounters) -> u64| f(now).saturating_sub(f(&before));
         out.push_str(&format!(
-            "{},{},{},{},{second},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{second},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{}\n",
             report.scenario,
             report.variant.name(),
             report.clients,
@@ -126,6 +133,10 @@ pub fn series_csv(report: &Report) -> String {
             d(|c| c.first_attempts),
             d(|c| c.retries),
             d(|c| c.server_rejected),
+            d(|c| c.server_admitted),
+            d(|c| c.server_completed),
+            d(|c| c.server_expired),
+            d(|c| c.server_busy_ns) as f64 / 1e6,
             d(|c| c.slot_waits),
             d(|c| c.unsent),
             d(|c| c.ticket_wakeups),
@@ -196,6 +207,10 @@ impl Report {
             first_attempts: self.first_attempts,
             retries: self.retries,
             server_rejected: server.rejected,
+            server_admitted: server.admitted,
+            server_completed: server.completed,
+            server_expired: server.expired,
+            server_busy_ns: server.busy_ns,
             slot_waits: self.slot_waits,
             unsent: self.unsent,
             ticket_wakeups: server.ticket_wakeups,

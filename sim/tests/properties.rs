@@ -336,6 +336,29 @@ fn the_per_second_series_adds_up_to_the_run() {
     assert!(last.ticket_races_lost > 0);
     assert!(last.ticket_races_lost <= last.ticket_wakeups);
     assert!(last.ticket_wakeups <= traced.server.ticket_wakeups);
+    // The server's columns, by name: at most the run's totals, and the busy time in ms.
+    let header: Vec<&str> = sim::report::SERIES_HEADER.trim_end().split(',').collect();
+    let column = |name: &str| -> f64 {
+        let i = header.iter().position(|h| *h == name).expect(name);
+        csv.lines()
+            .map(|l| {
+                l.split(',')
+                    .nth(i)
+                    .and_then(|n| n.parse::<f64>().ok())
+                    .expect(name)
+            })
+            .sum()
+    };
+    assert!(column("server_admitted") > 0.0);
+    assert!(column("server_admitted") <= traced.server.admitted as f64);
+    assert!(column("server_completed") <= traced.server.completed as f64);
+    assert!(column("server_expired") <= traced.server.expired as f64);
+    let busy_ms = column("server_busy_ms");
+    assert!(busy_ms > 0.0 && busy_ms <= traced.server.busy_ns as f64 / 1e6 + 1e-3);
+    assert_eq!(
+        header.len(),
+        csv.lines().next().map_or(0, |l| l.split(',').count())
+    );
     let mut cfg = RunConfig::new(scenario, Variant::UpstreamBest, 4, 7);
     cfg.series = true;
     let upstream = sim::run(&cfg).expect("valid configuration");

@@ -95,7 +95,8 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     plot: Option<std::path::PathBuf>,
     /// Also write every run's counters, second by second of virtual time, as CSV to this
-    /// file (with `--lab-verdict`: the runs at the lab's capacity, one per repetition and
+    /// file (with `--lab-verdict`: the runs at the lab's capacity on each run's host, or on
+    /// the model's where the lab run did not measure its own, one per repetition and
     /// replication; the `seed` column names the simulation's, the repetition's own for the
     /// first replication). For comparing with a lab run's `series.csv`.
     #[arg(long, value_name = "FILE")]
@@ -453,7 +454,12 @@ fn compare_lab(args: &Args) -> Result<(), String> {
             None => drawn_runs(args, &lab)?,
         };
         print_rows(&lab, &runs);
-        for report in &runs.at_lab {
+        // The validation's runs: on each lab run's host where it was measured.
+        let validated = match runs.run_host.is_empty() {
+            true => &runs.at_lab,
+            false => &runs.run_host,
+        };
+        for report in validated {
             series.push_str(&series_csv(report));
         }
     }
