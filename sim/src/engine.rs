@@ -378,6 +378,10 @@ impl<'c> Sim<'c> {
             self.report.events += 1;
             self.handle(now, event);
         }
+        // The last, partial second, so that the series adds up to the run's totals.
+        if self.cfg.series {
+            self.record_second();
+        }
         self.report.peak_events = self.q.peak() as u64;
         self.report.unfinished = self.ops.len() as u64;
         self.report.server = self.server.stats.clone();

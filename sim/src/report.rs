@@ -75,7 +75,8 @@ pub struct Report {
     pub real_secs: f64,
     pub setup_secs: f64,
     /// With [`RunConfig::series`]: the counters at the start of every second of virtual time
-    /// after the first (cumulative; [`series_csv`] prints each second's differences).
+    /// after the first, and at the end of the run (cumulative; [`series_csv`] prints each
+    /// second's differences, the last second's up to the end).
     pub seconds: Vec<SecondCounters>,
 }
 
@@ -96,6 +97,9 @@ pub struct SecondCounters {
     pub server_completed: u64,
     pub server_expired: u64,
     pub server_busy_ns: u64,
+    /// Slices that waited for a core (the lab's `server_requestHandoffs` +
+    /// `server_otherHandoffs`).
+    pub server_handoffs: u64,
     pub slot_waits: u64,
     /// Requests that ended without an attempt sent.
     pub unsent: u64,
@@ -110,7 +114,7 @@ pub struct SecondCounters {
 /// The header of [`series_csv`]'s rows.
 pub const SERIES_HEADER: &str = "scenario,variant,clients,seed,second,requests,success,\
 deadline,first_attempts,retries,server_rejected,server_admitted,server_completed,\
-server_expired,server_busy_ms,slot_waits,unsent,ticket_wakeups,ticket_races_lost,\
+server_expired,server_busy_ms,server_handoffs,slot_waits,unsent,ticket_wakeups,ticket_races_lost,\
 concurrency_limit\n";
 
 /// One CSV row per second of `report`'s run (from [`Report::seconds`]): what happened during
@@ -122,7 +126,7 @@ pub fn series_csv(report: &Report) -> String {
     for (second, now) in report.seconds.iter().enumerate() {
         let d = |f: fn(&SecondCounters) -> u64| f(now).saturating_sub(f(&before));
         out.push_str(&format!(
-            "{},{},{},{},{second},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{}\n",
+            "{},{},{},{},{second},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{},{}\n",
             report.scenario,
             report.variant.name(),
             report.clients,
@@ -137,6 +141,7 @@ pub fn series_csv(report: &Report) -> String {
             d(|c| c.server_completed),
             d(|c| c.server_expired),
             d(|c| c.server_busy_ns) as f64 / 1e6,
+            d(|c| c.server_handoffs),
             d(|c| c.slot_waits),
             d(|c| c.unsent),
             d(|c| c.ticket_wakeups),
@@ -211,6 +216,7 @@ impl Report {
             server_completed: server.completed,
             server_expired: server.expired,
             server_busy_ns: server.busy_ns,
+            server_handoffs: server.handoffs,
             slot_waits: self.slot_waits,
             unsent: self.unsent,
             ticket_wakeups: server.ticket_wakeups,
