@@ -13,7 +13,7 @@ use arrivals::{Arrivals, OpMix, Phase, ScheduleSpec};
 use serde_json::Value;
 
 use crate::clock::{self, Nanos};
-use crate::server::{OpKind, ServerConfig, TIMER_TICK_MS};
+use crate::server::{OpKind, ServerConfig, ServerStats, DELAY_NAMES, TIMER_TICK_MS};
 
 /// One request of a replayed schedule.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -100,6 +100,68 @@ pub struct LabRun {
     pub valid: bool,
     /// What the host's scheduling cost the emulator in this run.
     pub host: HostLatencies,
+    /// Where its completed requests' time went (`None` for runs before 2026-12-05 17:50).
+    pub completions: Option<Completions>,
+}
+
+/// Where the time of the requests that did all their work went: from reaching the server to
+/// holding a ticket (`wait`), and from then to completing (`run`), summed (ms) and counted in
+/// the emulator's buckets ([`DELAY_NAMES`]). From a lab run's counters (`completedWaitMs`,
+/// `completedWaits`, `completedRunMs`, `completedRuns`) or a simulation's [`ServerStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Completions {
+    pub wait_ms: f64,
+    pub run_ms: f64,
+    pub waits: [f64; 11],
+    pub runs: [f64; 11],
+}
+
+impl Completions {
+    /// From a run's server counters; `None` if it has none of them.
+    pub fn from_counters(server: &Value) -> Option<Completions> {
+        let sizes = |prefix: &str| -> Option<[f64; 11]> {
+            let mut out = [0.0; 11];
+            for (o, name) in out.iter_mut().zip(DELAY_NAMES) {
+                *o = server[format!("{prefix}.{name}")].as_f64()?;
+            }
+            Some(out)
+        };
+        Some(Completions {
+            wait_ms: server["completedWaitMs"].as_f64()?,
+            run_ms: server["completedRunMs"].as_f64()?,
+            waits: sizes("completedWaits")?,
+            runs: sizes("completedRuns")?,
+        })
+    }
+
+    pub fn from_stats(stats: &ServerStats) -> Completions {
+        Completions {
+            wait_ms: stats.completed_wait_ns as f64 / 1e6,
+            run_ms: stats.completed_run_ns as f64 / 1e6,
+            waits: stats.completed_waits.map(|n| n as f64),
+            runs: stats.completed_runs.map(|n| n as f64),
+        }
+    }
+
+    /// Requests counted.
+    pub fn count(&self) -> f64 {
+        self.runs.iter().sum()
+    }
+
+    /// The mean over several runs' figures (all zero for none).
+    pub fn mean(all: &[Completions]) -> Completions {
+        let mut m = Completions::default();
+        let n = all.len().max(1) as f64;
+        for c in all {
+            m.wait_ms += c.wait_ms / n;
+            m.run_ms += c.run_ms / n;
+            for i in 0..11 {
+                m.waits[i] += c.waits[i] / n;
+                m.runs[i] += c.runs[i] / n;
+            }
+        }
+        m
+    }
 }
 
 /// The latencies of the lab's host that the model's server takes as inputs, as one lab run
@@ -257,6 +319,7 @@ impl LabSchedule {
                 offered,
                 valid: r["invalid"].as_bool() == Some(false),
                 host: HostLatencies::from_counters(&r["server"]),
+                completions: Completions::from_counters(&r["server"]),
             });
         }
         let schedule = LabSchedule {
@@ -335,6 +398,15 @@ impl LabSchedule {
             .find(|r| r.variant == variant && r.repetition == rep)
             .map(|r| r.host)
             .unwrap_or_default()
+    }
+
+    /// Where the completed requests' time went when `variant` ran repetition `rep`, if the
+    /// run recorded it.
+    pub fn completions(&self, variant: &str, rep: usize) -> Option<Completions> {
+        self.runs
+            .iter()
+            .find(|r| r.variant == variant && r.repetition == rep)
+            .and_then(|r| r.completions)
     }
 
     /// Checks that `replay`, drawn for repetition `rep` at the lab's capacity, holds as many
@@ -439,6 +511,28 @@ mod tests {
         // Runs from before the counters, or not in the summary, measured nothing.
         assert_eq!(s.host("upstream-best", 0), HostLatencies::default());
         assert_eq!(s.host("fork-recommended", 1), HostLatencies::default());
+    }
+
+    #[test]
+    fn a_runs_completion_times_are_read_when_it_has_them_all() {
+        let mut server = serde_json::json!({"completedWaitMs": 30.0, "completedRunMs": 70.0});
+        for (i, name) in DELAY_NAMES.iter().enumerate() {
+            server[format!("completedWaits.{name}")] = (i as f64).into();
+            server[format!("completedRuns.{name}")] = f64::from(u8::from(i == 8)).into();
+        }
+        let c = Completions::from_counters(&server).expect("every counter");
+        assert_eq!(c.count(), 1.0);
+        assert_eq!((c.wait_ms, c.run_ms), (30.0, 70.0));
+        assert_eq!(c.waits[10], 10.0);
+        let twice = Completions::mean(&[c, c]);
+        assert_eq!(twice, c);
+        // A bucket missing (a run from before the counters, or a partial one): nothing.
+        server
+            .as_object_mut()
+            .map(|o| o.remove("completedRuns.le5ms"));
+        assert_eq!(Completions::from_counters(&server), None);
+        let s = LabSchedule::from_summary(SUMMARY, "summary.json").expect("a summary");
+        assert_eq!(s.completions("upstream-best", 1), None);
     }
 
     #[test]

@@ -100,6 +100,10 @@ pub struct SecondCounters {
     /// Slices that waited for a core (the lab's `server_requestHandoffs` +
     /// `server_otherHandoffs`).
     pub server_handoffs: u64,
+    /// The completed requests' time to a ticket and from it to completing (the lab's
+    /// `server_completedWaitMs` and `server_completedRunMs`).
+    pub server_completed_wait_ns: u64,
+    pub server_completed_run_ns: u64,
     pub slot_waits: u64,
     /// Requests that ended without an attempt sent.
     pub unsent: u64,
@@ -114,8 +118,8 @@ pub struct SecondCounters {
 /// The header of [`series_csv`]'s rows.
 pub const SERIES_HEADER: &str = "scenario,variant,clients,seed,second,requests,success,\
 deadline,first_attempts,retries,server_rejected,server_admitted,server_completed,\
-server_expired,server_busy_ms,server_handoffs,slot_waits,unsent,ticket_wakeups,ticket_races_lost,\
-concurrency_limit\n";
+server_expired,server_busy_ms,server_handoffs,server_completed_wait_ms,\
+server_completed_run_ms,slot_waits,unsent,ticket_wakeups,ticket_races_lost,concurrency_limit\n";
 
 /// One CSV row per second of `report`'s run (from [`Report::seconds`]): what happened during
 /// the second (by when it happened, not by when its request arrived, unlike the lab's
@@ -126,7 +130,7 @@ pub fn series_csv(report: &Report) -> String {
     for (second, now) in report.seconds.iter().enumerate() {
         let d = |f: fn(&SecondCounters) -> u64| f(now).saturating_sub(f(&before));
         out.push_str(&format!(
-            "{},{},{},{},{second},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{},{}\n",
+            "{},{},{},{},{second},{},{},{},{},{},{},{},{},{},{:.3},{},{:.3},{:.3},{},{},{},{},{}\n",
             report.scenario,
             report.variant.name(),
             report.clients,
@@ -142,6 +146,8 @@ pub fn series_csv(report: &Report) -> String {
             d(|c| c.server_expired),
             d(|c| c.server_busy_ns) as f64 / 1e6,
             d(|c| c.server_handoffs),
+            d(|c| c.server_completed_wait_ns) as f64 / 1e6,
+            d(|c| c.server_completed_run_ns) as f64 / 1e6,
             d(|c| c.slot_waits),
             d(|c| c.unsent),
             d(|c| c.ticket_wakeups),
@@ -217,6 +223,8 @@ impl Report {
             server_expired: server.expired,
             server_busy_ns: server.busy_ns,
             server_handoffs: server.handoffs,
+            server_completed_wait_ns: server.completed_wait_ns,
+            server_completed_run_ns: server.completed_run_ns,
             slot_waits: self.slot_waits,
             unsent: self.unsent,
             ticket_wakeups: server.ticket_wakeups,

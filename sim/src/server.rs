@@ -330,6 +330,11 @@ struct Job {
     has_ticket: bool,
     stage: Stage,
     waits: u32,
+    /// When the request reached the server, how long it has waited for tickets, and since
+    /// when it waits now (the emulator's `completedWaitMs` and `completedRunMs`).
+    arrived: Nanos,
+    ticket_waited: Nanos,
+    waiting_since: Nanos,
 }
 
 #[derive(Debug)]
@@ -342,6 +347,36 @@ struct Pool {
     woken: Vec<Handle>,
 }
 
+/// Upper bounds (µs, inclusive) of the buckets delays are counted in, the emulator's
+/// (`emulator/src/model/delays.rs`); a last bucket holds the rest.
+pub const DELAY_BOUNDS_US: [u64; 10] = [
+    100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000,
+];
+
+/// The buckets' names in the emulator's counters (`completedWaits.le100us`, ...).
+pub const DELAY_NAMES: [&str; 11] = [
+    "le100us",
+    "le200us",
+    "le500us",
+    "le1ms",
+    "le2ms",
+    "le5ms",
+    "le10ms",
+    "le20ms",
+    "le50ms",
+    "le100ms",
+    "over100ms",
+];
+
+/// Delays counted by size in the emulator's buckets, shortest first.
+pub type DelaySizes = [u64; 11];
+
+fn count_delay(sizes: &mut DelaySizes, ns: Nanos) {
+    let us = ns / 1000;
+    let i = (DELAY_BOUNDS_US.iter().position(|&b| us <= b)).unwrap_or(DELAY_BOUNDS_US.len());
+    sizes[i] += 1;
+}
+
 /// Counters of one run; times in ns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServerStats {
@@ -349,6 +384,13 @@ pub struct ServerStats {
     pub admitted: u64,
     pub rejected: u64,
     pub completed: u64,
+    /// Of the completed requests: the time from reaching the server to holding a ticket, and
+    /// from then to completing, summed (the emulator's `completedWaitMs`, `completedRunMs`).
+    pub completed_wait_ns: u64,
+    pub completed_run_ns: u64,
+    /// The same by size (the emulator's `completedWaits` and `completedRuns`).
+    pub completed_waits: DelaySizes,
+    pub completed_runs: DelaySizes,
     pub expired: u64,
     pub abandoned: u64,
     pub busy_ns: u64,
@@ -498,6 +540,9 @@ impl Server {
             has_ticket: false,
             stage: Stage::Runnable,
             waits: 0,
+            arrived: now,
+            ticket_waited: 0,
+            waiting_since: now,
         });
         self.stats.peak_jobs = self.stats.peak_jobs.max(self.jobs.len() as u64);
         self.acquire_ticket(now, job, q);
@@ -525,6 +570,9 @@ impl Server {
             has_ticket: false,
             stage: Stage::Runnable,
             waits: 0,
+            arrived: now,
+            ticket_waited: 0,
+            waiting_since: now,
         });
         self.stats.peak_jobs = self.stats.peak_jobs.max(self.jobs.len() as u64);
         self.run(now, job, q);
@@ -545,6 +593,7 @@ impl Server {
         } else {
             j.waits = j.waits.wrapping_add(1);
             j.stage = Stage::TicketWait(j.waits);
+            j.waiting_since = now;
             p.waiters.push(job);
             q.push(
                 j.deadline.min(now.saturating_add(TIMEOUT_HORIZON)).max(now),
@@ -631,6 +680,9 @@ impl Server {
     /// Puts `job` in the run queue and starts what the free cores can take.
     fn run(&mut self, now: Nanos, job: Handle, q: &mut Queue<Event>) {
         if let Some(j) = self.jobs.get_mut(job) {
+            if let Stage::TicketWait(_) = j.stage {
+                j.ticket_waited += now.saturating_sub(j.waiting_since);
+            }
             j.stage = Stage::Runnable;
         }
         self.enqueue(job);
@@ -722,8 +774,14 @@ impl Server {
             Some((_, pool)) => {
                 if j.remaining == 0 {
                     let (tag, work, late) = (j.tag, j.work, now > j.client_deadline);
+                    let waited = j.ticket_waited;
+                    let ran = now.saturating_sub(j.arrived).saturating_sub(waited);
                     self.jobs.remove(job);
                     self.stats.completed += 1;
+                    self.stats.completed_wait_ns += waited;
+                    self.stats.completed_run_ns += ran;
+                    count_delay(&mut self.stats.completed_waits, waited);
+                    count_delay(&mut self.stats.completed_runs, ran);
                     if late {
                         self.stats.abandoned += 1;
                         self.stats.wasted_ns += work;
@@ -1029,6 +1087,17 @@ mod tests {
         let (direct, stats) = run(0.0);
         assert_eq!(direct, [(0, 2_000_000), (1, 4_000_000), (2, 6_000_000)]);
         assert_eq!((stats.ticket_wakeups, stats.ticket_races_lost), (2, 0));
+        // Where the completed requests' time went: A waited for nothing, B from 0.001 to 2 ms
+        // and C from 2.2 to 4 ms; each then ran its 2 ms.
+        assert_eq!(stats.completed_wait_ns, (2_000_000 - 1) + 1_800_000);
+        assert_eq!(stats.completed_run_ns, 3 * 2_000_000);
+        // By size: A's wait of nothing, B's and C's of 1 to 2 ms; three runs of 1 to 2 ms.
+        assert_eq!(stats.completed_waits, [1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(stats.completed_runs, [0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0]);
+        // With the race: B waited from 0.001 ms to 4.7 ms, through its lost race.
+        let (_, stats) = run(0.5);
+        assert_eq!(stats.completed_wait_ns, 4_700_000 - 1);
+        assert_eq!(stats.completed_run_ns, 3 * 2_000_000);
     }
 
     #[test]

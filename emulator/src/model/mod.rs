@@ -99,6 +99,7 @@ pub use rejection::{Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
 pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample, WaitPercentiles};
 
 use cores::{Cores, SliceKind, SliceTimes};
+use delays::TimedDelays;
 use draws::{keyed, unit, AttemptCounter};
 use limiter::{Bucket, Take};
 use probing::Prober;
@@ -378,6 +379,7 @@ pub struct Model {
     cores: Cores,
     counters: Counters,
     queue_waits: WaitHistogram,
+    completions: Mutex<CompletionTimes>,
     in_flight: AtomicU64,
     prober: Mutex<Prober>,
     series: Mutex<Series>,
@@ -391,6 +393,16 @@ pub struct Model {
     /// Mixed into every seed, so that members built from one configuration draw different
     /// sequences (0 for member 0 and for [`Model::new`]: seeds exactly as configured).
     stream_salt: u64,
+}
+
+/// Where the time of requests that did all their work went: from reaching the server to
+/// holding a ticket (the ingress queue and the ticket wait), and from then to completing (the
+/// cores' run queue and the work). Whether a request completes before its deadline is decided
+/// between the two; a model of the server (the simulator's) can be set against both.
+#[derive(Debug, Default)]
+struct CompletionTimes {
+    waits: TimedDelays,
+    runs: TimedDelays,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -437,6 +449,7 @@ impl Model {
             cores: Cores::new(config.cores),
             counters: Counters::default(),
             queue_waits: WaitHistogram::default(),
+            completions: Mutex::new(CompletionTimes::default()),
             in_flight: AtomicU64::new(0),
             prober: Mutex::new(Prober::new(config.probing_initial(), now, 0)),
             series: Mutex::new(Series::new(config.series_capacity_secs as usize)),
@@ -766,6 +779,11 @@ impl Model {
         let over = self.cores.oversleep();
         c.slice_oversleep_ms = over.ms();
         c.slice_oversleep = over.sizes;
+        let done = lock(&self.completions);
+        c.completed_wait_ms = done.waits.ms();
+        c.completed_waits = done.waits.sizes;
+        c.completed_run_ms = done.runs.ms();
+        c.completed_runs = done.runs.sizes;
         c
     }
 
@@ -1057,6 +1075,12 @@ impl Admission {
         out.total = now.saturating_duration_since(self.arrival);
         run.settled = true;
         bump(&model.counters.completed);
+        if pool.is_some() {
+            let waited = self.ingress_wait + out.ticket_wait;
+            let mut done = lock(&model.completions);
+            done.waits.record(waited);
+            done.runs.record(out.total.saturating_sub(waited));
+        }
         if gone {
             bump(&model.counters.orphaned);
             add_ns(&model.counters.wasted_ns, run.work);

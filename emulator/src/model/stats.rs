@@ -121,6 +121,13 @@ pub struct CounterSnapshot {
     pub ticket_stealers_arrived_before: DelayCounts,
     pub ticket_stealers_arrived_after: DelayCounts,
     pub ticket_steals_by_yields: u64,
+    /// Requests that did all their work with a ticket: how long they waited from reaching the
+    /// server to holding it (the ingress queue and the ticket wait), and how long from then to
+    /// completing (the cores' run queue and the work), summed (ms) and by size.
+    pub completed_wait_ms: f64,
+    pub completed_waits: DelayCounts,
+    pub completed_run_ms: f64,
+    pub completed_runs: DelayCounts,
 }
 
 impl Counters {
@@ -161,6 +168,10 @@ impl Counters {
             ticket_stealers_arrived_before: DelayCounts::default(),
             ticket_stealers_arrived_after: DelayCounts::default(),
             ticket_steals_by_yields: 0,
+            completed_wait_ms: 0.0,
+            completed_waits: DelayCounts::default(),
+            completed_run_ms: 0.0,
+            completed_runs: DelayCounts::default(),
         }
     }
 }
@@ -206,6 +217,10 @@ impl CounterSnapshot {
             ticket_steals_by_yields: self
                 .ticket_steals_by_yields
                 .saturating_sub(o.ticket_steals_by_yields),
+            completed_wait_ms: (self.completed_wait_ms - o.completed_wait_ms).max(0.0),
+            completed_waits: self.completed_waits.minus(&o.completed_waits),
+            completed_run_ms: (self.completed_run_ms - o.completed_run_ms).max(0.0),
+            completed_runs: self.completed_runs.minus(&o.completed_runs),
         }
     }
 }

@@ -578,6 +578,18 @@ async fn waiting_for_the_ticket_can_push_a_request_past_its_deadline() {
     assert!(second.1 >= Duration::from_millis(20), "{second:?}");
     let c = m.snapshot().counters;
     assert_eq!((c.completed, c.abandoned), (2, 1), "{c:?}");
+    // Where their time went: the first waited for nothing and ran 10 ms; the second waited
+    // the first's 10 ms for the ticket, then ran 10 ms.
+    assert_eq!(
+        (c.completed_waits.total(), c.completed_runs.total()),
+        (2, 2)
+    );
+    assert!((c.completed_wait_ms - 10.0).abs() < 0.01, "{c:?}");
+    assert!((c.completed_run_ms - 20.0).abs() < 0.01, "{c:?}");
+    // 0 and 10 ms waits: the first and the 10 ms bucket; both runs in the 10 ms bucket.
+    assert_eq!(c.completed_waits.counts()[0], 1, "{c:?}");
+    assert_eq!(c.completed_waits.counts()[6], 1, "{c:?}");
+    assert_eq!(c.completed_runs.counts()[6], 2, "{c:?}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use sim::lab::{relative, LabRow, LAB};
-use sim::replay::LabSchedule;
+use sim::replay::{Completions, LabSchedule};
 use sim::report::{row, series_csv, Report, HEADER, SERIES_HEADER};
 use sim::server::LatenessShape;
 use sim::variant::Overrides;
@@ -448,12 +448,16 @@ fn compare_lab(args: &Args) -> Result<(), String> {
         None => LAB.to_vec(),
     };
     let mut series = String::from(SERIES_HEADER);
+    let mut completions = Vec::new();
     for lab in rows {
         let runs = match &lab.schedule {
             Some(schedule) => replayed_runs(args, &lab, schedule)?,
             None => drawn_runs(args, &lab)?,
         };
         print_rows(&lab, &runs);
+        if let Some(rows) = completion_rows(&lab, &runs) {
+            completions.push(rows);
+        }
         // The validation's runs: on each lab run's host where it was measured.
         let validated = match runs.run_host.is_empty() {
             true => &runs.at_lab,
@@ -464,11 +468,69 @@ fn compare_lab(args: &Args) -> Result<(), String> {
         }
     }
     write_series(args, &series)?;
+    if !completions.is_empty() {
+        println!(
+            "\nWhere the completed requests' time went, on the run's host: from reaching the \
+             server to holding a ticket (wait) and from then to completing (run), the mean per \
+             run over the lab's valid runs (its emulator's `completedWaits` and \
+             `completedRuns`, since 2026-12-05 17:50) and over the simulations; the shares are \
+             of the requests completed.\n\n\
+             | scenario | variant | clients | | completed | mean wait (ms) | mean run (ms) | \
+             wait ≤ 0.1 ms | wait ≤ 20 ms | wait ≤ 50 ms | run ≤ 20 ms | run ≤ 50 ms | \
+             run ≤ 100 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for rows in completions {
+            println!("{rows}");
+        }
+    }
     println!(
         "\nIn {:.1} s of real time.",
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The lab's and the simulator's rows of where the completed requests' time went, when every
+/// valid lab run recorded it and the runs were simulated on their hosts.
+fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
+    let schedule = lab.schedule.as_ref()?;
+    if runs.run_host.is_empty() {
+        return None;
+    }
+    let measured: Option<Vec<Completions>> = (lab.repetitions.iter())
+        .map(|&rep| schedule.completions(lab.variant.name(), rep))
+        .collect();
+    let lab_mean = Completions::mean(&measured?);
+    let simulated: Vec<Completions> = (runs.run_host.iter())
+        .map(|r| Completions::from_stats(&r.server))
+        .collect();
+    let sim_mean = Completions::mean(&simulated);
+    let row = |who: &str, c: &Completions| {
+        let n = c.count();
+        let share = |sizes: &[f64; 11], upto: usize| {
+            let within: f64 = sizes[..=upto].iter().sum();
+            format!("{:.1} %", 100.0 * within / n.max(1.0))
+        };
+        format!(
+            "| {} | {} | {} | {who} | {n:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
+            lab.scenario.name(),
+            lab.variant.name(),
+            lab.instances,
+            c.wait_ms / n.max(1.0),
+            c.run_ms / n.max(1.0),
+            share(&c.waits, 0),
+            share(&c.waits, 7),
+            share(&c.waits, 8),
+            share(&c.runs, 7),
+            share(&c.runs, 8),
+            share(&c.runs, 9),
+        )
+    };
+    Some(format!(
+        "{}\n{}",
+        row("lab", &lab_mean),
+        row("sim", &sim_mean)
+    ))
 }
 
 /// The simulator's runs for a lab row.
