@@ -654,6 +654,9 @@ impl<'c> Sim<'c> {
             self.report.first_attempts += 1;
         } else {
             self.report.retries += 1;
+            if o.attempts == 2 {
+                self.report.retried_requests += 1;
+            }
         }
         let tag = Tag {
             op,

@@ -102,6 +102,8 @@ pub struct LabRun {
     pub host: HostLatencies,
     /// Where its completed requests' time went (`None` for runs before 2026-12-05 17:50).
     pub completions: Option<Completions>,
+    /// Requests that sent at least one retry.
+    pub retried: Option<u64>,
 }
 
 /// Where the time of the requests that did all their work went: from reaching the server to
@@ -320,6 +322,7 @@ impl LabSchedule {
                 valid: r["invalid"].as_bool() == Some(false),
                 host: HostLatencies::from_counters(&r["server"]),
                 completions: Completions::from_counters(&r["server"]),
+                retried: r["retried"].as_u64(),
             });
         }
         let schedule = LabSchedule {
@@ -393,20 +396,20 @@ impl LabSchedule {
     /// What the host cost the emulator when `variant` ran repetition `rep` (all `None` if
     /// no such run).
     pub fn host(&self, variant: &str, rep: usize) -> HostLatencies {
-        self.runs
-            .iter()
-            .find(|r| r.variant == variant && r.repetition == rep)
-            .map(|r| r.host)
-            .unwrap_or_default()
+        self.run(variant, rep).map(|r| r.host).unwrap_or_default()
     }
 
     /// Where the completed requests' time went when `variant` ran repetition `rep`, if the
     /// run recorded it.
     pub fn completions(&self, variant: &str, rep: usize) -> Option<Completions> {
+        self.run(variant, rep).and_then(|r| r.completions)
+    }
+
+    /// The run of `variant` in repetition `rep`, if the summary has it.
+    pub fn run(&self, variant: &str, rep: usize) -> Option<&LabRun> {
         self.runs
             .iter()
             .find(|r| r.variant == variant && r.repetition == rep)
-            .and_then(|r| r.completions)
     }
 
     /// Checks that `replay`, drawn for repetition `rep` at the lab's capacity, holds as many

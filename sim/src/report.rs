@@ -43,6 +43,8 @@ pub struct Report {
     /// Attempts sent to the server: first attempts and retries.
     pub first_attempts: u64,
     pub retries: u64,
+    /// Requests that sent at least one retry (the lab's `retried`).
+    pub retried_requests: u64,
     /// First attempts rejected locally (the throttle or a slot wait).
     pub local_rejections: u64,
     /// Retries the budget refused (when asked, or when they were due after their backoff).
@@ -181,6 +183,7 @@ impl Report {
             phase_success: vec![0; phases],
             first_attempts: 0,
             retries: 0,
+            retried_requests: 0,
             local_rejections: 0,
             budget_refusals: 0,
             slot_waits: 0,

@@ -369,6 +369,10 @@ fn the_per_second_series_adds_up_to_the_run() {
     let mut cfg = RunConfig::new(scenario, Variant::UpstreamBest, 4, 7);
     cfg.series = true;
     let upstream = sim::run(&cfg).expect("valid configuration");
+    // Requests that retried at all: some under 200 % load, each with one retry or two.
+    assert!(upstream.retried_requests > 0);
+    assert!(upstream.retried_requests <= upstream.retries);
+    assert!(upstream.retries <= 2 * upstream.retried_requests);
     assert!(upstream
         .seconds
         .iter()

@@ -475,9 +475,10 @@ fn compare_lab(args: &Args) -> Result<(), String> {
              run over the lab's valid runs (its emulator's `completedWaits` and \
              `completedRuns`, since 2026-12-05 17:50) and over the simulations; the shares are \
              of the requests completed.\n\n\
-             | scenario | variant | clients | | completed | mean wait (ms) | mean run (ms) | \
-             wait ≤ 0.1 ms | wait ≤ 20 ms | wait ≤ 50 ms | run ≤ 20 ms | run ≤ 50 ms | \
-             run ≤ 100 ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             | scenario | variant | clients | | first attempts retried | completed | \
+             mean wait (ms) | mean run (ms) | wait ≤ 0.1 ms | wait ≤ 20 ms | wait ≤ 50 ms | \
+             run ≤ 20 ms | run ≤ 50 ms | run ≤ 100 ms |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for rows in completions {
             println!("{rows}");
@@ -501,21 +502,35 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
         .map(|&rep| schedule.completions(lab.variant.name(), rep))
         .collect();
     let lab_mean = Completions::mean(&measured?);
+    // The share of requests whose first attempt was refused and retried.
+    let (mut retried, mut offered) = (0.0, 0.0);
+    for &rep in &lab.repetitions {
+        let run = schedule.run(lab.variant.name(), rep)?;
+        retried += run.retried? as f64;
+        offered += run.offered as f64;
+    }
+    let lab_retried = retried / offered.max(1.0);
+    let sim_retried = (runs.run_host.iter())
+        .map(|r| r.retried_requests as f64 / (r.requests as f64).max(1.0))
+        .sum::<f64>()
+        / runs.run_host.len() as f64;
     let simulated: Vec<Completions> = (runs.run_host.iter())
         .map(|r| Completions::from_stats(&r.server))
         .collect();
     let sim_mean = Completions::mean(&simulated);
-    let row = |who: &str, c: &Completions| {
+    let row = |who: &str, retried: f64, c: &Completions| {
         let n = c.count();
         let share = |sizes: &[f64; 11], upto: usize| {
             let within: f64 = sizes[..=upto].iter().sum();
             format!("{:.1} %", 100.0 * within / n.max(1.0))
         };
         format!(
-            "| {} | {} | {} | {who} | {n:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {who} | {:.1} % | {n:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} \
+             | {} |",
             lab.scenario.name(),
             lab.variant.name(),
             lab.instances,
+            100.0 * retried,
             c.wait_ms / n.max(1.0),
             c.run_ms / n.max(1.0),
             share(&c.waits, 0),
@@ -528,8 +543,8 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
     };
     Some(format!(
         "{}\n{}",
-        row("lab", &lab_mean),
-        row("sim", &sim_mean)
+        row("lab", lab_retried, &lab_mean),
+        row("sim", sim_retried, &sim_mean)
     ))
 }
 
