@@ -470,11 +470,12 @@ fn compare_lab(args: &Args) -> Result<(), String> {
     write_series(args, &series)?;
     if !completions.is_empty() {
         println!(
-            "\nWhere the completed requests' time went, on the run's host: from reaching the \
+            "\nWhich first attempts were refused (the share of requests that retried), and \
+             where the completed requests' time went, on the run's host: from reaching the \
              server to holding a ticket (wait) and from then to completing (run), the mean per \
              run over the lab's valid runs (its emulator's `completedWaits` and \
-             `completedRuns`, since 2026-12-05 17:50) and over the simulations; the shares are \
-             of the requests completed.\n\n\
+             `completedRuns`, since 2026-12-05 17:50; – before) and over the simulations; the \
+             shares are of the requests completed.\n\n\
              | scenario | variant | clients | | first attempts retried | completed | \
              mean wait (ms) | mean run (ms) | wait ≤ 0.1 ms | wait ≤ 20 ms | wait ≤ 50 ms | \
              run ≤ 20 ms | run ≤ 50 ms | run ≤ 100 ms |\n\
@@ -491,17 +492,14 @@ fn compare_lab(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// The lab's and the simulator's rows of where the completed requests' time went, when every
-/// valid lab run recorded it and the runs were simulated on their hosts.
+/// The lab's and the simulator's rows of which first attempts were refused and where the
+/// completed requests' time went, when the runs were simulated on their hosts; the time
+/// columns are – for lab runs from before their counters.
 fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
     let schedule = lab.schedule.as_ref()?;
     if runs.run_host.is_empty() {
         return None;
     }
-    let measured: Option<Vec<Completions>> = (lab.repetitions.iter())
-        .map(|&rep| schedule.completions(lab.variant.name(), rep))
-        .collect();
-    let lab_mean = Completions::mean(&measured?);
     // The share of requests whose first attempt was refused and retried.
     let (mut retried, mut offered) = (0.0, 0.0);
     for &rep in &lab.repetitions {
@@ -514,37 +512,48 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
         .map(|r| r.retried_requests as f64 / (r.requests as f64).max(1.0))
         .sum::<f64>()
         / runs.run_host.len() as f64;
+    let measured: Option<Vec<Completions>> = (lab.repetitions.iter())
+        .map(|&rep| schedule.completions(lab.variant.name(), rep))
+        .collect();
     let simulated: Vec<Completions> = (runs.run_host.iter())
         .map(|r| Completions::from_stats(&r.server))
         .collect();
-    let sim_mean = Completions::mean(&simulated);
-    let row = |who: &str, retried: f64, c: &Completions| {
-        let n = c.count();
-        let share = |sizes: &[f64; 11], upto: usize| {
-            let within: f64 = sizes[..=upto].iter().sum();
-            format!("{:.1} %", 100.0 * within / n.max(1.0))
+    let row = |who: &str, retried: f64, c: Option<&Completions>| {
+        let times = match c {
+            None => "– | – | – | – | – | – | – | – | – | –".to_owned(),
+            Some(c) => {
+                let n = c.count();
+                let share = |sizes: &[f64; 11], upto: usize| {
+                    let within: f64 = sizes[..=upto].iter().sum();
+                    format!("{:.1} %", 100.0 * within / n.max(1.0))
+                };
+                format!(
+                    "{n:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {}",
+                    c.wait_ms / n.max(1.0),
+                    c.run_ms / n.max(1.0),
+                    share(&c.waits, 0),
+                    share(&c.waits, 7),
+                    share(&c.waits, 8),
+                    share(&c.runs, 7),
+                    share(&c.runs, 8),
+                    share(&c.runs, 9),
+                )
+            }
         };
         format!(
-            "| {} | {} | {} | {who} | {:.1} % | {n:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} \
-             | {} |",
+            "| {} | {} | {} | {who} | {:.1} % | {times} |",
             lab.scenario.name(),
             lab.variant.name(),
             lab.instances,
             100.0 * retried,
-            c.wait_ms / n.max(1.0),
-            c.run_ms / n.max(1.0),
-            share(&c.waits, 0),
-            share(&c.waits, 7),
-            share(&c.waits, 8),
-            share(&c.runs, 7),
-            share(&c.runs, 8),
-            share(&c.runs, 9),
         )
     };
+    let lab_mean = measured.map(|m| Completions::mean(&m));
+    let sim_mean = Completions::mean(&simulated);
     Some(format!(
         "{}\n{}",
-        row("lab", lab_retried, &lab_mean),
-        row("sim", sim_retried, &sim_mean)
+        row("lab", lab_retried, lab_mean.as_ref()),
+        row("sim", sim_retried, Some(&sim_mean))
     ))
 }
 
