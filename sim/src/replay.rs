@@ -136,6 +136,7 @@ impl Completions {
         })
     }
 
+    /// From a simulation's server counters.
     pub fn from_stats(stats: &ServerStats) -> Completions {
         Completions {
             wait_ms: stats.completed_wait_ns as f64 / 1e6,
