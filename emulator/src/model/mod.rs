@@ -380,6 +380,7 @@ pub struct Model {
     counters: Counters,
     queue_waits: WaitHistogram,
     completions: Mutex<CompletionTimes>,
+    arrival_gaps: Mutex<ArrivalGaps>,
     in_flight: AtomicU64,
     prober: Mutex<Prober>,
     series: Mutex<Series>,
@@ -403,6 +404,28 @@ pub struct Model {
 struct CompletionTimes {
     waits: TimedDelays,
     runs: TimedDelays,
+}
+
+/// How the lab's requests reach the server in time: the gap from each first attempt to the
+/// previous first attempt, and from each retry to the previous retry. A client whose retries
+/// wait on a runtime's millisecond timer sends those due in one millisecond together, so their
+/// gaps bunch near zero and near a tick, and the ingress limiter's tokens are then shared
+/// unevenly between first attempts and retries.
+#[derive(Debug, Default)]
+struct ArrivalGaps {
+    last: [Option<Instant>; 2],
+    gaps: [TimedDelays; 2],
+}
+
+impl ArrivalGaps {
+    /// Attempt `attempt` (0 for the first) arrived at `now`.
+    fn arrive(&mut self, attempt: u32, now: Instant) {
+        let class = usize::from(attempt > 0);
+        if let Some(last) = self.last[class] {
+            self.gaps[class].record(now.saturating_duration_since(last));
+        }
+        self.last[class] = Some(now);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -450,6 +473,7 @@ impl Model {
             counters: Counters::default(),
             queue_waits: WaitHistogram::default(),
             completions: Mutex::new(CompletionTimes::default()),
+            arrival_gaps: Mutex::new(ArrivalGaps::default()),
             in_flight: AtomicU64::new(0),
             prober: Mutex::new(Prober::new(config.probing_initial(), now, 0)),
             series: Mutex::new(Series::new(config.series_capacity_secs as usize)),
@@ -549,7 +573,9 @@ impl Model {
         // The request's key for its random draws: its lab id and how many times it arrived.
         let draw_key = match info.lab_req {
             Some(id) if cfg.enabled && info.is_data_request() => {
-                Some((id, lock(&self.attempts).arrive(id)))
+                let attempt = lock(&self.attempts).arrive(id);
+                lock(&self.arrival_gaps).arrive(attempt, now);
+                Some((id, attempt))
             }
             _ => None,
         };
@@ -784,6 +810,12 @@ impl Model {
         c.completed_waits = done.waits.sizes;
         c.completed_run_ms = done.runs.ms();
         c.completed_runs = done.runs.sizes;
+        drop(done);
+        let gaps = lock(&self.arrival_gaps);
+        c.first_attempt_gap_ms = gaps.gaps[0].ms();
+        c.first_attempt_gaps = gaps.gaps[0].sizes;
+        c.retry_gap_ms = gaps.gaps[1].ms();
+        c.retry_gaps = gaps.gaps[1].sizes;
         c
     }
 

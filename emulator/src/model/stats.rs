@@ -128,6 +128,13 @@ pub struct CounterSnapshot {
     pub completed_waits: DelayCounts,
     pub completed_run_ms: f64,
     pub completed_runs: DelayCounts,
+    /// Requests the lab names (`comment.labReq`): the gap from each first attempt's arrival to
+    /// the previous first attempt's, and from each retry's to the previous retry's, summed
+    /// (ms) and by size. Retries sent on a client's timer ticks arrive bunched.
+    pub first_attempt_gap_ms: f64,
+    pub first_attempt_gaps: DelayCounts,
+    pub retry_gap_ms: f64,
+    pub retry_gaps: DelayCounts,
 }
 
 impl Counters {
@@ -172,6 +179,10 @@ impl Counters {
             completed_waits: DelayCounts::default(),
             completed_run_ms: 0.0,
             completed_runs: DelayCounts::default(),
+            first_attempt_gap_ms: 0.0,
+            first_attempt_gaps: DelayCounts::default(),
+            retry_gap_ms: 0.0,
+            retry_gaps: DelayCounts::default(),
         }
     }
 }
@@ -221,6 +232,10 @@ impl CounterSnapshot {
             completed_waits: self.completed_waits.minus(&o.completed_waits),
             completed_run_ms: (self.completed_run_ms - o.completed_run_ms).max(0.0),
             completed_runs: self.completed_runs.minus(&o.completed_runs),
+            first_attempt_gap_ms: (self.first_attempt_gap_ms - o.first_attempt_gap_ms).max(0.0),
+            first_attempt_gaps: self.first_attempt_gaps.minus(&o.first_attempt_gaps),
+            retry_gap_ms: (self.retry_gap_ms - o.retry_gap_ms).max(0.0),
+            retry_gaps: self.retry_gaps.minus(&o.retry_gaps),
         }
     }
 }

@@ -635,3 +635,35 @@ fn the_applications_deadline_is_read_from_the_comment() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn first_attempts_and_retries_are_timed_apart_by_their_own_kind() {
+    // First attempts of requests 1 and 2, 3 ms apart; 1 ms later both retry at once, as a
+    // client's timer tick sends them; a request without a lab id is not counted.
+    let m = one_ticket_model();
+    let arrive = |id: Option<u64>| {
+        let info = CommandInfo::new("find", CommandKind::PointRead, Instant::now());
+        let info = match id {
+            Some(id) => info.with_lab_req(id),
+            None => info,
+        };
+        let m = m.clone();
+        async move { drop(m.admit(&info).await) }
+    };
+    arrive(Some(1)).await;
+    tokio::time::advance(Duration::from_millis(3)).await;
+    arrive(Some(2)).await;
+    arrive(None).await;
+    tokio::time::advance(Duration::from_millis(1)).await;
+    arrive(Some(1)).await;
+    arrive(Some(2)).await;
+    let c = m.snapshot().counters;
+    // One gap of 3 ms between first attempts (the 5 ms bucket), one of nothing between
+    // retries (the 100 µs bucket).
+    assert_eq!(c.first_attempt_gaps.total(), 1, "{c:?}");
+    assert_eq!(c.first_attempt_gaps.counts()[5], 1, "{c:?}");
+    assert!((c.first_attempt_gap_ms - 3.0).abs() < 1e-6, "{c:?}");
+    assert_eq!(c.retry_gaps.total(), 1, "{c:?}");
+    assert_eq!(c.retry_gaps.counts()[0], 1, "{c:?}");
+    assert_eq!(c.retry_gap_ms, 0.0, "{c:?}");
+}
