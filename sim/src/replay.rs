@@ -104,6 +104,8 @@ pub struct LabRun {
     pub completions: Option<Completions>,
     /// Requests that sent at least one retry.
     pub retried: Option<u64>,
+    /// How bunched its attempts reached the server (`None` for runs before 2026-12-05 18:30).
+    pub arrival_gaps: Option<ArrivalGaps>,
 }
 
 /// Where the time of the requests that did all their work went: from reaching the server to
@@ -121,18 +123,11 @@ pub struct Completions {
 impl Completions {
     /// From a run's server counters; `None` if it has none of them.
     pub fn from_counters(server: &Value) -> Option<Completions> {
-        let sizes = |prefix: &str| -> Option<[f64; 11]> {
-            let mut out = [0.0; 11];
-            for (o, name) in out.iter_mut().zip(DELAY_NAMES) {
-                *o = server[format!("{prefix}.{name}")].as_f64()?;
-            }
-            Some(out)
-        };
         Some(Completions {
             wait_ms: server["completedWaitMs"].as_f64()?,
             run_ms: server["completedRunMs"].as_f64()?,
-            waits: sizes("completedWaits")?,
-            runs: sizes("completedRuns")?,
+            waits: sizes(server, "completedWaits")?,
+            runs: sizes(server, "completedRuns")?,
         })
     }
 
@@ -164,6 +159,56 @@ impl Completions {
             }
         }
         m
+    }
+}
+
+/// Counts by size from a run's server counters (`{prefix}.le100us` and the other buckets of
+/// [`DELAY_NAMES`]); `None` if one is missing.
+fn sizes(server: &Value, prefix: &str) -> Option<[f64; 11]> {
+    let mut out = [0.0; 11];
+    for (o, name) in out.iter_mut().zip(DELAY_NAMES) {
+        *o = server[format!("{prefix}.{name}")].as_f64()?;
+    }
+    Some(out)
+}
+
+/// How bunched the attempts reach the server: the gaps from each first attempt to the
+/// previous one and from each retry to the previous one, counted by size. From a lab run's
+/// counters (`firstAttemptGaps`, `retryGaps`, since 2026-12-05 18:30) or a simulation's
+/// [`ServerStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ArrivalGaps {
+    pub first: [f64; 11],
+    pub retries: [f64; 11],
+}
+
+impl ArrivalGaps {
+    /// From a run's server counters; `None` if it has none of them.
+    pub fn from_counters(server: &Value) -> Option<ArrivalGaps> {
+        Some(ArrivalGaps {
+            first: sizes(server, "firstAttemptGaps")?,
+            retries: sizes(server, "retryGaps")?,
+        })
+    }
+
+    /// From a simulation's server counters.
+    pub fn from_stats(stats: &ServerStats) -> ArrivalGaps {
+        ArrivalGaps {
+            first: stats.first_attempt_gaps.map(|n| n as f64),
+            retries: stats.retry_gaps.map(|n| n as f64),
+        }
+    }
+
+    /// Several runs' counts added up.
+    pub fn sum(all: &[ArrivalGaps]) -> ArrivalGaps {
+        let mut s = ArrivalGaps::default();
+        for g in all {
+            for i in 0..11 {
+                s.first[i] += g.first[i];
+                s.retries[i] += g.retries[i];
+            }
+        }
+        s
     }
 }
 
@@ -324,6 +369,7 @@ impl LabSchedule {
                 host: HostLatencies::from_counters(&r["server"]),
                 completions: Completions::from_counters(&r["server"]),
                 retried: r["retried"].as_u64(),
+                arrival_gaps: ArrivalGaps::from_counters(&r["server"]),
             });
         }
         let schedule = LabSchedule {
@@ -537,6 +583,19 @@ mod tests {
         assert_eq!(Completions::from_counters(&server), None);
         let s = LabSchedule::from_summary(SUMMARY, "summary.json").expect("a summary");
         assert_eq!(s.completions("upstream-best", 1), None);
+        // The arrival gaps likewise, added up over runs.
+        let mut gaps = serde_json::json!({});
+        for (i, name) in DELAY_NAMES.iter().enumerate() {
+            gaps[format!("firstAttemptGaps.{name}")] = f64::from(u8::from(i == 3)).into();
+            gaps[format!("retryGaps.{name}")] = f64::from(u8::from(i == 0)).into();
+        }
+        let g = ArrivalGaps::from_counters(&gaps).expect("every counter");
+        let two = ArrivalGaps::sum(&[g, g]);
+        assert_eq!(
+            (two.first[3], two.retries[0], two.first[0]),
+            (2.0, 2.0, 0.0)
+        );
+        assert_eq!(ArrivalGaps::from_counters(&server), None);
     }
 
     #[test]

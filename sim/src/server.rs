@@ -391,6 +391,13 @@ pub struct ServerStats {
     /// The same by size (the emulator's `completedWaits` and `completedRuns`).
     pub completed_waits: DelaySizes,
     pub completed_runs: DelaySizes,
+    /// The gap from each first attempt's arrival to the previous first attempt's, and from
+    /// each retry's to the previous retry's, summed and by size (the emulator's
+    /// `firstAttemptGap*` and `retryGap*`).
+    pub first_attempt_gap_ns: u64,
+    pub first_attempt_gaps: DelaySizes,
+    pub retry_gap_ns: u64,
+    pub retry_gaps: DelaySizes,
     pub expired: u64,
     pub abandoned: u64,
     pub busy_ns: u64,
@@ -435,6 +442,8 @@ pub struct Server {
     /// most it holds.
     owed: Nanos,
     owed_cap: Nanos,
+    /// When the last first attempt and the last retry arrived.
+    last_arrival: [Option<Nanos>; 2],
     pub stats: ServerStats,
 }
 
@@ -462,6 +471,7 @@ impl Server {
                 },
             ],
             free_cores: cfg.cores,
+            last_arrival: [None; 2],
             run_queue: VecDeque::new(),
             jobs: Slab::default(),
             quantum: clock::ms(cfg.quantum_ms).max(1),
@@ -501,6 +511,19 @@ impl Server {
     /// An attempt arrives at `now`.
     pub fn arrive(&mut self, now: Nanos, req: Request, q: &mut Queue<Event>) {
         self.stats.attempts += 1;
+        let class = usize::from(req.tag.attempt > 1);
+        if let Some(last) = self.last_arrival[class] {
+            let (sum, sizes) = match class {
+                0 => (
+                    &mut self.stats.first_attempt_gap_ns,
+                    &mut self.stats.first_attempt_gaps,
+                ),
+                _ => (&mut self.stats.retry_gap_ns, &mut self.stats.retry_gaps),
+            };
+            *sum += now.saturating_sub(last);
+            count_delay(sizes, now.saturating_sub(last));
+        }
+        self.last_arrival[class] = Some(now);
         let deadline = now.saturating_add(
             req.max_time
                 .unwrap_or_else(|| clock::ms(self.cfg.safety_limit_ms)),
@@ -1091,6 +1114,10 @@ mod tests {
         // and C from 2.2 to 4 ms; each then ran its 2 ms.
         assert_eq!(stats.completed_wait_ns, (2_000_000 - 1) + 1_800_000);
         assert_eq!(stats.completed_run_ns, 3 * 2_000_000);
+        // Three first attempts, 0.001 and 2.199 ms apart; no retry.
+        assert_eq!(stats.first_attempt_gaps, [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]);
+        assert_eq!(stats.first_attempt_gap_ns, 2_200_000);
+        assert_eq!(stats.retry_gaps, [0; 11]);
         // By size: A's wait of nothing, B's and C's of 1 to 2 ms; three runs of 1 to 2 ms.
         assert_eq!(stats.completed_waits, [1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0]);
         assert_eq!(stats.completed_runs, [0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0]);

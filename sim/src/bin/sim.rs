@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use sim::lab::{relative, LabRow, LAB};
-use sim::replay::{Completions, LabSchedule};
+use sim::replay::{ArrivalGaps, Completions, LabSchedule};
 use sim::report::{row, series_csv, Report, HEADER, SERIES_HEADER};
 use sim::server::LatenessShape;
 use sim::variant::Overrides;
@@ -470,16 +470,20 @@ fn compare_lab(args: &Args) -> Result<(), String> {
     write_series(args, &series)?;
     if !completions.is_empty() {
         println!(
-            "\nWhich first attempts were refused (the share of requests that retried), and \
+            "\nWhich first attempts were refused (the share of requests that retried), how \
+             bunched first attempts and retries reached the server (the share of each that \
+             arrived within 0.1 ms of the previous one of its kind; the lab's since 2026-12-05 \
+             18:30), and \
              where the completed requests' time went, on the run's host: from reaching the \
              server to holding a ticket (wait) and from then to completing (run), the mean per \
              run over the lab's valid runs (its emulator's `completedWaits` and \
              `completedRuns`, since 2026-12-05 17:50; – before) and over the simulations; the \
              shares are of the requests completed.\n\n\
-             | scenario | variant | clients | | first attempts retried | completed | \
+             | scenario | variant | clients | | first attempts retried | first attempts \
+             ≤ 0.1 ms apart | retries ≤ 0.1 ms apart | completed | \
              mean wait (ms) | mean run (ms) | wait ≤ 0.1 ms | wait ≤ 20 ms | wait ≤ 50 ms | \
              run ≤ 20 ms | run ≤ 50 ms | run ≤ 100 ms |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for rows in completions {
             println!("{rows}");
@@ -518,7 +522,25 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
     let simulated: Vec<Completions> = (runs.run_host.iter())
         .map(|r| Completions::from_stats(&r.server))
         .collect();
-    let row = |who: &str, retried: f64, c: Option<&Completions>| {
+    let lab_gaps: Option<Vec<ArrivalGaps>> = (lab.repetitions.iter())
+        .map(|&rep| schedule.run(lab.variant.name(), rep)?.arrival_gaps)
+        .collect();
+    let sim_gaps: Vec<ArrivalGaps> = (runs.run_host.iter())
+        .map(|r| ArrivalGaps::from_stats(&r.server))
+        .collect();
+    let bunched = |g: Option<ArrivalGaps>| match g {
+        None => "– | –".to_owned(),
+        Some(g) => {
+            let close = |sizes: &[f64; 11]| {
+                let n: f64 = sizes.iter().sum();
+                format!("{:.1} %", 100.0 * sizes[0] / n.max(1.0))
+            };
+            format!("{} | {}", close(&g.first), close(&g.retries))
+        }
+    };
+    let lab_bunched = bunched(lab_gaps.map(|g| ArrivalGaps::sum(&g)));
+    let sim_bunched = bunched(Some(ArrivalGaps::sum(&sim_gaps)));
+    let row = |who: &str, retried: f64, gaps: &str, c: Option<&Completions>| {
         let times = match c {
             None => "– | – | – | – | – | – | – | – | – | –".to_owned(),
             Some(c) => {
@@ -541,7 +563,7 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
             }
         };
         format!(
-            "| {} | {} | {} | {who} | {:.1} % | {times} |",
+            "| {} | {} | {} | {who} | {:.1} % | {gaps} | {times} |",
             lab.scenario.name(),
             lab.variant.name(),
             lab.instances,
@@ -552,8 +574,8 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
     let sim_mean = Completions::mean(&simulated);
     Some(format!(
         "{}\n{}",
-        row("lab", lab_retried, lab_mean.as_ref()),
-        row("sim", sim_retried, Some(&sim_mean))
+        row("lab", lab_retried, &lab_bunched, lab_mean.as_ref()),
+        row("sim", sim_retried, &sim_bunched, Some(&sim_mean))
     ))
 }
 
