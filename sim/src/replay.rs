@@ -134,10 +134,10 @@ impl Completions {
     /// From a simulation's server counters.
     pub fn from_stats(stats: &ServerStats) -> Completions {
         Completions {
-            wait_ms: stats.completed_wait_ns as f64 / 1e6,
-            run_ms: stats.completed_run_ns as f64 / 1e6,
-            waits: stats.completed_waits.map(|n| n as f64),
-            runs: stats.completed_runs.map(|n| n as f64),
+            wait_ms: stats.completed_waits.ns as f64 / 1e6,
+            run_ms: stats.completed_runs.ns as f64 / 1e6,
+            waits: stats.completed_waits.sizes.map(|n| n as f64),
+            runs: stats.completed_runs.sizes.map(|n| n as f64),
         }
     }
 
@@ -194,8 +194,8 @@ impl ArrivalGaps {
     /// From a simulation's server counters.
     pub fn from_stats(stats: &ServerStats) -> ArrivalGaps {
         ArrivalGaps {
-            first: stats.first_attempt_gaps.map(|n| n as f64),
-            retries: stats.retry_gaps.map(|n| n as f64),
+            first: stats.first_attempt_gaps.sizes.map(|n| n as f64),
+            retries: stats.retry_gaps.sizes.map(|n| n as f64),
         }
     }
 

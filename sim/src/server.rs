@@ -368,13 +368,21 @@ pub const DELAY_NAMES: [&str; 11] = [
     "over100ms",
 ];
 
-/// Delays counted by size in the emulator's buckets, shortest first.
-pub type DelaySizes = [u64; 11];
+/// Delays summed (ns) and counted by size in the emulator's buckets, shortest first: the
+/// emulator's `TimedDelays`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delays {
+    pub ns: u64,
+    pub sizes: [u64; 11],
+}
 
-fn count_delay(sizes: &mut DelaySizes, ns: Nanos) {
-    let us = ns / 1000;
-    let i = (DELAY_BOUNDS_US.iter().position(|&b| us <= b)).unwrap_or(DELAY_BOUNDS_US.len());
-    sizes[i] += 1;
+impl Delays {
+    fn record(&mut self, ns: Nanos) {
+        self.ns += ns;
+        let us = ns / 1000;
+        let i = (DELAY_BOUNDS_US.iter().position(|&b| us <= b)).unwrap_or(DELAY_BOUNDS_US.len());
+        self.sizes[i] += 1;
+    }
 }
 
 /// Counters of one run; times in ns.
@@ -385,19 +393,14 @@ pub struct ServerStats {
     pub rejected: u64,
     pub completed: u64,
     /// Of the completed requests: the time from reaching the server to holding a ticket, and
-    /// from then to completing, summed (the emulator's `completedWaitMs`, `completedRunMs`).
-    pub completed_wait_ns: u64,
-    pub completed_run_ns: u64,
-    /// The same by size (the emulator's `completedWaits` and `completedRuns`).
-    pub completed_waits: DelaySizes,
-    pub completed_runs: DelaySizes,
+    /// from then to completing (the emulator's `completedWait*` and `completedRun*`).
+    pub completed_waits: Delays,
+    pub completed_runs: Delays,
     /// The gap from each first attempt's arrival to the previous first attempt's, and from
-    /// each retry's to the previous retry's, summed and by size (the emulator's
-    /// `firstAttemptGap*` and `retryGap*`).
-    pub first_attempt_gap_ns: u64,
-    pub first_attempt_gaps: DelaySizes,
-    pub retry_gap_ns: u64,
-    pub retry_gaps: DelaySizes,
+    /// each retry's to the previous retry's (the emulator's `firstAttemptGap*` and
+    /// `retryGap*`).
+    pub first_attempt_gaps: Delays,
+    pub retry_gaps: Delays,
     pub expired: u64,
     pub abandoned: u64,
     pub busy_ns: u64,
@@ -513,15 +516,11 @@ impl Server {
         self.stats.attempts += 1;
         let class = usize::from(req.tag.attempt > 1);
         if let Some(last) = self.last_arrival[class] {
-            let (sum, sizes) = match class {
-                0 => (
-                    &mut self.stats.first_attempt_gap_ns,
-                    &mut self.stats.first_attempt_gaps,
-                ),
-                _ => (&mut self.stats.retry_gap_ns, &mut self.stats.retry_gaps),
+            let gaps = match class {
+                0 => &mut self.stats.first_attempt_gaps,
+                _ => &mut self.stats.retry_gaps,
             };
-            *sum += now.saturating_sub(last);
-            count_delay(sizes, now.saturating_sub(last));
+            gaps.record(now.saturating_sub(last));
         }
         self.last_arrival[class] = Some(now);
         let deadline = now.saturating_add(
@@ -801,10 +800,8 @@ impl Server {
                     let ran = now.saturating_sub(j.arrived).saturating_sub(waited);
                     self.jobs.remove(job);
                     self.stats.completed += 1;
-                    self.stats.completed_wait_ns += waited;
-                    self.stats.completed_run_ns += ran;
-                    count_delay(&mut self.stats.completed_waits, waited);
-                    count_delay(&mut self.stats.completed_runs, ran);
+                    self.stats.completed_waits.record(waited);
+                    self.stats.completed_runs.record(ran);
                     if late {
                         self.stats.abandoned += 1;
                         self.stats.wasted_ns += work;
@@ -1112,19 +1109,28 @@ mod tests {
         assert_eq!((stats.ticket_wakeups, stats.ticket_races_lost), (2, 0));
         // Where the completed requests' time went: A waited for nothing, B from 0.001 to 2 ms
         // and C from 2.2 to 4 ms; each then ran its 2 ms.
-        assert_eq!(stats.completed_wait_ns, (2_000_000 - 1) + 1_800_000);
-        assert_eq!(stats.completed_run_ns, 3 * 2_000_000);
+        assert_eq!(stats.completed_waits.ns, (2_000_000 - 1) + 1_800_000);
+        assert_eq!(stats.completed_runs.ns, 3 * 2_000_000);
         // Three first attempts, 0.001 and 2.199 ms apart; no retry.
-        assert_eq!(stats.first_attempt_gaps, [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]);
-        assert_eq!(stats.first_attempt_gap_ns, 2_200_000);
-        assert_eq!(stats.retry_gaps, [0; 11]);
+        assert_eq!(
+            stats.first_attempt_gaps.sizes,
+            [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(stats.first_attempt_gaps.ns, 2_200_000);
+        assert_eq!(stats.retry_gaps, Delays::default());
         // By size: A's wait of nothing, B's and C's of 1 to 2 ms; three runs of 1 to 2 ms.
-        assert_eq!(stats.completed_waits, [1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(stats.completed_runs, [0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            stats.completed_waits.sizes,
+            [1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            stats.completed_runs.sizes,
+            [0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0]
+        );
         // With the race: B waited from 0.001 ms to 4.7 ms, through its lost race.
         let (_, stats) = run(0.5);
-        assert_eq!(stats.completed_wait_ns, 4_700_000 - 1);
-        assert_eq!(stats.completed_run_ns, 3 * 2_000_000);
+        assert_eq!(stats.completed_waits.ns, 4_700_000 - 1);
+        assert_eq!(stats.completed_runs.ns, 3 * 2_000_000);
     }
 
     #[test]

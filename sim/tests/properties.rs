@@ -360,7 +360,7 @@ fn the_per_second_series_adds_up_to_the_run() {
     let rows = traced.seconds.len() as f64;
     assert!((busy_ms - traced.server.busy_ns as f64 / 1e6).abs() <= rows * 1e-3);
     let run_ms = column("server_completed_run_ms");
-    assert!((run_ms - traced.server.completed_run_ns as f64 / 1e6).abs() <= rows * 1e-3);
+    assert!((run_ms - traced.server.completed_runs.ns as f64 / 1e6).abs() <= rows * 1e-3);
     assert!(run_ms > 0.0);
     assert_eq!(
         header.len(),
