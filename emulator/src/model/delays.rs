@@ -14,14 +14,15 @@ use std::time::Duration;
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
-/// Upper bounds of the buckets (µs), each inclusive; a last bucket holds the rest.
-pub(crate) const BOUNDS_US: [u64; 10] = [
+/// Upper bounds of the buckets (µs), each inclusive; a last bucket holds the rest. Public for
+/// readers of the counters (the simulator's copy is tested against it).
+pub const BOUNDS_US: [u64; 10] = [
     100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000,
 ];
 
 /// The buckets' names in `serverStatus.labOverload` (no dots: the lab flattens nested
 /// documents into dotted keys).
-const NAMES: [&str; BUCKETS] = [
+pub const NAMES: [&str; BUCKETS] = [
     "le100us",
     "le200us",
     "le500us",

@@ -94,7 +94,7 @@ pub use config::{
     ConfigError, CostConfig, LimiterConfig, ModelConfig, ProbingConfig, TicketConfig, TicketMode,
     Wakeup, DEFAULT_EXEMPT_COMMANDS,
 };
-pub use delays::DelayCounts;
+pub use delays::{DelayCounts, BOUNDS_US as DELAY_BOUNDS_US, NAMES as DELAY_BUCKET_NAMES};
 pub use rejection::{Rejection, RejectionKind, RETRYABLE, SYSTEM_OVERLOADED};
 pub use stats::{CounterSnapshot, GaugeSnapshot, ModelSnapshot, Sample, WaitPercentiles};
 

@@ -459,9 +459,10 @@ fn compare_lab(args: &Args) -> Result<(), String> {
             completions.push(rows);
         }
         // The validation's runs: on each lab run's host where it was measured.
-        let validated = match runs.run_host.is_empty() {
-            true => &runs.at_lab,
-            false => &runs.run_host,
+        let validated = if runs.run_host.is_empty() {
+            &runs.at_lab
+        } else {
+            &runs.run_host
         };
         for report in validated {
             series.push_str(&series_csv(report));
@@ -530,13 +531,7 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
         .collect();
     let bunched = |g: Option<ArrivalGaps>| match g {
         None => "– | –".to_owned(),
-        Some(g) => {
-            let close = |sizes: &[f64; 11]| {
-                let n: f64 = sizes.iter().sum();
-                format!("{:.1} %", 100.0 * sizes[0] / n.max(1.0))
-            };
-            format!("{} | {}", close(&g.first), close(&g.retries))
-        }
+        Some(g) => format!("{} | {}", within(&g.first, 0), within(&g.retries, 0)),
     };
     let lab_bunched = bunched(lab_gaps.map(|g| ArrivalGaps::sum(&g)));
     let sim_bunched = bunched(Some(ArrivalGaps::sum(&sim_gaps)));
@@ -545,20 +540,16 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
             None => "– | – | – | – | – | – | – | – | – | –".to_owned(),
             Some(c) => {
                 let n = c.count();
-                let share = |sizes: &[f64; 11], upto: usize| {
-                    let within: f64 = sizes[..=upto].iter().sum();
-                    format!("{:.1} %", 100.0 * within / n.max(1.0))
-                };
                 format!(
                     "{n:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {}",
                     c.wait_ms / n.max(1.0),
                     c.run_ms / n.max(1.0),
-                    share(&c.waits, 0),
-                    share(&c.waits, 7),
-                    share(&c.waits, 8),
-                    share(&c.runs, 7),
-                    share(&c.runs, 8),
-                    share(&c.runs, 9),
+                    within(&c.waits, 0),
+                    within(&c.waits, 7),
+                    within(&c.waits, 8),
+                    within(&c.runs, 7),
+                    within(&c.runs, 8),
+                    within(&c.runs, 9),
                 )
             }
         };
@@ -577,6 +568,13 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
         row("lab", lab_retried, &lab_bunched, lab_mean.as_ref()),
         row("sim", sim_retried, &sim_bunched, Some(&sim_mean))
     ))
+}
+
+/// The share of delays counted by size up to bucket `upto` (0: within 0.1 ms), as a cell.
+fn within(sizes: &[f64; 11], upto: usize) -> String {
+    let all: f64 = sizes.iter().sum();
+    let some: f64 = sizes[..=upto].iter().sum();
+    format!("{:.1} %", 100.0 * some / all.max(1.0))
 }
 
 /// The simulator's runs for a lab row.
