@@ -407,24 +407,30 @@ struct CompletionTimes {
 }
 
 /// How the lab's requests reach the server in time: the gap from each first attempt to the
-/// previous first attempt, and from each retry to the previous retry. A client whose retries
-/// wait on a runtime's millisecond timer sends those due in one millisecond together, so their
-/// gaps bunch near zero and near a tick, and the ingress limiter's tokens are then shared
-/// unevenly between first attempts and retries.
+/// previous first attempt, and from each retry to the previous retry; and from each to the
+/// previous attempt of the other kind. A client whose retries wait on a runtime's millisecond
+/// timer sends those due in one millisecond together, so their gaps bunch near zero and near a
+/// tick, and the ingress limiter's tokens are then shared unevenly between first attempts and
+/// retries: which kind's bunch comes first after the tokens grew decides which kind they go
+/// to. Indexed by kind: 0 for first attempts, 1 for retries.
 #[derive(Debug, Default)]
 struct ArrivalGaps {
     last: [Option<Instant>; 2],
     gaps: [TimedDelays; 2],
+    after_other: [TimedDelays; 2],
 }
 
 impl ArrivalGaps {
     /// Attempt `attempt` (0 for the first) arrived at `now`.
     fn arrive(&mut self, attempt: u32, now: Instant) {
-        let class = usize::from(attempt > 0);
-        if let Some(last) = self.last[class] {
-            self.gaps[class].record(now.saturating_duration_since(last));
+        let kind = usize::from(attempt > 0);
+        if let Some(last) = self.last[kind] {
+            self.gaps[kind].record(now.saturating_duration_since(last));
         }
-        self.last[class] = Some(now);
+        if let Some(last) = self.last[1 - kind] {
+            self.after_other[kind].record(now.saturating_duration_since(last));
+        }
+        self.last[kind] = Some(now);
     }
 }
 
@@ -816,6 +822,10 @@ impl Model {
         c.first_attempt_gaps = gaps.gaps[0].sizes;
         c.retry_gap_ms = gaps.gaps[1].ms();
         c.retry_gaps = gaps.gaps[1].sizes;
+        c.first_attempt_after_retry_gap_ms = gaps.after_other[0].ms();
+        c.first_attempt_after_retry_gaps = gaps.after_other[0].sizes;
+        c.retry_after_first_attempt_gap_ms = gaps.after_other[1].ms();
+        c.retry_after_first_attempt_gaps = gaps.after_other[1].sizes;
         c
     }
 

@@ -135,6 +135,12 @@ pub struct CounterSnapshot {
     pub first_attempt_gaps: DelayCounts,
     pub retry_gap_ms: f64,
     pub retry_gaps: DelayCounts,
+    /// The same from each first attempt to the previous retry, and from each retry to the
+    /// previous first attempt: how the two kinds' bunches interleave.
+    pub first_attempt_after_retry_gap_ms: f64,
+    pub first_attempt_after_retry_gaps: DelayCounts,
+    pub retry_after_first_attempt_gap_ms: f64,
+    pub retry_after_first_attempt_gaps: DelayCounts,
 }
 
 impl Counters {
@@ -183,6 +189,10 @@ impl Counters {
             first_attempt_gaps: DelayCounts::default(),
             retry_gap_ms: 0.0,
             retry_gaps: DelayCounts::default(),
+            first_attempt_after_retry_gap_ms: 0.0,
+            first_attempt_after_retry_gaps: DelayCounts::default(),
+            retry_after_first_attempt_gap_ms: 0.0,
+            retry_after_first_attempt_gaps: DelayCounts::default(),
         }
     }
 }
@@ -236,6 +246,18 @@ impl CounterSnapshot {
             first_attempt_gaps: self.first_attempt_gaps.minus(&o.first_attempt_gaps),
             retry_gap_ms: (self.retry_gap_ms - o.retry_gap_ms).max(0.0),
             retry_gaps: self.retry_gaps.minus(&o.retry_gaps),
+            first_attempt_after_retry_gap_ms: (self.first_attempt_after_retry_gap_ms
+                - o.first_attempt_after_retry_gap_ms)
+                .max(0.0),
+            first_attempt_after_retry_gaps: self
+                .first_attempt_after_retry_gaps
+                .minus(&o.first_attempt_after_retry_gaps),
+            retry_after_first_attempt_gap_ms: (self.retry_after_first_attempt_gap_ms
+                - o.retry_after_first_attempt_gap_ms)
+                .max(0.0),
+            retry_after_first_attempt_gaps: self
+                .retry_after_first_attempt_gaps
+                .minus(&o.retry_after_first_attempt_gaps),
         }
     }
 }

@@ -637,7 +637,7 @@ fn the_applications_deadline_is_read_from_the_comment() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn first_attempts_and_retries_are_timed_apart_by_their_own_kind() {
+async fn first_attempts_and_retries_are_timed_apart_by_their_own_kind_and_the_other() {
     // First attempts of requests 1 and 2, 3 ms apart; 1 ms later both retry at once, as a
     // client's timer tick sends them; a request without a lab id is not counted.
     let m = one_ticket_model();
@@ -666,4 +666,13 @@ async fn first_attempts_and_retries_are_timed_apart_by_their_own_kind() {
     assert_eq!(c.retry_gaps.total(), 1, "{c:?}");
     assert_eq!(c.retry_gaps.counts()[0], 1, "{c:?}");
     assert_eq!(c.retry_gap_ms, 0.0, "{c:?}");
+    // Across kinds: both retries came 1 ms after the last first attempt (the 1 ms bucket);
+    // no first attempt came after a retry.
+    assert_eq!(c.first_attempt_after_retry_gaps.total(), 0, "{c:?}");
+    assert_eq!(c.retry_after_first_attempt_gaps.total(), 2, "{c:?}");
+    assert_eq!(c.retry_after_first_attempt_gaps.counts()[3], 2, "{c:?}");
+    assert!(
+        (c.retry_after_first_attempt_gap_ms - 2.0).abs() < 1e-6,
+        "{c:?}"
+    );
 }
