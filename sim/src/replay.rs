@@ -13,7 +13,7 @@ use arrivals::{Arrivals, OpMix, Phase, ScheduleSpec};
 use serde_json::Value;
 
 use crate::clock::{self, Nanos};
-use crate::server::{OpKind, ServerConfig, ServerStats, DELAY_NAMES, TIMER_TICK_MS};
+use crate::server::{Delays, OpKind, ServerConfig, ServerStats, DELAY_NAMES, TIMER_TICK_MS};
 
 /// One request of a replayed schedule.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -173,13 +173,17 @@ fn sizes(server: &Value, prefix: &str) -> Option<[f64; 11]> {
 }
 
 /// How bunched the attempts reach the server: the gaps from each first attempt to the
-/// previous one and from each retry to the previous one, counted by size. From a lab run's
-/// counters (`firstAttemptGaps`, `retryGaps`, since 2026-12-05 18:30) or a simulation's
-/// [`ServerStats`].
+/// previous one and from each retry to the previous one, counted by size; and, where they were
+/// counted, from each first attempt to the previous retry and from each retry to the previous
+/// first attempt (how the two kinds interleave). From a lab run's counters
+/// (`firstAttemptGaps`, `retryGaps`, since 2026-12-05 18:30; `firstAttemptAfterRetryGaps`,
+/// `retryAfterFirstAttemptGaps`, since 20:10) or a simulation's [`ServerStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ArrivalGaps {
     pub first: [f64; 11],
     pub retries: [f64; 11],
+    pub first_after_retry: Option<[f64; 11]>,
+    pub retry_after_first: Option<[f64; 11]>,
 }
 
 impl ArrivalGaps {
@@ -188,25 +192,39 @@ impl ArrivalGaps {
         Some(ArrivalGaps {
             first: sizes(server, "firstAttemptGaps")?,
             retries: sizes(server, "retryGaps")?,
+            first_after_retry: sizes(server, "firstAttemptAfterRetryGaps"),
+            retry_after_first: sizes(server, "retryAfterFirstAttemptGaps"),
         })
     }
 
     /// From a simulation's server counters.
     pub fn from_stats(stats: &ServerStats) -> ArrivalGaps {
+        let counts = |d: &Delays| d.sizes.map(|n| n as f64);
         ArrivalGaps {
-            first: stats.first_attempt_gaps.sizes.map(|n| n as f64),
-            retries: stats.retry_gaps.sizes.map(|n| n as f64),
+            first: counts(&stats.first_attempt_gaps),
+            retries: counts(&stats.retry_gaps),
+            first_after_retry: Some(counts(&stats.first_attempt_after_retry_gaps)),
+            retry_after_first: Some(counts(&stats.retry_after_first_attempt_gaps)),
         }
     }
 
-    /// Several runs' counts added up.
+    /// Several runs' counts added up; the gaps across kinds only if every run counted them.
     pub fn sum(all: &[ArrivalGaps]) -> ArrivalGaps {
-        let mut s = ArrivalGaps::default();
+        let add = |a: &mut [f64; 11], b: &[f64; 11]| a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        let add_some = |a: &mut Option<[f64; 11]>, b: &Option<[f64; 11]>| match (a.as_mut(), b) {
+            (Some(a), Some(b)) => add(a, b),
+            _ => *a = None,
+        };
+        let mut s = ArrivalGaps {
+            first_after_retry: Some([0.0; 11]),
+            retry_after_first: Some([0.0; 11]),
+            ..ArrivalGaps::default()
+        };
         for g in all {
-            for i in 0..11 {
-                s.first[i] += g.first[i];
-                s.retries[i] += g.retries[i];
-            }
+            add(&mut s.first, &g.first);
+            add(&mut s.retries, &g.retries);
+            add_some(&mut s.first_after_retry, &g.first_after_retry);
+            add_some(&mut s.retry_after_first, &g.retry_after_first);
         }
         s
     }
@@ -589,12 +607,23 @@ mod tests {
             gaps[format!("firstAttemptGaps.{name}")] = f64::from(u8::from(i == 3)).into();
             gaps[format!("retryGaps.{name}")] = f64::from(u8::from(i == 0)).into();
         }
+        // A run from before the gaps across kinds, and one with them.
+        let before = ArrivalGaps::from_counters(&gaps).expect("every counter");
+        assert_eq!(before.first_after_retry, None);
+        for (i, name) in DELAY_NAMES.iter().enumerate() {
+            gaps[format!("firstAttemptAfterRetryGaps.{name}")] = f64::from(u8::from(i == 4)).into();
+            gaps[format!("retryAfterFirstAttemptGaps.{name}")] = f64::from(u8::from(i == 1)).into();
+        }
         let g = ArrivalGaps::from_counters(&gaps).expect("every counter");
         let two = ArrivalGaps::sum(&[g, g]);
         assert_eq!(
             (two.first[3], two.retries[0], two.first[0]),
             (2.0, 2.0, 0.0)
         );
+        assert_eq!(two.first_after_retry.map(|c| c[4]), Some(2.0));
+        assert_eq!(two.retry_after_first.map(|c| c[1]), Some(2.0));
+        let mixed = ArrivalGaps::sum(&[g, before]);
+        assert_eq!((mixed.first[3], mixed.first_after_retry), (2.0, None));
         assert_eq!(ArrivalGaps::from_counters(&server), None);
     }
 

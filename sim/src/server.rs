@@ -401,6 +401,11 @@ pub struct ServerStats {
     /// `retryGap*`).
     pub first_attempt_gaps: Delays,
     pub retry_gaps: Delays,
+    /// The gap from each first attempt to the previous retry, and from each retry to the
+    /// previous first attempt (the emulator's `firstAttemptAfterRetryGap*` and
+    /// `retryAfterFirstAttemptGap*`).
+    pub first_attempt_after_retry_gaps: Delays,
+    pub retry_after_first_attempt_gaps: Delays,
     pub expired: u64,
     pub abandoned: u64,
     pub busy_ns: u64,
@@ -514,15 +519,24 @@ impl Server {
     /// An attempt arrives at `now`.
     pub fn arrive(&mut self, now: Nanos, req: Request, q: &mut Queue<Event>) {
         self.stats.attempts += 1;
-        let class = usize::from(req.tag.attempt > 1);
-        if let Some(last) = self.last_arrival[class] {
-            let gaps = match class {
-                0 => &mut self.stats.first_attempt_gaps,
-                _ => &mut self.stats.retry_gaps,
-            };
+        let kind = usize::from(req.tag.attempt > 1);
+        let (gaps, after_other) = match kind {
+            0 => (
+                &mut self.stats.first_attempt_gaps,
+                &mut self.stats.first_attempt_after_retry_gaps,
+            ),
+            _ => (
+                &mut self.stats.retry_gaps,
+                &mut self.stats.retry_after_first_attempt_gaps,
+            ),
+        };
+        if let Some(last) = self.last_arrival[kind] {
             gaps.record(now.saturating_sub(last));
         }
-        self.last_arrival[class] = Some(now);
+        if let Some(last) = self.last_arrival[1 - kind] {
+            after_other.record(now.saturating_sub(last));
+        }
+        self.last_arrival[kind] = Some(now);
         let deadline = now.saturating_add(
             req.max_time
                 .unwrap_or_else(|| clock::ms(self.cfg.safety_limit_ms)),
@@ -1029,6 +1043,49 @@ mod tests {
     }
 
     #[test]
+    fn attempts_are_timed_from_the_last_of_their_kind_and_of_the_other() {
+        // A first attempt at 0, a retry at 0.5 ms, first attempts at 2 and 2.05 ms, a retry
+        // at 3 ms.
+        let mut server = Server::new(exact());
+        let (mut q, mut rng) = (Queue::default(), StdRng::seed_from_u64(1));
+        for (i, (at, attempt)) in [
+            (0, 1),
+            (500_000, 2),
+            (2_000_000, 1),
+            (2_050_000, 1),
+            (3_000_000, 3),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut req = request(i as u32, OpKind::PointRead, None);
+            req.tag.attempt = attempt;
+            q.push(at, Event::ServerArrive(req));
+        }
+        drain(&mut server, &mut q, &mut rng);
+        let s = &server.stats;
+        // Of their own kind: first attempts 2 and 0.05 ms apart, retries 2.5 ms.
+        assert_eq!(s.first_attempt_gaps.ns, 2_050_000);
+        assert_eq!(
+            s.first_attempt_gaps.sizes,
+            [1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(s.retry_gaps.ns, 2_500_000);
+        // Of the other kind: the two later first attempts 1.5 and 1.55 ms after the first
+        // retry; the retries 0.5 ms after the first first attempt and 0.95 ms after the last.
+        assert_eq!(s.first_attempt_after_retry_gaps.ns, 3_050_000);
+        assert_eq!(
+            s.first_attempt_after_retry_gaps.sizes,
+            [0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(s.retry_after_first_attempt_gaps.ns, 1_450_000);
+        assert_eq!(
+            s.retry_after_first_attempt_gaps.sizes,
+            [0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+        );
+    }
+
+    #[test]
     fn a_slice_that_waited_for_a_core_holds_it_for_the_hand_off_which_is_not_work() {
         // One core, three point reads (two 1 ms slices each) at once, no network: round robin
         // runs A1 B1 C1 A2 B2 C2. A1 takes the free core; every later slice waited for it, so
@@ -1118,6 +1175,8 @@ mod tests {
         );
         assert_eq!(stats.first_attempt_gaps.ns, 2_200_000);
         assert_eq!(stats.retry_gaps, Delays::default());
+        assert_eq!(stats.first_attempt_after_retry_gaps, Delays::default());
+        assert_eq!(stats.retry_after_first_attempt_gaps, Delays::default());
         // By size: A's wait of nothing, B's and C's of 1 to 2 ms; three runs of 1 to 2 ms.
         assert_eq!(
             stats.completed_waits.sizes,

@@ -449,6 +449,7 @@ fn compare_lab(args: &Args) -> Result<(), String> {
     };
     let mut series = String::from(SERIES_HEADER);
     let mut completions = Vec::new();
+    let mut gaps = Vec::new();
     for lab in rows {
         let runs = match &lab.schedule {
             Some(schedule) => replayed_runs(args, &lab, schedule)?,
@@ -457,6 +458,9 @@ fn compare_lab(args: &Args) -> Result<(), String> {
         print_rows(&lab, &runs);
         if let Some(rows) = completion_rows(&lab, &runs) {
             completions.push(rows);
+        }
+        if let Some(rows) = gap_rows(&lab, &runs) {
+            gaps.push(rows);
         }
         // The validation's runs: on each lab run's host where it was measured.
         let validated = if runs.run_host.is_empty() {
@@ -471,22 +475,33 @@ fn compare_lab(args: &Args) -> Result<(), String> {
     write_series(args, &series)?;
     if !completions.is_empty() {
         println!(
-            "\nWhich first attempts were refused (the share of requests that retried), how \
-             bunched first attempts and retries reached the server (the share of each that \
-             arrived within 0.1 ms of the previous one of its kind; the lab's since 2026-12-05 \
-             18:30), and \
+            "\nWhich first attempts were refused (the share of requests that retried), and \
              where the completed requests' time went, on the run's host: from reaching the \
              server to holding a ticket (wait) and from then to completing (run), the mean per \
              run over the lab's valid runs (its emulator's `completedWaits` and \
              `completedRuns`, since 2026-12-05 17:50; – before) and over the simulations; the \
              shares are of the requests completed.\n\n\
-             | scenario | variant | clients | | first attempts retried | first attempts \
-             ≤ 0.1 ms apart | retries ≤ 0.1 ms apart | completed | \
+             | scenario | variant | clients | | first attempts retried | completed | \
              mean wait (ms) | mean run (ms) | wait ≤ 0.1 ms | wait ≤ 20 ms | wait ≤ 50 ms | \
              run ≤ 20 ms | run ≤ 50 ms | run ≤ 100 ms |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for rows in completions {
+            println!("{rows}");
+        }
+    }
+    if !gaps.is_empty() {
+        println!(
+            "\nHow the attempts reached the server, on the run's host: the gap from each first \
+             attempt or retry to the previous attempt of its kind, and of the other kind, as \
+             shares of each kind's gaps by size, every run added up (the lab's emulator's \
+             `firstAttemptGaps` and `retryGaps` since 2026-12-05 18:30, \
+             `firstAttemptAfterRetryGaps` and `retryAfterFirstAttemptGaps` since 20:10).\n\n\
+             | scenario | variant | clients | | gap | ≤ 0.1 ms | ≤ 0.2 ms | ≤ 0.5 ms | \
+             ≤ 1 ms | ≤ 2 ms | more |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for rows in gaps {
             println!("{rows}");
         }
     }
@@ -523,19 +538,7 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
     let simulated: Vec<Completions> = (runs.run_host.iter())
         .map(|r| Completions::from_stats(&r.server))
         .collect();
-    let lab_gaps: Option<Vec<ArrivalGaps>> = (lab.repetitions.iter())
-        .map(|&rep| schedule.run(lab.variant.name(), rep)?.arrival_gaps)
-        .collect();
-    let sim_gaps: Vec<ArrivalGaps> = (runs.run_host.iter())
-        .map(|r| ArrivalGaps::from_stats(&r.server))
-        .collect();
-    let bunched = |g: Option<ArrivalGaps>| match g {
-        None => "– | –".to_owned(),
-        Some(g) => format!("{} | {}", within(&g.first, 0), within(&g.retries, 0)),
-    };
-    let lab_bunched = bunched(lab_gaps.map(|g| ArrivalGaps::sum(&g)));
-    let sim_bunched = bunched(Some(ArrivalGaps::sum(&sim_gaps)));
-    let row = |who: &str, retried: f64, gaps: &str, c: Option<&Completions>| {
+    let row = |who: &str, retried: f64, c: Option<&Completions>| {
         let times = match c {
             None => "– | – | – | – | – | – | – | – | – | –".to_owned(),
             Some(c) => {
@@ -554,7 +557,7 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
             }
         };
         format!(
-            "| {} | {} | {} | {who} | {:.1} % | {gaps} | {times} |",
+            "| {} | {} | {} | {who} | {:.1} % | {times} |",
             lab.scenario.name(),
             lab.variant.name(),
             lab.instances,
@@ -565,9 +568,57 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
     let sim_mean = Completions::mean(&simulated);
     Some(format!(
         "{}\n{}",
-        row("lab", lab_retried, &lab_bunched, lab_mean.as_ref()),
-        row("sim", sim_retried, &sim_bunched, Some(&sim_mean))
+        row("lab", lab_retried, lab_mean.as_ref()),
+        row("sim", sim_retried, Some(&sim_mean))
     ))
+}
+
+/// The lab's and the simulator's rows of how the attempts reached the server, when the runs
+/// were simulated on their hosts and the lab counted the gaps.
+fn gap_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
+    let schedule = lab.schedule.as_ref()?;
+    if runs.run_host.is_empty() {
+        return None;
+    }
+    let measured: Vec<ArrivalGaps> = (lab.repetitions.iter())
+        .map(|&rep| schedule.run(lab.variant.name(), rep)?.arrival_gaps)
+        .collect::<Option<_>>()?;
+    let simulated: Vec<ArrivalGaps> = (runs.run_host.iter())
+        .map(|r| ArrivalGaps::from_stats(&r.server))
+        .collect();
+    let mut rows = Vec::new();
+    for (who, g) in [
+        ("lab", ArrivalGaps::sum(&measured)),
+        ("sim", ArrivalGaps::sum(&simulated)),
+    ] {
+        let kinds = [
+            ("first attempt after first attempt", Some(g.first)),
+            ("retry after retry", Some(g.retries)),
+            ("first attempt after retry", g.first_after_retry),
+            ("retry after first attempt", g.retry_after_first),
+        ];
+        for (gap, sizes) in kinds {
+            let cells = match sizes {
+                None => "– | – | – | – | – | –".to_owned(),
+                Some(sizes) => {
+                    let all: f64 = sizes.iter().sum::<f64>().max(1.0);
+                    let share = |from: usize, to: usize| {
+                        format!("{:.1} %", 100.0 * sizes[from..to].iter().sum::<f64>() / all)
+                    };
+                    [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 11)]
+                        .map(|(from, to)| share(from, to))
+                        .join(" | ")
+                }
+            };
+            rows.push(format!(
+                "| {} | {} | {} | {who} | {gap} | {cells} |",
+                lab.scenario.name(),
+                lab.variant.name(),
+                lab.instances,
+            ));
+        }
+    }
+    Some(rows.join("\n"))
 }
 
 /// The share of delays counted by size up to bucket `upto` (0: within 0.1 ms), as a cell.
