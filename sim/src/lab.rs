@@ -38,6 +38,8 @@ pub struct LabRow {
     pub rejecting_pct: f64,
     /// Core time wasted (%).
     pub wasted_pct: f64,
+    /// Requests that succeeded (%), `transient`'s figure (from a suite's `transient-30`).
+    pub success_pct: Option<f64>,
     /// How the lab drew the scenario's arrivals (from a suite's `summary.json`), to replay
     /// them; `None` for the built-in figures, which the simulator meets with its own draws.
     pub schedule: Option<Arc<LabSchedule>>,
@@ -68,6 +70,7 @@ const fn row(
         attempts_per_request: figures.2,
         rejecting_pct: figures.3,
         wasted_pct: figures.4,
+        success_pct: None,
         schedule: None,
         repetitions: Vec::new(),
         length: LENGTH,
@@ -210,11 +213,13 @@ pub fn relative(sim: f64, lab: f64) -> Option<f64> {
 }
 
 /// The lab's scenario a suite scenario runs in the simulator, and its instances: `burst`,
-/// `sustained` and `flood` as themselves, the `fleet-*` scenarios as their four-instance
-/// namesakes at 64 instances; `None` for scenarios the simulator does not model.
+/// `sustained` and `flood` as themselves, `transient-30` as `transient`, the `fleet-*`
+/// scenarios as their four-instance namesakes at 64 instances; `None` for scenarios the
+/// simulator does not model.
 fn simulated(name: &str) -> Option<(ScenarioName, u32)> {
     let (base, instances) = match name.strip_prefix("fleet-") {
         Some(base) => (base, 64),
+        None if name == "transient-30" => (ScenarioName::Transient.name(), 4),
         None => (name, 4),
     };
     let scenario = ScenarioName::ALL.into_iter().find(|s| s.name() == base)?;
@@ -222,7 +227,8 @@ fn simulated(name: &str) -> Option<(ScenarioName, u32)> {
 }
 
 /// The rows of a lab suite's `verdict.json` the simulator can compare with: every judged
-/// variant it models in `burst`, `sustained`, `flood` and the `fleet-*` scenarios.
+/// variant it models in `burst`, `sustained`, `flood`, `transient-30` and the `fleet-*`
+/// scenarios.
 /// `instances` overrides the scenario's own count (a suite run with `--instances N`, which
 /// `verdict.json` does not record); `source` names the file in the rows.
 ///
@@ -277,6 +283,9 @@ pub fn from_verdict(
                 attempts_per_request: attempts,
                 rejecting_pct: 100.0 * median(v, "rejectionShare").unwrap_or(0.0),
                 wasted_pct: 100.0 * median(v, "wastedShare").unwrap_or(0.0),
+                success_pct: (scenario == ScenarioName::Transient)
+                    .then(|| median(v, "successShare").map(|s| 100.0 * s))
+                    .flatten(),
                 schedule: None,
                 repetitions: Vec::new(),
                 length: LENGTH,
@@ -430,10 +439,23 @@ mod tests {
                 {"name": "upstream-best", "judged": true,
                  "goodputShare": {"median": 0.7}, "burstGoodputShare": {"median": 0.9},
                  "attemptsPerRequest": {"median": 1.1}}]},
-            {"name": "faults", "capacity": 680.0, "variants": []}
+            {"name": "faults", "capacity": 680.0, "variants": []},
+            {"name": "transient-30", "capacity": 690.0, "variants": [
+                {"name": "fork-recommended", "judged": true,
+                 "goodputShare": {"median": 0.49}, "attemptsPerRequest": {"median": 1.4},
+                 "successShare": {"median": 0.97}}]},
+            {"name": "transient-15", "capacity": 690.0, "variants": [
+                {"name": "fork-recommended", "judged": true,
+                 "goodputShare": {"median": 0.49}, "attemptsPerRequest": {"median": 1.2}}]}
         ]}"#;
         let rows = from_verdict(json, None, "v.json").expect("a verdict");
-        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        // The simulator's `transient` is the lab's `transient-30`, with its success share;
+        // other shares of the sweep are not modelled.
+        assert_eq!(rows[2].scenario, ScenarioName::Transient);
+        assert_eq!(rows[2].lab_scenario, "transient-30");
+        assert_eq!(rows[2].success_pct.map(|s| s.round()), Some(97.0));
+        assert_eq!(rows[0].success_pct, None);
         assert_eq!(rows[0].scenario, ScenarioName::Sustained);
         assert_eq!(rows[0].instances, 64);
         assert_eq!(rows[0].variant, Variant::ForkControls);

@@ -106,8 +106,8 @@ struct Args {
     /// are ignored).
     #[arg(long)]
     compare_lab: bool,
-    /// Compare with a lab suite's `verdict.json` instead (its `burst`, `sustained`, `flood`
-    /// and `fleet-*` scenarios, at the lab's instances), replaying each valid lab repetition's
+    /// Compare with a lab suite's `verdict.json` instead (its `burst`, `sustained`, `flood`,
+    /// `transient-30` and `fleet-*` scenarios, at the lab's instances), replaying each valid lab repetition's
     /// own arrivals (from the scenarios' `summary.json` beside it; `--seed` is not used).
     #[arg(long, value_name = "PATH")]
     lab_verdict: Option<std::path::PathBuf>,
@@ -732,6 +732,9 @@ fn print_rows(lab: &LabRow, runs: &Runs) {
     ];
     if let Some(b) = lab.burst_share {
         figures.insert(1, ("burst ÷ cap", b, |r| r.burst_share().unwrap_or(0.0)));
+    }
+    if let Some(s) = lab.success_pct {
+        figures.insert(1, ("success %", s, |r| 100.0 * r.success_share()));
     }
     for (name, value, f) in figures {
         let on_run_host = match runs.run_host.is_empty() {
