@@ -428,6 +428,36 @@ mod tests {
     }
 
     #[test]
+    fn the_labs_transient_30_is_the_models_transient_at_the_labs_lengths() {
+        let at = |secs: f64| {
+            let json = format!(
+                r#"{{"config": {{
+                    "scenario": {{"name": "transient-30", "phases": [
+                        {{"name": "base", "load": 0.5, "duration": {secs}}}]}},
+                    "arrivals": "poisson", "instances": 4, "docs": 1000, "seed": 4,
+                    "mix": {{"point": 80.0, "range": 10.0, "insert": 5.0, "update": 5.0,
+                            "range_len": 20}}}},
+                  "capacity": 690.0,
+                  "runs": [{{"variant": "fork-recommended", "rep": 0, "offered": 1,
+                             "invalid": false}}]
+                }}"#
+            );
+            let schedule = LabSchedule::from_summary(&json, "summary.json").expect("a summary");
+            let verdict = r#"{"scenarios": [{"name": "transient-30", "capacity": 690.0,
+                "variants": [{"name": "fork-recommended", "judged": true,
+                "goodputShare": {"median": 0.49}, "attemptsPerRequest": {"median": 1.4},
+                "successShare": {"median": 0.97}}]}]}"#;
+            let mut rows = from_verdict(verdict, None, "v.json").expect("a verdict");
+            let mut row = rows.remove(0);
+            attach(&mut row, Arc::new(schedule), None).map(|()| row.length)
+        };
+        // The suite runs the sweep for 3 s, the other lengths as long as `sustained`.
+        assert_eq!(at(3.0), Ok(Length::Suite));
+        assert_eq!(at(20.0), Ok(Length::Default));
+        assert!(at(5.0).is_err());
+    }
+
+    #[test]
     fn a_verdict_gives_the_judged_rows_of_the_modelled_scenarios() {
         let json = r#"{"scenarios": [
             {"name": "fleet-sustained", "capacity": 700.0, "variants": [
