@@ -40,6 +40,9 @@ pub struct LabRow {
     pub wasted_pct: f64,
     /// Requests that succeeded (%), `transient`'s figure (from a suite's `transient-30`).
     pub success_pct: Option<f64>,
+    /// The ingress limiter's rate as a share of capacity, where the lab's scenario sets its
+    /// own (`no-limiter`: 0); `None`: the run's (`--limiter-share`, the lab's 0.9).
+    pub limiter_share: Option<f64>,
     /// How the lab drew the scenario's arrivals (from a suite's `summary.json`), to replay
     /// them; `None` for the built-in figures, which the simulator meets with its own draws.
     pub schedule: Option<Arc<LabSchedule>>,
@@ -71,6 +74,7 @@ const fn row(
         rejecting_pct: figures.3,
         wasted_pct: figures.4,
         success_pct: None,
+        limiter_share: None,
         schedule: None,
         repetitions: Vec::new(),
         length: LENGTH,
@@ -212,23 +216,25 @@ pub fn relative(sim: f64, lab: f64) -> Option<f64> {
     (lab != 0.0).then(|| (sim - lab) / lab)
 }
 
-/// The lab's scenario a suite scenario runs in the simulator, and its instances: `burst`,
-/// `sustained` and `flood` as themselves, `transient-30` as `transient`, the `fleet-*`
-/// scenarios as their four-instance namesakes at 64 instances; `None` for scenarios the
-/// simulator does not model.
-fn simulated(name: &str) -> Option<(ScenarioName, u32)> {
-    let (base, instances) = match name.strip_prefix("fleet-") {
-        Some(base) => (base, 64),
-        None if name == "transient-30" => (ScenarioName::Transient.name(), 4),
-        None => (name, 4),
+/// The lab's scenario a suite scenario runs in the simulator, its instances, and its limiter
+/// share if it sets one: `burst`, `sustained` and `flood` as themselves, `transient-30` as
+/// `transient`, `no-limiter` as `burst` without the limiter, the `fleet-*` scenarios as their
+/// four-instance namesakes at 64 instances; `None` for scenarios the simulator does not
+/// model.
+fn simulated(name: &str) -> Option<(ScenarioName, u32, Option<f64>)> {
+    let (base, instances, limiter_share) = match name.strip_prefix("fleet-") {
+        Some(base) => (base, 64, None),
+        None if name == "transient-30" => (ScenarioName::Transient.name(), 4, None),
+        None if name == "no-limiter" => (ScenarioName::Burst.name(), 4, Some(0.0)),
+        None => (name, 4, None),
     };
     let scenario = ScenarioName::ALL.into_iter().find(|s| s.name() == base)?;
-    Some((scenario, instances))
+    Some((scenario, instances, limiter_share))
 }
 
 /// The rows of a lab suite's `verdict.json` the simulator can compare with: every judged
-/// variant it models in `burst`, `sustained`, `flood`, `transient-30` and the `fleet-*`
-/// scenarios.
+/// variant it models in `burst`, `sustained`, `flood`, `transient-30`, `no-limiter` and the
+/// `fleet-*` scenarios.
 /// `instances` overrides the scenario's own count (a suite run with `--instances N`, which
 /// `verdict.json` does not record); `source` names the file in the rows.
 ///
@@ -249,7 +255,7 @@ pub fn from_verdict(
     let mut rows = Vec::new();
     for s in scenarios {
         let name = s["name"].as_str().unwrap_or_default();
-        let Some((scenario, own_instances)) = simulated(name) else {
+        let Some((scenario, own_instances, limiter_share)) = simulated(name) else {
             continue;
         };
         let capacity = s["capacity"]
@@ -286,6 +292,7 @@ pub fn from_verdict(
                 success_pct: (scenario == ScenarioName::Transient)
                     .then(|| median(v, "successShare").map(|s| 100.0 * s))
                     .flatten(),
+                limiter_share,
                 schedule: None,
                 repetitions: Vec::new(),
                 length: LENGTH,
@@ -476,10 +483,20 @@ mod tests {
                  "successShare": {"median": 0.97}}]},
             {"name": "transient-15", "capacity": 690.0, "variants": [
                 {"name": "fork-recommended", "judged": true,
-                 "goodputShare": {"median": 0.49}, "attemptsPerRequest": {"median": 1.2}}]}
+                 "goodputShare": {"median": 0.49}, "attemptsPerRequest": {"median": 1.2}}]},
+            {"name": "no-limiter", "capacity": 700.0, "variants": [
+                {"name": "upstream-default", "judged": true,
+                 "goodputShare": {"median": 0.26}, "burstGoodputShare": {"median": 0.23},
+                 "attemptsPerRequest": {"median": 1.0}}]}
         ]}"#;
         let rows = from_verdict(json, None, "v.json").expect("a verdict");
-        assert_eq!(rows.len(), 3, "{rows:?}");
+        assert_eq!(rows.len(), 4, "{rows:?}");
+        // `no-limiter` is `burst` with the limiter off; the others keep the run's limiter.
+        assert_eq!(rows[3].scenario, ScenarioName::Burst);
+        assert_eq!(rows[3].lab_scenario, "no-limiter");
+        assert_eq!(rows[3].limiter_share, Some(0.0));
+        assert_eq!(rows[3].burst_share, Some(0.23));
+        assert!(rows[..3].iter().all(|r| r.limiter_share.is_none()));
         // The simulator's `transient` is the lab's `transient-30`, with its success share;
         // other shares of the sweep are not modelled.
         assert_eq!(rows[2].scenario, ScenarioName::Transient);

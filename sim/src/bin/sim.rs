@@ -107,7 +107,8 @@ struct Args {
     #[arg(long)]
     compare_lab: bool,
     /// Compare with a lab suite's `verdict.json` instead (its `burst`, `sustained`, `flood`,
-    /// `transient-30` and `fleet-*` scenarios, at the lab's instances), replaying each valid lab repetition's
+    /// `transient-30`, `no-limiter` and `fleet-*` scenarios, at the lab's instances),
+    /// replaying each valid lab repetition's
     /// own arrivals (from the scenarios' `summary.json` beside it; `--seed` is not used).
     #[arg(long, value_name = "PATH")]
     lab_verdict: Option<std::path::PathBuf>,
@@ -645,7 +646,7 @@ const REPLICATION_SALT: u64 = 0x5DEE_CE66_D1CE_4E5B;
 
 /// A run of `lab`'s scenario and variant at its instances and length, with `seed`.
 fn lab_config(args: &Args, lab: &LabRow, seed: u64) -> Result<RunConfig, String> {
-    config(
+    let mut cfg = config(
         args,
         lab.scenario,
         lab.length,
@@ -653,7 +654,11 @@ fn lab_config(args: &Args, lab: &LabRow, seed: u64) -> Result<RunConfig, String>
         lab.variant,
         lab.instances,
         seed,
-    )
+    )?;
+    if let Some(share) = lab.limiter_share {
+        cfg.limiter_share = share;
+    }
+    Ok(cfg)
 }
 
 /// `--replications` runs per valid lab repetition, each replaying that repetition's schedule.
