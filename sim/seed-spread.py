@@ -68,8 +68,9 @@ def main(paths):
     )
     print("| scenario | clients | ratio [range] | every seed |")
     print("|---|---|---|---|")
-    pairs = sorted({(s, c) for (s, v, c) in keys if v == FORK}, key=lambda k: (keys.index((k[0], FORK, k[1]))))
-    for scenario, clients in pairs:
+    for scenario, variant, clients in keys:
+        if variant != FORK:
+            continue
         ratios = []
         for g in grids:
             best = max(g[(scenario, b, clients)]["goodput ÷ cap"] for b in BASELINES)

@@ -13,7 +13,7 @@ use arrivals::{Arrivals, OpMix, Phase, ScheduleSpec};
 use serde_json::Value;
 
 use crate::clock::{self, Nanos};
-use crate::server::{Delays, OpKind, ServerConfig, ServerStats, DELAY_NAMES, TIMER_TICK_MS};
+use crate::server::{OpKind, ServerConfig, ServerStats, DELAY_NAMES, TIMER_TICK_MS};
 
 /// One request of a replayed schedule.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -136,8 +136,8 @@ impl Completions {
         Completions {
             wait_ms: stats.completed_waits.ns as f64 / 1e6,
             run_ms: stats.completed_runs.ns as f64 / 1e6,
-            waits: stats.completed_waits.sizes.map(|n| n as f64),
-            runs: stats.completed_runs.sizes.map(|n| n as f64),
+            waits: stats.completed_waits.counts(),
+            runs: stats.completed_runs.counts(),
         }
     }
 
@@ -199,12 +199,11 @@ impl ArrivalGaps {
 
     /// From a simulation's server counters.
     pub fn from_stats(stats: &ServerStats) -> ArrivalGaps {
-        let counts = |d: &Delays| d.sizes.map(|n| n as f64);
         ArrivalGaps {
-            first: counts(&stats.first_attempt_gaps),
-            retries: counts(&stats.retry_gaps),
-            first_after_retry: Some(counts(&stats.first_attempt_after_retry_gaps)),
-            retry_after_first: Some(counts(&stats.retry_after_first_attempt_gaps)),
+            first: stats.first_attempt_gaps.counts(),
+            retries: stats.retry_gaps.counts(),
+            first_after_retry: Some(stats.first_attempt_after_retry_gaps.counts()),
+            retry_after_first: Some(stats.retry_after_first_attempt_gaps.counts()),
         }
     }
 
@@ -601,7 +600,10 @@ mod tests {
         assert_eq!(Completions::from_counters(&server), None);
         let s = LabSchedule::from_summary(SUMMARY, "summary.json").expect("a summary");
         assert_eq!(s.completions("upstream-best", 1), None);
-        // The arrival gaps likewise, added up over runs.
+    }
+
+    #[test]
+    fn a_runs_arrival_gaps_are_read_and_added_up_over_runs() {
         let mut gaps = serde_json::json!({});
         for (i, name) in DELAY_NAMES.iter().enumerate() {
             gaps[format!("firstAttemptGaps.{name}")] = f64::from(u8::from(i == 3)).into();
@@ -624,6 +626,8 @@ mod tests {
         assert_eq!(two.retry_after_first.map(|c| c[1]), Some(2.0));
         let mixed = ArrivalGaps::sum(&[g, before]);
         assert_eq!((mixed.first[3], mixed.first_after_retry), (2.0, None));
+        // A run with none of them (the completion counters only): nothing.
+        let server = serde_json::json!({"completedWaitMs": 30.0, "completedRunMs": 70.0});
         assert_eq!(ArrivalGaps::from_counters(&server), None);
     }
 

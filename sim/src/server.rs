@@ -377,6 +377,11 @@ pub struct Delays {
 }
 
 impl Delays {
+    /// The counts by size, as the lab's counters read (floats).
+    pub fn counts(&self) -> [f64; 11] {
+        self.sizes.map(|n| n as f64)
+    }
+
     fn record(&mut self, ns: Nanos) {
         self.ns += ns;
         let us = ns / 1000;

@@ -108,8 +108,8 @@ struct Args {
     compare_lab: bool,
     /// Compare with a lab suite's `verdict.json` instead (its `burst`, `sustained`, `flood`,
     /// `transient-30`, `no-limiter` and `fleet-*` scenarios, at the lab's instances),
-    /// replaying each valid lab repetition's
-    /// own arrivals (from the scenarios' `summary.json` beside it; `--seed` is not used).
+    /// replaying each valid lab repetition's own arrivals (from the scenarios' `summary.json`
+    /// beside it; `--seed` is not used).
     #[arg(long, value_name = "PATH")]
     lab_verdict: Option<std::path::PathBuf>,
     /// With `--lab-verdict`: the instances the suite ran with (`lab run --instances N`). The
@@ -548,21 +548,19 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
                     "{n:.0} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {}",
                     c.wait_ms / n.max(1.0),
                     c.run_ms / n.max(1.0),
-                    within(&c.waits, 0),
-                    within(&c.waits, 7),
-                    within(&c.waits, 8),
-                    within(&c.runs, 7),
-                    within(&c.runs, 8),
-                    within(&c.runs, 9),
+                    share(&c.waits, 0..1),
+                    share(&c.waits, 0..8),
+                    share(&c.waits, 0..9),
+                    share(&c.runs, 0..8),
+                    share(&c.runs, 0..9),
+                    share(&c.runs, 0..10),
                 )
             }
         };
         format!(
-            "| {} | {} | {} | {who} | {:.1} % | {times} |",
-            lab.scenario.name(),
-            lab.variant.name(),
-            lab.instances,
-            100.0 * retried,
+            "{} {who} | {:.1} % | {times} |",
+            row_key(lab),
+            100.0 * retried
         )
     };
     let lab_mean = measured.map(|m| Completions::mean(&m));
@@ -601,32 +599,32 @@ fn gap_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
         for (gap, sizes) in kinds {
             let cells = match sizes {
                 None => "– | – | – | – | – | –".to_owned(),
-                Some(sizes) => {
-                    let all: f64 = sizes.iter().sum::<f64>().max(1.0);
-                    let share = |from: usize, to: usize| {
-                        format!("{:.1} %", 100.0 * sizes[from..to].iter().sum::<f64>() / all)
-                    };
-                    [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 11)]
-                        .map(|(from, to)| share(from, to))
-                        .join(" | ")
-                }
+                Some(sizes) => [0..1, 1..2, 2..3, 3..4, 4..5, 5..11]
+                    .map(|buckets| share(&sizes, buckets))
+                    .join(" | "),
             };
-            rows.push(format!(
-                "| {} | {} | {} | {who} | {gap} | {cells} |",
-                lab.scenario.name(),
-                lab.variant.name(),
-                lab.instances,
-            ));
+            rows.push(format!("{} {who} | {gap} | {cells} |", row_key(lab)));
         }
     }
     Some(rows.join("\n"))
 }
 
-/// The share of delays counted by size up to bucket `upto` (0: within 0.1 ms), as a cell.
-fn within(sizes: &[f64; 11], upto: usize) -> String {
+/// The share of delays counted by size that fall in `buckets` (0: within 0.1 ms, ...,
+/// 10: over 100 ms), as a cell.
+fn share(sizes: &[f64; 11], buckets: std::ops::Range<usize>) -> String {
     let all: f64 = sizes.iter().sum();
-    let some: f64 = sizes[..=upto].iter().sum();
+    let some: f64 = sizes[buckets].iter().sum();
     format!("{:.1} %", 100.0 * some / all.max(1.0))
+}
+
+/// The first cells of a lab row's lines in the side tables: scenario, variant, clients.
+fn row_key(lab: &LabRow) -> String {
+    format!(
+        "| {} | {} | {} |",
+        lab.scenario.name(),
+        lab.variant.name(),
+        lab.instances
+    )
 }
 
 /// The simulator's runs for a lab row.
