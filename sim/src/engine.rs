@@ -1,4 +1,5 @@
-//! The event loop: arrivals, each client's controller, the server, replies, deadlines.
+//! The event loop: arrivals, each client's controller, the server (or a sharded cluster's
+//! routers and shards), replies, deadlines.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,8 +21,8 @@ use crate::clock::{self, Nanos};
 use crate::queue::{Handle, Queue, Slab};
 use crate::replay::Replay;
 use crate::report::{Outcome, Report};
-use crate::scenario::{Scenario, MIX};
-use crate::server::{keyed_unit, OpKind, Reply, Request, Server, ServerConfig, Tag};
+use crate::scenario::{Cluster, Scenario};
+use crate::server::{keyed_unit, OpKind, Reply, Request, Server, ServerConfig, ServerStats, Tag};
 use crate::variant::{MaxTime, OnDeadline, Overrides, Variant};
 
 /// The most clients a run may have.
@@ -30,7 +31,7 @@ pub const MAX_CLIENTS: u32 = 100_000;
 /// The driver's default `maxPoolSize`, which the lab's variants keep.
 pub const POOL_SIZE: u32 = 100;
 
-/// The key of the one server every client talks to.
+/// The key of the one server every client talks to (on a cluster, each router is its index).
 const SERVER: u32 = 0;
 /// One second of virtual time: the per-second series' step.
 const SECOND: Nanos = 1_000_000_000;
@@ -41,6 +42,7 @@ const ARRIVAL_SALT: u64 = 0x243f_6a88_85a3_08d3;
 const POLICY_SALT: u64 = 0x1319_8a2e_0370_7344;
 const SERVER_SALT: u64 = 0xa409_3822_299f_31d0;
 const TIMER_SALT: u64 = 0x082e_fa98_ec4e_6c89;
+const ROUTER_SALT: u64 = 0xbe54_66cf_34e9_0c6c;
 
 /// The uniform draw that decides whether an attempt meets a random rejection, keyed by the
 /// request's client, arrival and attempt number (which every variant shares) and the seed:
@@ -51,6 +53,36 @@ fn rejection_draw(seed: u64, client: u32, arrival: Nanos, attempt: u32) -> f64 {
             .wrapping_add(arrival.wrapping_mul(0x9e37_79b9_7f4a_7c15))
             .wrapping_add(u64::from(client) << 32 | u64::from(attempt)),
     )
+}
+
+/// The router an attempt goes to, drawn uniformly, keyed like [`rejection_draw`] so that every
+/// variant sends the same attempt of the same request to the same router. A retry goes to one
+/// of the others (`previous`): the driver deprioritizes the router that failed on a sharded
+/// cluster.
+fn router_draw(
+    seed: u64,
+    client: u32,
+    arrival: Nanos,
+    attempt: u32,
+    routers: u32,
+    previous: Option<u32>,
+) -> u32 {
+    let u = keyed_unit(
+        (seed ^ ROUTER_SALT)
+            .wrapping_add(arrival.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .wrapping_add(u64::from(client) << 32 | u64::from(attempt)),
+    );
+    match previous.filter(|_| routers > 1) {
+        None => ((u * f64::from(routers)) as u32).min(routers - 1),
+        Some(previous) => {
+            let other = ((u * f64::from(routers - 1)) as u32).min(routers - 2);
+            if other >= previous {
+                other + 1
+            } else {
+                other
+            }
+        }
+    }
 }
 
 /// Everything one run needs.
@@ -122,9 +154,13 @@ impl RunConfig {
             .collect()
     }
 
-    /// The server's configuration for this run.
+    /// The server's configuration for this run (on a cluster, every shard's but the hot
+    /// one's limiter: [`Self::server_configs`]).
     pub fn server_config(&self) -> ServerConfig {
         let mut s = self.server.clone();
+        if let Some((point, range)) = self.scenario.read_costs {
+            (s.point_read_ms, s.range_read_ms) = (point, range);
+        }
         s.cores = self.scenario.cores;
         s.rejection_ms = self.scenario.rejection_ms;
         s.random_rejection = self.scenario.random_rejection;
@@ -134,11 +170,41 @@ impl RunConfig {
         s
     }
 
+    /// Every server's configuration: the one server's, or each shard's. A router reaches its
+    /// shards in the same process, so a shard's reply takes no network time (the client's
+    /// round trip is the router's); the hot shard's limiter admits its share of the others'
+    /// rate.
+    pub fn server_configs(&self) -> Vec<ServerConfig> {
+        let one = self.server_config();
+        let Some(cluster) = &self.scenario.cluster else {
+            return vec![one];
+        };
+        (0..cluster.shards)
+            .map(|i| {
+                let mut s = one.clone();
+                s.half_rtt = 0;
+                if i == cluster.hot_index {
+                    if let Some(share) = cluster.hot_share {
+                        s.limiter_rate = s.limiter_rate.map(|rate| rate * share);
+                    }
+                }
+                s
+            })
+            .collect()
+    }
+
     /// 100 % load: the given capacity, else what the cores complete of the mix: cores × 1000 ÷
-    /// the mix's mean time on a core in ms (its cost and its slices' hand-offs).
+    /// the mix's mean time on a core in ms (its cost and its slices' hand-offs). On a cluster,
+    /// one shard's (the lab's `hot-shard` calls that its capacity: the load is 150 % of it,
+    /// a third of which reaches each shard).
     pub fn effective_capacity(&self, s: &ServerConfig) -> f64 {
         self.capacity.unwrap_or_else(|| {
-            let mean: f64 = MIX.iter().map(|&(k, w)| w * s.core_ms(k)).sum();
+            let mean: f64 = self
+                .scenario
+                .mix
+                .iter()
+                .map(|&(k, w)| w * s.core_ms(k))
+                .sum();
             f64::from(s.cores) * 1000.0 / mean
         })
     }
@@ -217,14 +283,37 @@ pub enum Event {
     RetryDue { op: Handle, wait: u32 },
     /// An attempt reaches the server.
     ServerArrive(Request),
-    /// A slice of a server job ended.
-    SliceEnd { job: Handle },
+    /// A slice of a job of server `server` ended.
+    SliceEnd { server: u32, job: Handle },
     /// A ticket wait reached its request's deadline.
-    TicketTimeout { job: Handle, wait: u32 },
+    TicketTimeout { server: u32, job: Handle, wait: u32 },
     /// A ticket waiter woken by a release comes for the ticket.
-    TicketWake { job: Handle, wait: u32 },
-    /// The server's reply reaches the client.
-    Reply { tag: Tag, reply: Reply },
+    TicketWake { server: u32, job: Handle, wait: u32 },
+    /// A server's reply reaches the client, or on a cluster its router.
+    Reply { server: u32, tag: Tag, reply: Reply },
+    /// A router's backoff before retrying `shard` for `call` ended; `expire`: the call's
+    /// `maxTimeMS` ended it first.
+    RouterRetry {
+        call: Handle,
+        shard: u32,
+        expire: bool,
+    },
+    /// A router's answer reaches the client.
+    RoutedReply { tag: Tag, reply: Reply },
+}
+
+/// One attempt at a router, forwarded to its shards (mongos's `AsyncRequestsSender`). It
+/// outlives the client's operation: a router goes on when its client stops waiting, as the
+/// lab's routers do (they have no model of their own to watch the connection).
+struct RouterCall {
+    /// The client's attempt, to answer; also the child requests' tag at the shards.
+    request: Request,
+    /// Where `maxTimeMS` ends, counted from the router's receipt.
+    max_time_end: Option<Nanos>,
+    /// Shards still to answer (bit `i`: shard `i`).
+    pending: u64,
+    /// Retries made so far per shard.
+    retries: [u8; 64],
 }
 
 enum Stage<'c> {
@@ -246,6 +335,11 @@ enum Stage<'c> {
 struct Op<'c> {
     client: u32,
     kind: OpKind,
+    /// Its document key (a router targets by it), and whether it touches no hot shard.
+    key: i64,
+    cold: bool,
+    /// The server (router) its latest attempt went to.
+    server: u32,
     arrival: Nanos,
     app_deadline: Nanos,
     phase: usize,
@@ -273,7 +367,10 @@ struct Sim<'c> {
     cfg: &'c RunConfig,
     controllers: &'c [Controller<u32>],
     ops: Slab<Op<'c>>,
-    server: Server,
+    /// The one server, or a cluster's shards (index = shard).
+    servers: Vec<Server>,
+    cluster: Option<&'c Cluster>,
+    calls: Slab<RouterCall>,
     q: Queue<Event>,
     arrivals: ArrivalSource<'c>,
     policy: StdRng,
@@ -310,6 +407,16 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         .collect::<Result<Vec<_>, _>>()?;
     let server_cfg = cfg.server_config();
     let capacity = cfg.effective_capacity(&server_cfg);
+    let servers = cfg
+        .server_configs()
+        .into_iter()
+        .zip(0u32..)
+        .map(|(config, i)| {
+            let mut server = Server::new(config).numbered(i);
+            server.seed_timer((cfg.seed ^ TIMER_SALT).wrapping_add(u64::from(i)));
+            server
+        })
+        .collect();
     let phase_ends = cfg.phase_ends();
     let rates = cfg
         .scenario
@@ -327,11 +434,9 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         cfg,
         controllers: &controllers,
         ops: Slab::default(),
-        server: {
-            let mut server = Server::new(server_cfg);
-            server.seed_timer(cfg.seed ^ TIMER_SALT);
-            server
-        },
+        servers,
+        cluster: cfg.scenario.cluster.as_ref(),
+        calls: Slab::default(),
         q: Queue::default(),
         arrivals,
         policy: StdRng::seed_from_u64(cfg.seed ^ POLICY_SALT),
@@ -384,7 +489,7 @@ impl<'c> Sim<'c> {
         }
         self.report.peak_events = self.q.peak() as u64;
         self.report.unfinished = self.ops.len() as u64;
-        self.report.server = self.server.stats.clone();
+        self.report.server = self.server_stats();
         let hist = &self.latency;
         if !hist.is_empty() {
             self.report.p50_ms = hist.value_at_quantile(0.5) as f64 / 1000.0;
@@ -401,7 +506,7 @@ impl<'c> Sim<'c> {
                 }
             }
             Event::ScheduleEnd => {
-                self.report.busy_in_schedule_ns = self.server.stats.busy_ns;
+                self.report.busy_in_schedule_ns = self.server_stats().busy_ns;
             }
             Event::AppDeadline { op } => self.app_deadline(now, op),
             Event::SlotPoll { op, wait } => {
@@ -410,20 +515,46 @@ impl<'c> Sim<'c> {
                 }
             }
             Event::RetryDue { op, wait } => self.retry_due(now, op, wait),
-            Event::ServerArrive(req) => self.server.arrive(now, req, &mut self.q),
-            Event::SliceEnd { job } => {
-                self.server
-                    .slice_end(now, job, &mut self.q, &mut self.server_rng);
+            Event::ServerArrive(req) => match self.cluster {
+                None => self.servers[0].arrive(now, req, &mut self.q),
+                Some(_) => self.route(now, req),
+            },
+            Event::SliceEnd { server, job } => {
+                self.servers[server as usize].slice_end(
+                    now,
+                    job,
+                    &mut self.q,
+                    &mut self.server_rng,
+                );
             }
-            Event::TicketTimeout { job, wait } => {
-                self.server
-                    .ticket_timeout(now, job, wait, &mut self.q, &mut self.server_rng);
+            Event::TicketTimeout { server, job, wait } => {
+                self.servers[server as usize].ticket_timeout(
+                    now,
+                    job,
+                    wait,
+                    &mut self.q,
+                    &mut self.server_rng,
+                );
             }
-            Event::TicketWake { job, wait } => {
-                self.server
-                    .ticket_wake(now, job, wait, &mut self.q, &mut self.server_rng);
+            Event::TicketWake { server, job, wait } => {
+                self.servers[server as usize].ticket_wake(
+                    now,
+                    job,
+                    wait,
+                    &mut self.q,
+                    &mut self.server_rng,
+                );
             }
-            Event::Reply { tag, reply } => self.reply(now, tag, reply),
+            Event::Reply { server, tag, reply } => match self.cluster {
+                None => self.reply(now, tag, reply),
+                Some(_) => self.shard_reply(now, server, tag, reply),
+            },
+            Event::RouterRetry {
+                call,
+                shard,
+                expire,
+            } => self.router_retry(now, call, shard, expire),
+            Event::RoutedReply { tag, reply } => self.reply(now, tag, reply),
         }
     }
 
@@ -466,15 +597,15 @@ impl<'c> Sim<'c> {
             .unwrap_or(self.phase_ends.len().saturating_sub(1))
     }
 
-    /// The request arriving at `now`: its client, kind and phase (`None` past a replayed
+    /// The request arriving at `now`: its client, kind, key and phase (`None` past a replayed
     /// schedule's end, which the loop never asks for).
-    fn next_request(&mut self, now: Nanos) -> Option<(u32, OpKind, usize)> {
+    fn next_request(&mut self, now: Nanos) -> Option<(u32, OpKind, i64, usize)> {
         let rng = match &mut self.arrivals {
             ArrivalSource::Drawn(rng) => rng,
             ArrivalSource::Replayed { schedule, next } => {
                 let a = schedule.arrivals.get(*next)?;
                 *next += 1;
-                return Some((a.client, a.kind, a.phase));
+                return Some((a.client, a.kind, a.key, a.phase));
             }
         };
         // One draw whatever the number of clients (no rejection sampling), so that runs with
@@ -482,23 +613,31 @@ impl<'c> Sim<'c> {
         let client =
             ((u128::from(rng.random::<u64>()) * u128::from(self.cfg.clients)) >> 64) as u32;
         let draw: f64 = rng.random();
-        let mut kind = MIX[MIX.len() - 1].0;
+        let mix = &self.cfg.scenario.mix;
+        let mut kind = mix[mix.len() - 1].0;
         let mut acc = 0.0;
-        for &(k, w) in &MIX {
+        for &(k, w) in mix {
             acc += w;
             if draw < acc {
                 kind = k;
                 break;
             }
         }
-        Some((client, kind, self.phase_of(now)))
+        // Only a cluster draws keys, so that the other scenarios keep their draws.
+        let key = match self.cluster {
+            Some(cluster) => rng.random_range(0..cluster.docs),
+            None => 0,
+        };
+        Some((client, kind, key, self.phase_of(now)))
     }
 
     fn arrive(&mut self, now: Nanos) {
-        let Some((client, kind, phase)) = self.next_request(now) else {
+        let Some((client, kind, key, phase)) = self.next_request(now) else {
             return;
         };
+        let cold = self.cluster.is_some_and(|c| c.is_cold(kind, key));
         self.report.requests += 1;
+        self.report.cold_requests += u64::from(cold);
         if let Some(n) = self.report.phase_requests.get_mut(phase) {
             *n += 1;
         }
@@ -510,6 +649,9 @@ impl<'c> Sim<'c> {
         let op = self.ops.insert(Op {
             client,
             kind,
+            key,
+            cold,
+            server: SERVER,
             arrival: now,
             app_deadline,
             phase,
@@ -530,10 +672,21 @@ impl<'c> Sim<'c> {
         let Some(o) = self.ops.get_mut(op) else {
             return;
         };
+        if let Some(cluster) = self.cluster {
+            let previous = (kind == AttemptKind::Retry).then_some(o.server);
+            o.server = router_draw(
+                self.cfg.seed,
+                o.client,
+                o.arrival,
+                o.attempts + 1,
+                cluster.routers,
+                previous,
+            );
+        }
         let ctl = &controllers[o.client as usize];
         let request = ctl.start_attempt(
             o.kind.command(),
-            &SERVER,
+            &o.server,
             kind,
             o.deadline,
             clock::instant(now),
@@ -665,6 +818,7 @@ impl<'c> Sim<'c> {
         let req = Request {
             tag,
             kind: o.kind,
+            key: o.key,
             max_time,
             client_deadline: o.app_deadline,
             rejection_draw: rejection_draw(self.cfg.seed, o.client, o.arrival, o.attempts),
@@ -764,7 +918,7 @@ impl<'c> Sim<'c> {
                 o.retry.record_failure(failure);
                 let question = RetryQuestion {
                     operation: o.kind.command(),
-                    server: Some(&SERVER),
+                    server: Some(&o.server),
                     deadline: o.deadline,
                 };
                 let rng = &mut self.policy;
@@ -797,7 +951,152 @@ impl<'c> Sim<'c> {
                     }
                 }
             }
+            Reply::RouterOverloaded => {
+                // `SystemOverloadedError` without `RetryableError`: the driver counts the
+                // overload and returns the error, since no ordinary rule retries code 462.
+                let failure = Failure::new(Overload::NotRetryable, None);
+                attempt.finish(
+                    AttemptEnd::Failed {
+                        overload: failure.overload,
+                        replied: true,
+                    },
+                    Some(clock::instant(sent)),
+                    at,
+                );
+                ctl.failure(failure, Some(462));
+                self.wake_slot_waiter(now, tag.op);
+                self.driver_end(now, tag.op, Outcome::Rejected);
+            }
         }
+    }
+
+    /// A router receives an attempt: it forwards it at once to every shard its key touches.
+    fn route(&mut self, now: Nanos, req: Request) {
+        let Some(cluster) = self.cluster else {
+            return;
+        };
+        let (low, high) = cluster.touched(req.kind, req.key);
+        let pending = (low..=high).fold(0u64, |mask, shard| mask | 1 << shard);
+        let call = self.calls.insert(RouterCall {
+            request: req,
+            max_time_end: req.max_time.map(|t| now.saturating_add(t)),
+            pending,
+            retries: [0; 64],
+        });
+        for shard in low..=high {
+            self.forward(now, call, shard);
+        }
+    }
+
+    /// Sends `call`'s child request to `shard`, with what is left of its `maxTimeMS`.
+    fn forward(&mut self, now: Nanos, call: Handle, shard: u32) {
+        let Some(c) = self.calls.get(call) else {
+            return;
+        };
+        let child = Request {
+            tag: Tag {
+                op: call,
+                attempt: c.request.tag.attempt,
+            },
+            max_time: c.max_time_end.map(|end| end.saturating_sub(now)),
+            ..c.request
+        };
+        self.servers[shard as usize].arrive(now, child, &mut self.q);
+    }
+
+    /// A shard answers a router's child request. The call succeeds when every shard has; a
+    /// `RetryableError` is retried after mongos's backoff while retries are left and the
+    /// backoff ends within `maxTimeMS`; any other error fails the whole call at once (mongos's
+    /// results merger: the first error wins, the other shards' answers are not waited for).
+    fn shard_reply(&mut self, now: Nanos, shard: u32, tag: Tag, reply: Reply) {
+        let Some(cluster) = self.cluster else {
+            return;
+        };
+        let call = tag.op;
+        let Some(c) = self.calls.get_mut(call) else {
+            // The call already failed on another shard.
+            return;
+        };
+        match reply {
+            Reply::Ok => {
+                c.pending &= !(1 << shard);
+                if c.pending == 0 {
+                    self.answer(now, call, Reply::Ok);
+                }
+            }
+            Reply::Overloaded => {
+                let done = u32::from(c.retries[shard as usize]);
+                if done >= cluster.router_retries {
+                    let reply = if cluster.shard_labels {
+                        Reply::Overloaded
+                    } else {
+                        Reply::RouterOverloaded
+                    };
+                    self.answer(now, call, reply);
+                    return;
+                }
+                c.retries[shard as usize] += 1;
+                let ceiling = cluster
+                    .router_base_backoff_ms
+                    .saturating_mul(1 << done.min(30))
+                    .min(cluster.router_max_backoff_ms);
+                let wait = clock::ms(self.server_rng.random_range(0..=ceiling) as f64);
+                match c.max_time_end.filter(|&end| end < now.saturating_add(wait)) {
+                    Some(end) => self.q.push(
+                        end,
+                        Event::RouterRetry {
+                            call,
+                            shard,
+                            expire: true,
+                        },
+                    ),
+                    None => {
+                        self.report.router_retries += 1;
+                        self.q.push(
+                            now.saturating_add(wait),
+                            Event::RouterRetry {
+                                call,
+                                shard,
+                                expire: false,
+                            },
+                        );
+                    }
+                }
+            }
+            Reply::Expired | Reply::RouterOverloaded => self.answer(now, call, reply),
+        }
+    }
+
+    /// A router's backoff for `call`'s child at `shard` ended: retry it, or answer 50 when the
+    /// call's `maxTimeMS` ended the backoff.
+    fn router_retry(&mut self, now: Nanos, call: Handle, shard: u32, expire: bool) {
+        if expire {
+            self.answer(now, call, Reply::Expired);
+        } else {
+            self.forward(now, call, shard);
+        }
+    }
+
+    /// The router answers `call` to its client (if nothing answered it yet).
+    fn answer(&mut self, now: Nanos, call: Handle, reply: Reply) {
+        if let Some(c) = self.calls.remove(call) {
+            self.q.push(
+                now + self.cfg.server_config_half_rtt(),
+                Event::RoutedReply {
+                    tag: c.request.tag,
+                    reply,
+                },
+            );
+        }
+    }
+
+    /// Every server's counters, summed over a cluster's shards.
+    fn server_stats(&self) -> ServerStats {
+        let mut stats = ServerStats::default();
+        for server in &self.servers {
+            stats.add(&server.stats);
+        }
+        stats
     }
 
     fn retry_due(&mut self, now: Nanos, op: Handle, wait: u32) {
@@ -870,6 +1169,9 @@ impl<'c> Sim<'c> {
             self.report.unsent += 1;
         }
         if o.app_waiting {
+            if o.cold && outcome == Outcome::Success {
+                self.report.cold_success += 1;
+            }
             self.record(now, o.arrival, o.phase, outcome);
         } else {
             self.report.late_driver_ends += 1;
@@ -885,7 +1187,8 @@ impl<'c> Sim<'c> {
                 .map(|l| u64::from(l.limit))
                 .sum()
         });
-        let counters = self.report.counters(&self.server.stats, limit);
+        let stats = self.server_stats();
+        let counters = self.report.counters(&stats, limit);
         self.report.seconds.push(counters);
     }
 

@@ -40,6 +40,8 @@ pub struct LabRow {
     pub wasted_pct: f64,
     /// Requests that succeeded (%), `transient`'s figure (from a suite's `transient-30`).
     pub success_pct: Option<f64>,
+    /// Cold-shard goodput (ops/s), the sharded scenarios' figure.
+    pub cold_goodput: Option<f64>,
     /// The ingress limiter's rate as a share of capacity, where the lab's scenario sets its
     /// own (`no-limiter`: 0); `None`: the run's (`--limiter-share`, the lab's 0.9).
     pub limiter_share: Option<f64>,
@@ -74,6 +76,7 @@ const fn row(
         rejecting_pct: figures.3,
         wasted_pct: figures.4,
         success_pct: None,
+        cold_goodput: None,
         limiter_share: None,
         schedule: None,
         repetitions: Vec::new(),
@@ -217,10 +220,10 @@ pub fn relative(sim: f64, lab: f64) -> Option<f64> {
 }
 
 /// The lab's scenario a suite scenario runs in the simulator, its instances, and its limiter
-/// share if it sets one: `burst`, `sustained` and `flood` as themselves, `transient-30` as
-/// `transient`, `no-limiter` as `burst` without the limiter, the `fleet-*` scenarios as their
-/// four-instance namesakes at 64 instances; `None` for scenarios the simulator does not
-/// model.
+/// share if it sets one: `burst`, `sustained`, `flood`, `hot-shard` and `even-shards` as
+/// themselves, `transient-30` as `transient`, `no-limiter` as `burst` without the limiter, the
+/// `fleet-*` scenarios as their four-instance namesakes at 64 instances; `None` for scenarios
+/// the simulator does not model.
 fn simulated(name: &str) -> Option<(ScenarioName, u32, Option<f64>)> {
     let (base, instances, limiter_share) = match name.strip_prefix("fleet-") {
         Some(base) => (base, 64, None),
@@ -228,13 +231,16 @@ fn simulated(name: &str) -> Option<(ScenarioName, u32, Option<f64>)> {
         None if name == "no-limiter" => (ScenarioName::Burst.name(), 4, Some(0.0)),
         None => (name, 4, None),
     };
-    let scenario = ScenarioName::ALL.into_iter().find(|s| s.name() == base)?;
+    let scenario = ScenarioName::ALL
+        .into_iter()
+        .chain(ScenarioName::SHARDED)
+        .find(|s| s.name() == base)?;
     Some((scenario, instances, limiter_share))
 }
 
 /// The rows of a lab suite's `verdict.json` the simulator can compare with: every judged
-/// variant it models in `burst`, `sustained`, `flood`, `transient-30`, `no-limiter` and the
-/// `fleet-*` scenarios.
+/// variant it models in `burst`, `sustained`, `flood`, `transient-30`, `no-limiter`,
+/// `hot-shard`, `even-shards` and the `fleet-*` scenarios.
 /// `instances` overrides the scenario's own count (a suite run with `--instances N`, which
 /// `verdict.json` does not record); `source` names the file in the rows.
 ///
@@ -291,6 +297,10 @@ pub fn from_verdict(
                 wasted_pct: 100.0 * median(v, "wastedShare").unwrap_or(0.0),
                 success_pct: (scenario == ScenarioName::Transient)
                     .then(|| median(v, "successShare").map(|s| 100.0 * s))
+                    .flatten(),
+                cold_goodput: ScenarioName::SHARDED
+                    .contains(&scenario)
+                    .then(|| median(v, "coldGoodput"))
                     .flatten(),
                 limiter_share,
                 schedule: None,
@@ -372,10 +382,37 @@ fn attach(
         ));
     };
     row.length = length;
-    if schedule.mix != arrivals::OpMix::default() {
+    let model = row.scenario.build(length, None);
+    if !same_mix(&model.mix, &schedule.mix) {
         return Err(format!(
-            "{name}: the lab ran another operation mix than the one the model's capacity is              for ({:?})",
+            "{name}: the lab ran another operation mix than the model's {} ({:?})",
+            row.scenario.name(),
             schedule.mix
+        ));
+    }
+    let lab_cluster = schedule.sharding.map(|l| {
+        (
+            l.routers,
+            l.shards,
+            l.hot_index,
+            l.hot_share,
+            schedule.docs,
+            schedule.mix.range_len,
+        )
+    });
+    let model_cluster = model.cluster.as_ref().map(|c| {
+        (
+            c.routers,
+            c.shards,
+            c.hot_index,
+            c.hot_share,
+            c.docs,
+            c.range_len,
+        )
+    });
+    if lab_cluster != model_cluster {
+        return Err(format!(
+            "{name}: the lab's cluster (routers, shards, hot shard, its share, keys, range              length) {lab_cluster:?} is not the model's {model_cluster:?}"
         ));
     }
     row.repetitions = schedule.valid_repetitions(row.variant.name());
@@ -388,6 +425,23 @@ fn attach(
     row.instances = recorded;
     row.schedule = Some(schedule);
     Ok(())
+}
+
+/// Whether the model's mix and the lab's draw the same kinds in the same shares (the lab's
+/// weights need not add up to 1).
+fn same_mix(model: &[(crate::server::OpKind, f64); 4], lab: &arrivals::OpMix) -> bool {
+    use crate::server::OpKind;
+    let total = lab.point + lab.range + lab.insert + lab.update;
+    total > 0.0
+        && model.iter().all(|&(kind, share)| {
+            let weight = match kind {
+                OpKind::PointRead => lab.point,
+                OpKind::RangeRead => lab.range,
+                OpKind::Insert => lab.insert,
+                OpKind::Update => lab.update,
+            };
+            (weight / total - share).abs() < 1e-9
+        })
 }
 
 #[cfg(test)]
@@ -462,6 +516,42 @@ mod tests {
         assert_eq!(at(3.0), Ok(Length::Suite));
         assert_eq!(at(20.0), Ok(Length::Default));
         assert!(at(5.0).is_err());
+    }
+
+    #[test]
+    fn the_labs_hot_shard_is_replayed_on_the_models_cluster_and_no_other() {
+        let at = |persona: &str, routers: u32, point: f64| {
+            let json = format!(
+                r#"{{"config": {{
+                    "scenario": {{"name": "hot-shard", "phases": [
+                        {{"name": "hot", "load": 1.5, "duration": 5.0}}]}},
+                    "arrivals": "poisson", "instances": 4, "docs": 1000, "seed": 4,
+                    "persona": "{persona}",
+                    "sharding": {{"routers": {routers}, "shards": 3, "hotIndex": 1,
+                                 "hotShare": 0.3333333333333333}},
+                    "mix": {{"point": {point}, "range": 10.0, "insert": 0.0, "update": 0.0,
+                            "range_len": 20}}}},
+                  "capacity": 652.0,
+                  "runs": [{{"variant": "fork-controls", "rep": 0, "offered": 1,
+                             "invalid": false}}]
+                }}"#
+            );
+            let schedule = LabSchedule::from_summary(&json, "summary.json").expect("a summary");
+            let verdict = r#"{"scenarios": [{"name": "hot-shard", "capacity": 652.0,
+                "variants": [{"name": "fork-controls", "judged": true,
+                "goodputShare": {"median": 1.31}, "attemptsPerRequest": {"median": 1.0},
+                "coldGoodput": {"median": 653.2}}]}]}"#;
+            let mut rows = from_verdict(verdict, None, "v.json").expect("a verdict");
+            let mut row = rows.remove(0);
+            assert_eq!(row.scenario, ScenarioName::HotShard);
+            assert_eq!(row.cold_goodput, Some(653.2));
+            attach(&mut row, Arc::new(schedule), None)
+        };
+        assert_eq!(at("sharded", 3, 90.0), Ok(()));
+        // Another layout, no cluster at all, or another mix is not the model's `hot-shard`.
+        assert!(at("sharded", 2, 90.0).unwrap_err().contains("cluster"));
+        assert!(at("replicaset", 3, 90.0).unwrap_err().contains("cluster"));
+        assert!(at("sharded", 3, 80.0).unwrap_err().contains("mix"));
     }
 
     #[test]

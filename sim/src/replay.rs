@@ -23,6 +23,8 @@ pub struct ReplayedArrival {
     /// The client that sends it: the lab instance whose schedule holds it.
     pub client: u32,
     pub kind: OpKind,
+    /// Its document key (on a sharded cluster, which shards it touches).
+    pub key: i64,
     /// Its phase, as the lab's generator assigned it.
     pub phase: usize,
 }
@@ -47,6 +49,7 @@ impl Replay {
                     at: clock::nanos(a.at),
                     client: client as u32,
                     kind: a.kind,
+                    key: a.key,
                     phase: a.phase,
                 })
             })
@@ -316,12 +319,37 @@ pub struct LabSchedule {
     pub instances: usize,
     pub spacing: Arrivals,
     pub mix: OpMix,
-    /// Keys are drawn too (the model ignores them): they are part of the draw order.
+    /// Keys are drawn too: they are part of the draw order, and on a sharded cluster they
+    /// decide which shards a request touches.
     pub docs: i64,
     /// The lab run's `--seed`. The lab does not write each repetition's seed down; it is
     /// [`arrivals::repetition_seed`] of this one, the formula the lab's runner calls.
     pub base_seed: u64,
+    /// The sharded cluster the lab ran on (`config.sharding` of persona `sharded`), if any.
+    pub sharding: Option<LabSharding>,
     pub runs: Vec<LabRun>,
+}
+
+/// A lab run's sharded cluster (`ShardLayout` in `lab/src/loadgen/config.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LabSharding {
+    pub routers: u32,
+    pub shards: u32,
+    pub hot_index: u32,
+    /// The hot shard's limiter as a share of the others' (`None`: the same).
+    pub hot_share: Option<f64>,
+}
+
+impl LabSharding {
+    fn from_config(sharding: &Value) -> Option<LabSharding> {
+        let count = |key: &str| sharding[key].as_u64().and_then(|n| u32::try_from(n).ok());
+        Some(LabSharding {
+            routers: count("routers")?,
+            shards: count("shards")?,
+            hot_index: count("hotIndex")?,
+            hot_share: sharding["hotShare"].as_f64(),
+        })
+    }
 }
 
 impl LabSchedule {
@@ -405,6 +433,14 @@ impl LabSchedule {
             base_seed: config["seed"]
                 .as_u64()
                 .ok_or_else(|| missing("config.seed"))?,
+            // Every summary holds a layout; only the sharded persona runs on it.
+            sharding: match config["persona"].as_str() {
+                Some("sharded") => Some(
+                    LabSharding::from_config(&config["sharding"])
+                        .ok_or_else(|| missing("config.sharding's routers, shards or hotIndex"))?,
+                ),
+                _ => None,
+            },
             runs,
         };
         if !(schedule.capacity.is_finite() && schedule.capacity > 0.0) {

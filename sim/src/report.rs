@@ -29,6 +29,7 @@ pub struct Report {
     pub seed: u64,
     /// 100 % load (ops/s).
     pub capacity: f64,
+    /// Cores of every server together (a cluster's shards' summed).
     pub cores: u32,
     pub phase_secs: Vec<f64>,
     pub burst: Option<usize>,
@@ -40,6 +41,12 @@ pub struct Report {
     pub deadline: u64,
     pub phase_requests: Vec<u64>,
     pub phase_success: Vec<u64>,
+    /// On a sharded cluster: the requests that do not touch the hot shard (the lab's
+    /// cold-shard requests), and those of them that succeeded in time.
+    pub cold_requests: u64,
+    pub cold_success: u64,
+    /// On a sharded cluster: the shards' overload errors the routers retried themselves.
+    pub router_retries: u64,
     /// Attempts sent to the server: first attempts and retries.
     pub first_attempts: u64,
     pub retries: u64,
@@ -171,7 +178,7 @@ impl Report {
             clients: cfg.clients,
             seed: cfg.seed,
             capacity,
-            cores: cfg.scenario.cores,
+            cores: cfg.scenario.cores * cfg.scenario.cluster.as_ref().map_or(1, |c| c.shards),
             phase_secs: cfg.scenario.phases.iter().map(|p| p.secs).collect(),
             burst: cfg.scenario.burst,
             requests: 0,
@@ -181,6 +188,9 @@ impl Report {
             deadline: 0,
             phase_requests: vec![0; phases],
             phase_success: vec![0; phases],
+            cold_requests: 0,
+            cold_success: 0,
+            router_retries: 0,
             first_attempts: 0,
             retries: 0,
             retried_requests: 0,
@@ -263,6 +273,12 @@ impl Report {
     /// Successes within the deadline per second of the schedule.
     pub fn goodput(&self) -> f64 {
         ratio(self.success as f64, self.secs())
+    }
+
+    /// Successes within the deadline of the cold-shard requests per second of the schedule
+    /// (the lab's cold-shard goodput; 0 on one server).
+    pub fn cold_goodput(&self) -> f64 {
+        ratio(self.cold_success as f64, self.secs())
     }
 
     /// Goodput ÷ capacity.

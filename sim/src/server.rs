@@ -280,6 +280,8 @@ pub struct Tag {
 pub struct Request {
     pub tag: Tag,
     pub kind: OpKind,
+    /// Its document key, which a router targets by (a server ignores it).
+    pub key: i64,
     /// `maxTimeMS`, counted from arrival at the server.
     pub max_time: Option<Nanos>,
     /// When the application stops waiting (the lab's `labDeadlineMs` oracle): work completed
@@ -300,6 +302,9 @@ pub enum Reply {
     Overloaded,
     /// 50 `MaxTimeMSExpired`.
     Expired,
+    /// An overload error with `SystemOverloadedError` alone: what a router answers when it
+    /// gives up on a shard's overload error (mongos's label rule). No server model answers it.
+    RouterOverloaded,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -434,8 +439,92 @@ pub struct ServerStats {
     pub oversleeps_beyond_tick: u64,
 }
 
+impl Delays {
+    fn add(&mut self, other: &Delays) {
+        self.ns += other.ns;
+        for (mine, theirs) in self.sizes.iter_mut().zip(other.sizes) {
+            *mine += theirs;
+        }
+    }
+}
+
+impl ServerStats {
+    /// Adds another server's counters (the shards of a cluster, as one figure): sums, except
+    /// the peak of jobs held at once, which is the larger (the servers' peaks need not
+    /// coincide).
+    pub fn add(&mut self, other: &ServerStats) {
+        // Destructured whole, so that a counter added to the struct must be added here too.
+        let ServerStats {
+            attempts,
+            admitted,
+            rejected,
+            completed,
+            completed_waits,
+            completed_runs,
+            first_attempt_gaps,
+            retry_gaps,
+            first_attempt_after_retry_gaps,
+            retry_after_first_attempt_gaps,
+            expired,
+            abandoned,
+            busy_ns,
+            useful_ns,
+            wasted_ns,
+            rejection_ns,
+            expiry_ns,
+            peak_jobs,
+            ticket_wakeups,
+            ticket_races_lost,
+            handoffs,
+            oversleeps,
+            oversleep_ns,
+            oversleeps_beyond_tick,
+        } = other;
+        for (mine, theirs) in [
+            (&mut self.completed_waits, completed_waits),
+            (&mut self.completed_runs, completed_runs),
+            (&mut self.first_attempt_gaps, first_attempt_gaps),
+            (&mut self.retry_gaps, retry_gaps),
+            (
+                &mut self.first_attempt_after_retry_gaps,
+                first_attempt_after_retry_gaps,
+            ),
+            (
+                &mut self.retry_after_first_attempt_gaps,
+                retry_after_first_attempt_gaps,
+            ),
+        ] {
+            mine.add(theirs);
+        }
+        for (mine, theirs) in [
+            (&mut self.attempts, attempts),
+            (&mut self.admitted, admitted),
+            (&mut self.rejected, rejected),
+            (&mut self.completed, completed),
+            (&mut self.expired, expired),
+            (&mut self.abandoned, abandoned),
+            (&mut self.busy_ns, busy_ns),
+            (&mut self.useful_ns, useful_ns),
+            (&mut self.wasted_ns, wasted_ns),
+            (&mut self.rejection_ns, rejection_ns),
+            (&mut self.expiry_ns, expiry_ns),
+            (&mut self.ticket_wakeups, ticket_wakeups),
+            (&mut self.ticket_races_lost, ticket_races_lost),
+            (&mut self.handoffs, handoffs),
+            (&mut self.oversleeps, oversleeps),
+            (&mut self.oversleep_ns, oversleep_ns),
+            (&mut self.oversleeps_beyond_tick, oversleeps_beyond_tick),
+        ] {
+            *mine += *theirs;
+        }
+        self.peak_jobs = self.peak_jobs.max(*peak_jobs);
+    }
+}
+
 /// One server's state.
 pub struct Server {
+    /// Which server this is (a shard's index; 0 alone): its events carry it.
+    id: u32,
     cfg: ServerConfig,
     tokens: f64,
     last_refill: Nanos,
@@ -467,6 +556,7 @@ impl Server {
             .limiter_rate
             .map_or(0.0, |rate| bucket_cap(rate, cfg.burst_secs));
         Self {
+            id: 0,
             tokens,
             last_refill: 0,
             pools: [
@@ -504,6 +594,11 @@ impl Server {
             stats: ServerStats::default(),
             cfg,
         }
+    }
+
+    /// The same server numbered `id`, which its events carry (one of several shards).
+    pub fn numbered(self, id: u32) -> Self {
+        Self { id, ..self }
     }
 
     /// Keys the timer's lateness at each tick with `seed` (0 until set).
@@ -593,7 +688,14 @@ impl Server {
     fn burn(&mut self, now: Nanos, tag: Tag, reply: Reply, ms: f64, q: &mut Queue<Event>) {
         let remaining = clock::ms(ms);
         if remaining == 0 {
-            q.push(now + self.cfg.half_rtt, Event::Reply { tag, reply });
+            q.push(
+                now + self.cfg.half_rtt,
+                Event::Reply {
+                    server: self.id,
+                    tag,
+                    reply,
+                },
+            );
             return;
         }
         let job = self.jobs.insert(Job {
@@ -638,7 +740,11 @@ impl Server {
             p.waiters.push(job);
             q.push(
                 j.deadline.min(now.saturating_add(TIMEOUT_HORIZON)).max(now),
-                Event::TicketTimeout { job, wait: j.waits },
+                Event::TicketTimeout {
+                    server: self.id,
+                    job,
+                    wait: j.waits,
+                },
             );
         }
     }
@@ -675,7 +781,11 @@ impl Server {
                 if let Stage::TicketWait(wait) = j.stage {
                     q.push(
                         now + self.ticket_wake,
-                        Event::TicketWake { job: next, wait },
+                        Event::TicketWake {
+                            server: self.id,
+                            job: next,
+                            wait,
+                        },
                     );
                 }
             }
@@ -770,7 +880,13 @@ impl Server {
             };
             (j.slice, j.repaid, j.started) = (slice, repaid, started);
             self.free_cores -= 1;
-            q.push(end, Event::SliceEnd { job });
+            q.push(
+                end,
+                Event::SliceEnd {
+                    server: self.id,
+                    job,
+                },
+            );
         }
     }
 
@@ -807,7 +923,14 @@ impl Server {
                         Reply::Overloaded => self.stats.rejection_ns += work,
                         _ => self.stats.expiry_ns += work,
                     }
-                    q.push(now + self.cfg.half_rtt, Event::Reply { tag, reply });
+                    q.push(
+                        now + self.cfg.half_rtt,
+                        Event::Reply {
+                            server: self.id,
+                            tag,
+                            reply,
+                        },
+                    );
                 } else {
                     self.enqueue(job);
                 }
@@ -831,6 +954,7 @@ impl Server {
                     q.push(
                         now + self.cfg.half_rtt,
                         Event::Reply {
+                            server: self.id,
                             tag,
                             reply: Reply::Ok,
                         },
@@ -875,7 +999,11 @@ impl Server {
             // that a wait that ends early leaves no event behind for long.
             q.push(
                 j.deadline.min(now.saturating_add(TIMEOUT_HORIZON)),
-                Event::TicketTimeout { job, wait },
+                Event::TicketTimeout {
+                    server: self.id,
+                    job,
+                    wait,
+                },
             );
             return;
         }
@@ -969,10 +1097,12 @@ mod tests {
         while let Some((now, event)) = q.pop() {
             match event {
                 Event::ServerArrive(req) => server.arrive(now, req, q),
-                Event::SliceEnd { job } => server.slice_end(now, job, q, rng),
-                Event::TicketTimeout { job, wait } => server.ticket_timeout(now, job, wait, q, rng),
-                Event::TicketWake { job, wait } => server.ticket_wake(now, job, wait, q, rng),
-                Event::Reply { tag, reply } => replies.push((tag.op.index, now, reply)),
+                Event::SliceEnd { job, .. } => server.slice_end(now, job, q, rng),
+                Event::TicketTimeout { job, wait, .. } => {
+                    server.ticket_timeout(now, job, wait, q, rng)
+                }
+                Event::TicketWake { job, wait, .. } => server.ticket_wake(now, job, wait, q, rng),
+                Event::Reply { tag, reply, .. } => replies.push((tag.op.index, now, reply)),
                 _ => unreachable!("the server schedules no other event"),
             }
         }
@@ -985,7 +1115,7 @@ mod tests {
         for (_, _, reply) in replies(server, q, rng) {
             counts[match reply {
                 Reply::Ok => 0,
-                Reply::Overloaded => 1,
+                Reply::Overloaded | Reply::RouterOverloaded => 1,
                 Reply::Expired => 2,
             }] += 1;
         }
@@ -1021,6 +1151,7 @@ mod tests {
                 attempt: 1,
             },
             kind,
+            key: 0,
             max_time,
             client_deadline: Nanos::MAX,
             rejection_draw: 1.0,

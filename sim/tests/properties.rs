@@ -58,7 +58,7 @@ fn a_seed_fixes_the_run_and_every_variant_meets_the_same_arrivals() {
 
 #[test]
 fn every_request_ends_exactly_once() {
-    for scenario in ScenarioName::ALL {
+    for scenario in ScenarioName::ALL.into_iter().chain(ScenarioName::SHARDED) {
         for v in Variant::ALL {
             let built = scenario.build(Length::Suite, Some(3.0));
             let deadline = built.deadline.unwrap_or(Duration::from_millis(100));
@@ -70,8 +70,16 @@ fn every_request_ends_exactly_once() {
                 "{name}: operations left when the loop stopped"
             );
             assert_eq!(r.ended(), r.requests, "{name}: {r:?}");
-            // Every attempt sent reached the server, which answered it.
-            assert_eq!(r.server.attempts, r.first_attempts + r.retries, "{name}");
+            // Every attempt sent reached the server, which answered it. On a cluster each
+            // reached a router, which sent it to one shard or two (a range read across a split
+            // point) and retried the shards' overload errors.
+            let sent = r.first_attempts + r.retries;
+            if ScenarioName::SHARDED.contains(&scenario) {
+                assert!(r.server.attempts >= sent + r.router_retries, "{name}");
+                assert!(r.server.attempts <= 2 * sent + r.router_retries, "{name}");
+            } else {
+                assert_eq!(r.server.attempts, sent, "{name}");
+            }
             assert_eq!(
                 r.server.attempts,
                 r.server.rejected + r.server.completed + r.server.expired,
@@ -432,4 +440,104 @@ fn a_client_never_has_more_attempts_in_flight_than_its_pool() {
     assert!(waited.unsent > 0);
     cfg.pool_size = 0;
     assert!(sim::run(&cfg).unwrap_err().contains("pool size"));
+}
+
+/// `hot-shard` with the hot shard's limiter at `share` of the others' (a tiny share: it admits
+/// its one token and then nothing).
+fn hot_shard(share: f64, shard_labels: bool) -> Scenario {
+    let mut s = ScenarioName::HotShard.build(Length::Suite, Some(3.0));
+    let cluster = s.cluster.as_mut().expect("hot-shard runs on a cluster");
+    cluster.hot_share = Some(share);
+    cluster.shard_labels = shard_labels;
+    s
+}
+
+#[test]
+fn a_request_touches_the_shards_that_own_its_keys() {
+    let s = ScenarioName::HotShard.build(Length::Suite, None);
+    let c = s.cluster.clone().expect("a cluster");
+    // 1,000 keys in three ranges split at 333 and 666.
+    assert_eq!((c.shard_of(0), c.shard_of(332), c.shard_of(333)), (0, 0, 1));
+    assert_eq!(
+        (c.shard_of(665), c.shard_of(666), c.shard_of(999)),
+        (1, 2, 2)
+    );
+    use sim::server::OpKind::{Insert, PointRead, RangeRead};
+    assert_eq!(c.touched(PointRead, 500), (1, 1));
+    assert!(c.is_cold(PointRead, 100) && !c.is_cold(PointRead, 400));
+    // A range read of 20 keys ending exactly at a split point touches the next shard too
+    // (the routers treat the exclusive bound as inclusive).
+    assert_eq!(c.touched(RangeRead, 312), (0, 0));
+    assert_eq!(c.touched(RangeRead, 313), (0, 1));
+    assert!(c.is_cold(RangeRead, 312) && !c.is_cold(RangeRead, 313));
+    assert!(c.is_cold(RangeRead, 666) && !c.is_cold(RangeRead, 665));
+    assert_eq!(c.touched(Insert, 0), (2, 2));
+    // About a third of the requests are hot: a third of the keys, and the range reads that
+    // start in the 20 keys below shard 1.
+    let r = run(s.clone(), Variant::UpstreamBest, 4, 2);
+    let hot = 1.0 - r.cold_requests as f64 / r.requests as f64;
+    assert!((0.33..0.36).contains(&hot), "{hot}");
+}
+
+#[test]
+fn a_router_retries_a_shards_overload_error_and_answers_mongos_label_alone() {
+    // No maxTimeMS: the router makes all three retries of every rejection, then gives up, and
+    // the driver does not retry an error without `RetryableError`.
+    let r = run(hot_shard(1e-4, false), Variant::UpstreamDefault, 4, 5);
+    let hot = r.requests - r.cold_requests;
+    assert!(hot > 500, "{hot}");
+    assert_eq!(r.retries, 0, "no driver retries");
+    // One token in the hot shard's bucket: at most one hot request admitted, the others
+    // retried three times each by their router.
+    assert!(
+        r.router_retries >= 3 * (hot - 1),
+        "{} for {hot}",
+        r.router_retries
+    );
+    assert!(r.router_retries <= 3 * hot);
+    // The router's three backoffs (up to 100, 200 and 400 ms) mostly outlast the 100 ms
+    // deadline; those that do not reach the client as the router's overload error.
+    assert!(r.success <= r.cold_requests + 1);
+    // With the shard's labels passed on, the drivers retry what the routers gave up on.
+    let r = run(hot_shard(1e-4, true), Variant::UpstreamDefault, 4, 5);
+    assert!(r.retries > 0);
+}
+
+#[test]
+fn max_time_ms_ends_a_routers_backoff() {
+    // `maxTimeMS` = 100 ms on reads: a backoff that would pass it ends there with 50, so the
+    // routers give up before their three retries in almost every case (their backoffs add up
+    // to less than 100 ms in about 2 % of the cases) and nothing reaches the client as an
+    // overload error but those.
+    let r = run(hot_shard(1e-4, false), Variant::UpstreamMaxtime, 4, 5);
+    let hot = r.requests - r.cold_requests;
+    assert!(r.router_retries < 2 * hot, "{} for {hot}", r.router_retries);
+    assert!(r.rejected < hot / 20, "{} of {hot}", r.rejected);
+    let without = run(hot_shard(1e-4, false), Variant::UpstreamDefault, 4, 5);
+    assert!(r.router_retries < without.router_retries);
+}
+
+#[test]
+fn a_hot_shard_leaves_the_cold_shards_goodput_alone() {
+    // The lab's `hot-shard` check, on the model: every cold-shard request succeeds as it does
+    // with no hot shard, for the recommended settings and every control.
+    for v in [
+        Variant::ForkRecommended,
+        Variant::ForkControls,
+        Variant::UpstreamBest,
+    ] {
+        let even = run(ScenarioName::EvenShards.build(Length::Suite, None), v, 4, 3);
+        let hot = run(ScenarioName::HotShard.build(Length::Suite, None), v, 4, 3);
+        assert_eq!(even.cold_requests, hot.cold_requests, "the same requests");
+        assert_eq!(even.cold_success, even.cold_requests, "{}", v.name());
+        assert!(
+            hot.cold_goodput() >= 0.98 * even.cold_goodput(),
+            "{}: {} against {}",
+            v.name(),
+            hot.cold_goodput(),
+            even.cold_goodput()
+        );
+        // The hot shard sheds: the total is below the reference's.
+        assert!(hot.goodput() < 0.95 * even.goodput(), "{}", v.name());
+    }
 }

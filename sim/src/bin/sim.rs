@@ -19,7 +19,8 @@ use sim::{Length, RunConfig, ScenarioName, Variant};
 #[derive(Parser, Debug)]
 #[command(name = "sim", version)]
 struct Args {
-    /// Scenarios, comma-separated: burst, sustained, flood, transient, or all.
+    /// Scenarios, comma-separated: burst, sustained, flood, transient, or all (those four);
+    /// hot-shard and even-shards (a sharded cluster) by name.
     #[arg(long, default_value = "all")]
     scenarios: String,
     /// Variants, comma-separated: upstream-default (upstream), upstream-no-retries,
@@ -107,7 +108,8 @@ struct Args {
     #[arg(long)]
     compare_lab: bool,
     /// Compare with a lab suite's `verdict.json` instead (its `burst`, `sustained`, `flood`,
-    /// `transient-30`, `no-limiter` and `fleet-*` scenarios, at the lab's instances),
+    /// `transient-30`, `no-limiter`, `hot-shard`, `even-shards` and `fleet-*` scenarios, at
+    /// the lab's instances),
     /// replaying each valid lab repetition's own arrivals (from the scenarios' `summary.json`
     /// beside it; `--seed` is not used).
     #[arg(long, value_name = "PATH")]
@@ -161,10 +163,12 @@ fn parse_scenarios(list: &str) -> Result<Vec<ScenarioName>, String> {
         }
         let s = ScenarioName::ALL
             .into_iter()
+            .chain(ScenarioName::SHARDED)
             .find(|s| s.name() == entry)
             .ok_or_else(|| {
                 format!(
-                    "--scenarios: unknown {entry:?}: use burst, sustained, flood, transient or all"
+                    "--scenarios: unknown {entry:?}: use burst, sustained, flood, transient, \
+                     hot-shard, even-shards or all"
                 )
             })?;
         out.push(s);
@@ -322,14 +326,21 @@ fn grid(args: &Args) -> Result<(), String> {
             shape.join(" → ")
         );
         print!("{HEADER}");
+        let mut cold = String::new();
         for cfg in configs {
             let report = run_warned(cfg)?;
             print!("{}", row(&report));
+            if cfg.scenario.cluster.is_some() {
+                cold.push_str(&cold_row(&report));
+            }
             series.push_str(&series_csv(&report));
             total += 1;
             if args.plot.is_some() {
                 reports.push(report);
             }
+        }
+        if !cold.is_empty() {
+            print!("\n{COLD_HEADER}{cold}");
         }
     }
     if let Some(dir) = &args.plot {
@@ -343,6 +354,28 @@ fn grid(args: &Args) -> Result<(), String> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The header of [`cold_row`]'s table.
+const COLD_HEADER: &str =
+    "| clients | variant | cold-shard requests/s | cold-shard goodput (ops/s) | \
+cold ÷ offered | router retries/req | overload errors to the clients/req |\n\
+|---|---|---|---|---|---|---|\n";
+
+/// A sharded run's cold-shard figures: the lab's headline of `hot-shard`, and what the routers
+/// did with the shards' overload errors.
+fn cold_row(r: &Report) -> String {
+    let per_request = |n: u64| n as f64 / r.requests.max(1) as f64;
+    format!(
+        "| {} | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} |\n",
+        r.clients,
+        r.variant.name(),
+        r.cold_requests as f64 / r.secs(),
+        r.cold_goodput(),
+        r.cold_success as f64 / r.cold_requests.max(1) as f64,
+        per_request(r.router_retries),
+        per_request(r.rejected),
+    )
 }
 
 /// Writes the per-second series to `--series`'s file, when given.
@@ -573,10 +606,12 @@ fn completion_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
 }
 
 /// The lab's and the simulator's rows of how the attempts reached the server, when the runs
-/// were simulated on their hosts and the lab counted the gaps.
+/// were simulated on their hosts and the lab counted the gaps (on one server).
 fn gap_rows(lab: &LabRow, runs: &Runs) -> Option<String> {
     let schedule = lab.schedule.as_ref()?;
-    if runs.run_host.is_empty() {
+    // On a cluster the lab's shards count their routers' retries as retries, the model's do
+    // not: the kinds would not compare.
+    if runs.run_host.is_empty() || ScenarioName::SHARDED.contains(&lab.scenario) {
         return None;
     }
     let measured: Vec<ArrivalGaps> = (lab.repetitions.iter())
@@ -738,6 +773,9 @@ fn print_rows(lab: &LabRow, runs: &Runs) {
     }
     if let Some(s) = lab.success_pct {
         figures.insert(1, ("success %", s, |r| 100.0 * r.success_share()));
+    }
+    if let Some(c) = lab.cold_goodput {
+        figures.insert(1, ("cold-shard ops/s", c, Report::cold_goodput));
     }
     for (name, value, f) in figures {
         let on_run_host = match runs.run_host.is_empty() {
