@@ -1,7 +1,8 @@
 #!/bin/sh
 # Regenerates docs/results/<date>-<time>-sim.md: the simulator's grid at 4 to 100,000 clients, its
-# comparison with the lab's four-instance figures, and the fleet experiments with the budget's
-# floor and the throttle's minimum changed. Run from anywhere; about two minutes on two cores.
+# comparison with the lab's four-instance figures, the fleet experiments with the budget's
+# floor and the throttle's minimum changed, and the sharded cluster at fleet scale. Run from
+# anywhere; about two minutes on two cores.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -71,6 +72,43 @@ started=$(date +%s)
             --seed $seed | grep -E '^\|( scenario|---| sustained)'
         echo
     done
+    echo "## Sharded clusters: hot-shard and even-shards at fleet scale (60 s)"
+    echo
+    echo "The lab's layout: three routers in front of three shards, reads only, 150 % of one shard's"
+    echo "capacity spread over the keys, the hot shard (1) admitting a third of the others' rate"
+    echo "(even-shards: the same rate everywhere). The routers retry a shard's overload error as"
+    echo "mongos does and answer SystemOverloadedError alone when they give up. The cold-shard"
+    echo "table follows each scenario's table."
+    echo
+    $bin --scenarios hot-shard,even-shards --clients 4,64,1000,10k,100k --secs 60 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls
+    echo
+    echo "### Routers that pass the shard's labels on (RetryableError included)"
+    echo
+    $bin --scenarios hot-shard --clients 4,64,1000,10k,100k --secs 60 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --router-shard-labels
+    echo
+    echo "### Routers that do not retry (defaultClientMaxRetryAttempts 0), with mongos's label and with the shard's"
+    echo
+    $bin --scenarios hot-shard --clients 4,64,1000,10k,100k --secs 60 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --router-retries 0
+    echo
+    $bin --scenarios hot-shard --clients 4,64,1000,10k,100k --secs 60 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --router-retries 0 \
+        --router-shard-labels
+    echo
+    echo "### Two shards, the hot one admitting a twentieth of the other's rate: half the requests on it"
+    echo
+    $bin --scenarios even-shards --clients 4,64,1000,10k --secs 60 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --shards 2
+    echo
+    $bin --scenarios hot-shard --clients 4,64,1000,10k --secs 60 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --shards 2 --hot-share 0.05
+    echo
+    $bin --scenarios hot-shard --clients 4,64,1000,10k --secs 60 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --shards 2 --hot-share 0.05 \
+        --router-retries 0 --router-shard-labels
+    echo
     echo "## Timing: 10,000 clients, sustained, 60 s of virtual time"
     echo
     rows=""

@@ -91,6 +91,22 @@ struct Args {
     /// `adaptiveThrottleMinRequests` for every variant with the throttle (default 20).
     #[arg(long)]
     throttle_min_requests: Option<u32>,
+    /// On a sharded cluster: how many times a router retries a shard's overload error itself
+    /// (mongos's `defaultClientMaxRetryAttempts`, default 3; 0: it passes every one on).
+    #[arg(long, value_name = "N")]
+    router_retries: Option<u32>,
+    /// On a sharded cluster: the routers pass the shard's labels on (`RetryableError`
+    /// included), as the emulator's `labRouterShardErrorLabels: "shard"`, instead of mongos's
+    /// `SystemOverloadedError` alone.
+    #[arg(long)]
+    router_shard_labels: bool,
+    /// On a sharded cluster: the number of shards (the lab's 3), each owning an equal range
+    /// of the keys; shard 1 stays the hot one.
+    #[arg(long, value_name = "N")]
+    shards: Option<u32>,
+    /// In `hot-shard`: the hot shard's limiter as a share of the others' (the lab's 1/3).
+    #[arg(long, value_name = "SHARE")]
+    hot_share: Option<f64>,
     /// Also draw the grid's goodput and retries per first attempt against the client count,
     /// one SVG per scenario and figure, into this directory (`sim::plot`).
     #[arg(long, value_name = "DIR")]
@@ -238,6 +254,31 @@ fn config(
     }
     if let Some(shape) = args.timer_lateness_shape {
         cfg.server.timer_lateness_shape = shape;
+    }
+    if let Some(cluster) = &mut cfg.scenario.cluster {
+        if let Some(n) = args.router_retries {
+            cluster.router_retries = n;
+        }
+        cluster.shard_labels |= args.router_shard_labels;
+        if let Some(n) = args.shards {
+            cluster.shards = n;
+        }
+        if args.hot_share.is_some() {
+            if cluster.hot_share.is_none() {
+                return Err("--hot-share is for hot-shard (even-shards has no hot shard)".into());
+            }
+            cluster.hot_share = args.hot_share;
+        }
+    } else if args.router_retries.is_some()
+        || args.router_shard_labels
+        || args.shards.is_some()
+        || args.hot_share.is_some()
+    {
+        return Err(format!(
+            "--router-retries, --router-shard-labels, --shards and --hot-share are for a \
+             sharded cluster, not {}",
+            scenario.name()
+        ));
     }
     cfg.pool_size = args.pool_size;
     cfg.overrides = Overrides {
