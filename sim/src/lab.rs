@@ -54,6 +54,9 @@ pub struct LabRow {
     /// rows, the one whose phases are its `summary.json`'s (`lab run --suite --quick` or
     /// `--long` runs the suite's variants at other lengths).
     pub length: Length,
+    /// A sharded suite row's cluster as the lab ran it (`summary.json`'s `config.sharding`),
+    /// which its replays run on instead of the scenario's own.
+    pub cluster: Option<crate::scenario::Cluster>,
 }
 
 const fn row(
@@ -81,6 +84,7 @@ const fn row(
         schedule: None,
         repetitions: Vec::new(),
         length: LENGTH,
+        cluster: None,
     }
 }
 
@@ -306,6 +310,7 @@ pub fn from_verdict(
                 schedule: None,
                 repetitions: Vec::new(),
                 length: LENGTH,
+                cluster: None,
             });
         }
     }
@@ -390,31 +395,25 @@ fn attach(
             schedule.mix
         ));
     }
-    let lab_cluster = schedule.sharding.map(|l| {
-        (
-            l.routers,
-            l.shards,
-            l.hot_index,
-            l.hot_share,
-            schedule.docs,
-            schedule.mix.range_len,
-        )
-    });
-    let model_cluster = model.cluster.as_ref().map(|c| {
-        (
-            c.routers,
-            c.shards,
-            c.hot_index,
-            c.hot_share,
-            c.docs,
-            c.range_len,
-        )
-    });
-    if lab_cluster != model_cluster {
-        return Err(format!(
-            "{name}: the lab's cluster (routers, shards, hot shard, its share, keys, range              length) {lab_cluster:?} is not the model's {model_cluster:?}"
-        ));
-    }
+    // A sharded run is replayed on the lab's own cluster (its layout, keys and routers'
+    // settings), which must be the same kind as the model's scenario: with a hot shard for
+    // `hot-shard`, without for `even-shards`.
+    row.cluster = match (&model.cluster, schedule.sharding) {
+        (None, None) => None,
+        (Some(model), Some(lab)) if model.hot_share.is_some() == lab.hot_share.is_some() => {
+            let cluster = lab.cluster(schedule.docs, schedule.mix.range_len);
+            cluster
+                .validate()
+                .map_err(|e| format!("{name}: the lab's cluster: {e}"))?;
+            Some(cluster)
+        }
+        (model, lab) => {
+            return Err(format!(
+                "{name}: the lab's cluster {lab:?} is not of the model's {} ({model:?})",
+                row.scenario.name()
+            ))
+        }
+    };
     row.repetitions = schedule.valid_repetitions(row.variant.name());
     if row.repetitions.is_empty() {
         return Err(format!(
@@ -545,11 +544,14 @@ mod tests {
             let mut row = rows.remove(0);
             assert_eq!(row.scenario, ScenarioName::HotShard);
             assert_eq!(row.cold_goodput, Some(653.2));
-            attach(&mut row, Arc::new(schedule), None)
+            attach(&mut row, Arc::new(schedule), None).map(|()| row.cluster.expect("a cluster"))
         };
-        assert_eq!(at("sharded", 3, 90.0), Ok(()));
-        // Another layout, no cluster at all, or another mix is not the model's `hot-shard`.
-        assert!(at("sharded", 2, 90.0).unwrap_err().contains("cluster"));
+        let lab = at("sharded", 3, 90.0).expect("the lab's hot-shard");
+        assert_eq!(lab, crate::scenario::Cluster::lab(Some(1.0 / 3.0)));
+        // Another layout is replayed as the lab ran it; no cluster at all, one the model cannot
+        // run, or another mix is refused.
+        assert_eq!(at("sharded", 2, 90.0).expect("two routers").routers, 2);
+        assert!(at("sharded", 0, 90.0).unwrap_err().contains("routers"));
         assert!(at("replicaset", 3, 90.0).unwrap_err().contains("cluster"));
         assert!(at("sharded", 3, 80.0).unwrap_err().contains("mix"));
     }

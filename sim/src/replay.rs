@@ -338,6 +338,11 @@ pub struct LabSharding {
     pub hot_index: u32,
     /// The hot shard's limiter as a share of the others' (`None`: the same).
     pub hot_share: Option<f64>,
+    /// The routers' `defaultClientMaxRetryAttempts` where the run set it (`None`: mongos's
+    /// default), and whether they passed the shard's labels on (lab runs before these were
+    /// recorded left both at their defaults).
+    pub router_retries: Option<u32>,
+    pub router_shard_labels: bool,
 }
 
 impl LabSharding {
@@ -348,7 +353,24 @@ impl LabSharding {
             shards: count("shards")?,
             hot_index: count("hotIndex")?,
             hot_share: sharding["hotShare"].as_f64(),
+            router_retries: count("routerRetries"),
+            router_shard_labels: sharding["routerShardLabels"].as_bool() == Some(true),
         })
+    }
+
+    /// The cluster the lab ran, over the keys `0..docs` with range reads of `range_len`.
+    pub fn cluster(&self, docs: i64, range_len: i64) -> crate::scenario::Cluster {
+        let mut cluster = crate::scenario::Cluster::lab(self.hot_share);
+        cluster.routers = self.routers;
+        cluster.shards = self.shards;
+        cluster.hot_index = self.hot_index;
+        cluster.docs = docs;
+        cluster.range_len = range_len;
+        if let Some(n) = self.router_retries {
+            cluster.router_retries = n;
+        }
+        cluster.shard_labels = self.router_shard_labels;
+        cluster
     }
 }
 

@@ -732,6 +732,9 @@ fn lab_config(args: &Args, lab: &LabRow, seed: u64) -> Result<RunConfig, String>
     if let Some(share) = lab.limiter_share {
         cfg.limiter_share = share;
     }
+    if let Some(cluster) = &lab.cluster {
+        cfg.scenario.cluster = Some(cluster.clone());
+    }
     Ok(cfg)
 }
 
