@@ -352,3 +352,80 @@ async fn only_the_hot_shard_sheds_and_cold_shard_requests_are_counted_apart() {
     );
     assert!(s.good < s.offered, "the hot shard's requests fail: {s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_or_four_shards_each_get_their_range_and_routers_told_not_to_retry_do_not() {
+    use lab::loadgen::config::ShardOptions;
+    // `lab run --shards 2 --hot-share 0.05 --router-retries 0 --router-shard-labels`: half the
+    // keys on a hot shard that admits a twentieth of the other's rate, behind routers that pass
+    // every overload error on at once (the shard's labels with it).
+    let base = LabConfig {
+        model_overrides: Some(serde_json::json!({
+            "costs": { "pointReadMs": 60, "rangeReadMs": 130 }
+        })),
+        ..small(45.0, &["upstream-no-retries"])
+    };
+    let two = ShardOptions {
+        shards: Some(2),
+        hot_share: Some(0.05),
+        router_retries: Some(0),
+        router_shard_labels: true,
+    };
+    let mut cfg = scenario(
+        ScenarioName::HotShard,
+        base.clone(),
+        &ScenarioParams::default(),
+        // 100 % of one shard's capacity over two: each at half its own, as in `hot-shard`.
+        vec![Phase::new("hot", 1.0, 3.0)],
+    );
+    ScenarioName::HotShard
+        .apply_shard_options(&mut cfg, &two)
+        .expect("hot-shard takes them");
+    let hot = run(&cfg).await;
+    let s = of(&hot, "upstream-no-retries");
+    let server = s.server.as_ref().expect("server counters");
+    let get = |k: &str| {
+        server
+            .get(k)
+            .copied()
+            .unwrap_or_else(|| panic!("{k} missing: {server:?}"))
+    };
+    // Split at the middle, the upper half moved to shard 1: both serve reads.
+    assert!(get("shard0.admitted") > 10.0, "{server:?}");
+    assert!(get("shard1.admitted") > 0.0, "{server:?}");
+    assert!(get("shard1.rejected") > 10.0, "{server:?}");
+    assert_eq!(get("shard0.rejected"), 0.0, "{server:?}");
+    assert!(!server.contains_key("shard2.admitted"), "{server:?}");
+    // The shard's overload errors reached the driver without one retry by a router.
+    assert!(get("shard1.routing.overloadErrors") > 10.0, "{server:?}");
+    assert_eq!(get("routing.overloadRetries"), 0.0, "{server:?}");
+    assert!(s.errors["overload"] > 0, "{s:?}");
+    // About half the requests are cold (shard 0's) and they succeed.
+    let cold = s.cold_shards.expect("cold-shard requests");
+    let share = cold.offered as f64 / s.offered as f64;
+    assert!((0.3..0.7).contains(&share), "{cold:?} of {}", s.offered);
+    assert!(cold.good as f64 >= 0.9 * cold.offered as f64, "{cold:?}");
+
+    // Four shards, no hot one: range `i` on shard `i`, each serving its quarter.
+    let mut cfg = scenario(
+        ScenarioName::EvenShards,
+        base,
+        &ScenarioParams::default(),
+        vec![Phase::new("even", 1.5, 3.0)],
+    );
+    let four = ShardOptions {
+        shards: Some(4),
+        ..ShardOptions::default()
+    };
+    ScenarioName::EvenShards
+        .apply_shard_options(&mut cfg, &four)
+        .expect("even-shards takes them");
+    let even = run(&cfg).await;
+    let s = of(&even, "upstream-no-retries");
+    let server = s.server.as_ref().expect("server counters");
+    for i in 0..4 {
+        let admitted = server.get(&format!("shard{i}.admitted")).copied();
+        assert!(admitted.is_some_and(|a| a > 3.0), "shard {i}: {server:?}");
+    }
+    assert!(!server.contains_key("shard4.admitted"), "{server:?}");
+}

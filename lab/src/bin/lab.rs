@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use lab::loadgen::config::{
-    Arrivals, LabConfig, Length, OnDeadline, OpMix, Persona, Scenario, ServerMode, Variant,
+    Arrivals, LabConfig, Length, OnDeadline, OpMix, Persona, Scenario, ServerMode, ShardOptions,
+    Variant,
 };
 use lab::loadgen::scenarios::{ScenarioName, ScenarioParams};
 use lab::loadgen::{report, runner, verdict};
@@ -145,6 +146,8 @@ struct RunArgs {
     /// flood: offered load in percent of capacity (at least 500).
     #[arg(long, default_value_t = lab::loadgen::scenarios::FLOOD_LOAD * 100.0)]
     flood_load: f64,
+    #[command(flatten)]
+    sharding: ShardOptions,
     /// Server core time per rejection (ms, the model's `costs.rejectionMs`): default 0.3 in
     /// flood, the model's own elsewhere.
     #[arg(long)]
@@ -281,6 +284,7 @@ fn config_with(
         ..LabConfig::default()
     };
     name.apply(&mut cfg, len, p);
+    name.apply_shard_options(&mut cfg, &a.sharding)?;
     if let Some(n) = a.instances {
         cfg.instances = n;
     }
@@ -544,20 +548,53 @@ async fn sensitivity(a: &RunArgs) -> Result<bool, String> {
     Ok(rows.iter().all(|r| r.valid))
 }
 
+/// The scenarios `--suite` runs: those named with `--scenarios`, else the suite's.
+fn suite_names(a: &RunArgs) -> Result<Vec<ScenarioName>, String> {
+    if a.scenarios.is_empty() {
+        return Ok(ScenarioName::SUITE.to_vec());
+    }
+    a.scenarios.iter().map(|n| ScenarioName::parse(n)).collect()
+}
+
+/// Refuses the sharding options (`--shards`, ...) where a scenario the run configures has no
+/// sharded cluster, before anything runs: [`config_with`] would refuse them too, but only
+/// once the suite reached that scenario's configuration, and as a failed run rather than a
+/// bad option.
+fn check_shard_options(a: &RunArgs) -> Result<(), String> {
+    if a.sharding.is_empty() {
+        return Ok(());
+    }
+    if a.audit.is_some() {
+        return Err("--shards, --hot-share and --router-* are not for --audit".into());
+    }
+    let names = if a.suite {
+        suite_names(a)?
+    } else if a.sensitivity {
+        lab::loadgen::sensitivity::grid()
+            .iter()
+            .map(|c| c.scenario)
+            .collect()
+    } else {
+        vec![a.scenario]
+    };
+    for name in names {
+        let mut cfg = LabConfig {
+            persona: a.persona,
+            ..LabConfig::default()
+        };
+        name.apply(&mut cfg, length(a), &ScenarioParams::default());
+        name.apply_shard_options(&mut cfg, &a.sharding)?;
+    }
+    Ok(())
+}
+
 /// `--suite`: every scenario (or those named) with its variants, then the verdict.
 async fn suite(a: RunArgs) -> Result<bool, String> {
     let instructions = match &a.instructions {
         Some(p) => Some(verdict::InstructionCounts::read(p)?),
         None => None,
     };
-    let names = if a.scenarios.is_empty() {
-        ScenarioName::SUITE.to_vec()
-    } else {
-        a.scenarios
-            .iter()
-            .map(|n| ScenarioName::parse(n))
-            .collect::<Result<Vec<_>, _>>()?
-    };
+    let names = suite_names(&a)?;
     let configs = names
         .iter()
         .map(|n| config(&a, *n))
@@ -714,6 +751,14 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run(a) => {
+            // A bad combination of options is a usage error, as clap's own (exit code 2).
+            if let Err(e) = check_shard_options(&a) {
+                let mut cli = Cli::command();
+                cli.build();
+                let mut run = cli.find_subcommand("run").cloned().unwrap_or(cli);
+                run.error(clap::error::ErrorKind::ArgumentConflict, e)
+                    .exit();
+            }
             let rt = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

@@ -491,6 +491,13 @@ pub struct ShardLayout {
     /// The hot shard's capacity as a share of the run's capacity: its limiter admits
     /// `limiter_share × hot_share × capacity` per second (`None`: the same as the others').
     pub hot_share: Option<f64>,
+    /// Every router's `defaultClientMaxRetryAttempts`: how often it retries a shard's overload
+    /// error itself before passing it on (`None`: left at mongos's default, 3).
+    pub router_retries: Option<u32>,
+    /// Whether the routers pass a shard's overload error on with the shard's labels
+    /// (`RetryableError` included; the emulator's `labRouterShardErrorLabels: "shard"`) instead
+    /// of mongos's `SystemOverloadedError` alone.
+    pub router_shard_labels: bool,
 }
 
 impl Default for ShardLayout {
@@ -500,7 +507,104 @@ impl Default for ShardLayout {
             shards: 3,
             hot_index: 1,
             hot_share: None,
+            router_retries: None,
+            router_shard_labels: false,
         }
+    }
+}
+
+/// Bounds of `lab run --shards`: two at least, so that there is a cold shard beside the hot
+/// one (shard 1); a request's shards stay few enough to count.
+pub const MIN_SHARDS: u32 = 2;
+/// See [`MIN_SHARDS`].
+pub const MAX_SHARDS: u32 = 16;
+/// Most router retries `lab run --router-retries` sets (mongos's default is 3).
+pub const MAX_ROUTER_RETRIES: u32 = 10;
+
+/// `lab run`'s changes to the sharded cluster of `hot-shard` and `even-shards` (the simulator's
+/// options of the same names), to measure per-router overload state where the hot shard holds
+/// more of the keys or the routers do not retry. Every other scenario refuses them
+/// (`ScenarioName::apply_shard_options`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, clap::Args)]
+pub struct ShardOptions {
+    /// hot-shard, even-shards: shards (2 to 16; default 3), each owning an equal range of the
+    /// keys; shard 1 stays the hot one. The load and capacity stay the scenario's, so each
+    /// shard receives 150 % ÷ N of one shard's capacity.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(i64::from(MIN_SHARDS)..=i64::from(MAX_SHARDS)))]
+    pub shards: Option<u32>,
+    /// hot-shard: the hot shard's ingress limiter rate as a share of the others' (above 0, at
+    /// most 1; default 1/3). Not for even-shards, which has no hot shard.
+    #[arg(long, value_name = "SHARE", value_parser = parse_hot_share)]
+    pub hot_share: Option<f64>,
+    /// hot-shard, even-shards: how often every router retries a shard's overload error itself
+    /// (mongos's `defaultClientMaxRetryAttempts`, set on each router before the variants run;
+    /// 0 to 10; default: mongos's 3, left alone).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_ROUTER_RETRIES)))]
+    pub router_retries: Option<u32>,
+    /// hot-shard, even-shards: every router passes a shard's overload error on with the
+    /// shard's labels, `RetryableError` included (`labRouterShardErrorLabels: "shard"`), instead
+    /// of mongos's `SystemOverloadedError` alone.
+    #[arg(long)]
+    pub router_shard_labels: bool,
+}
+
+/// Parses `--hot-share`: above 0 (a shard admitting nothing is no overload) and at most 1 (the
+/// hot shard is the smaller one).
+pub fn parse_hot_share(s: &str) -> Result<f64, String> {
+    let share: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if share.is_finite() && share > 0.0 && share <= 1.0 {
+        Ok(share)
+    } else {
+        Err(format!("{s} is not above 0 and at most 1"))
+    }
+}
+
+impl ShardOptions {
+    /// Whether no option was given (every scenario accepts that).
+    pub fn is_empty(&self) -> bool {
+        *self == ShardOptions::default()
+    }
+
+    /// Refuses values out of range (the command line's parsers refuse them first).
+    pub fn check(&self) -> Result<(), String> {
+        if self
+            .shards
+            .is_some_and(|n| !(MIN_SHARDS..=MAX_SHARDS).contains(&n))
+        {
+            return Err(format!(
+                "--shards must be between {MIN_SHARDS} and {MAX_SHARDS}"
+            ));
+        }
+        if let Some(share) = self.hot_share {
+            parse_hot_share(&share.to_string()).map_err(|e| format!("--hot-share: {e}"))?;
+        }
+        if self.router_retries.is_some_and(|n| n > MAX_ROUTER_RETRIES) {
+            return Err(format!(
+                "--router-retries must be between 0 and {MAX_ROUTER_RETRIES}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies the options to a scenario's `layout`: `--hot-share` only where the layout has
+    /// a hot shard.
+    pub fn apply(&self, layout: &mut ShardLayout) -> Result<(), String> {
+        self.check()?;
+        if self.hot_share.is_some() && layout.hot_share.is_none() {
+            return Err("--hot-share needs a hot shard, and this layout has none".into());
+        }
+        if let Some(n) = self.shards {
+            layout.shards = n as usize;
+        }
+        layout.hot_share = self.hot_share.or(layout.hot_share);
+        layout.router_retries = self.router_retries.or(layout.router_retries);
+        layout.router_shard_labels |= self.router_shard_labels;
+        Ok(())
     }
 }
 
@@ -895,6 +999,165 @@ mod tests {
         assert!(cfg.shard_keys().is_none());
         cfg.persona = Persona::Sharded;
         assert_eq!(cfg.shard_keys(), Some(layout.keys(cfg.docs)));
+    }
+
+    #[test]
+    fn two_and_four_shards_split_the_keys_evenly_and_shard_1_stays_out_of_the_cold_figure() {
+        use OpKind::*;
+        let two = ShardLayout {
+            shards: 2,
+            ..ShardLayout::default()
+        };
+        assert_eq!(two.split_points(1000), vec![500]);
+        let k = two.keys(1000);
+        for (key, shard) in [(0, 0), (499, 0), (500, 1), (999, 1), (-1, 0), (5000, 1)] {
+            assert_eq!(k.shard_of(key), shard, "{key}");
+        }
+        // Shard 0 alone is cold: a range up to the split point touches shard 1.
+        assert!(k.is_cold(PointRead, 499, 20));
+        assert!(!k.is_cold(PointRead, 500, 20));
+        assert_eq!(k.touched(RangeRead, 480, 20), (0, 1));
+        assert!(k.is_cold(RangeRead, 479, 20));
+        // Inserts land on the last shard, which is the hot one here.
+        assert_eq!(k.touched(Insert, 0, 20), (1, 1));
+        assert!(!k.is_cold(Insert, 0, 20));
+
+        let four = ShardLayout {
+            shards: 4,
+            ..ShardLayout::default()
+        };
+        assert_eq!(four.split_points(1000), vec![250, 500, 750]);
+        assert_eq!(four.split_points(4), vec![1, 2, 3]);
+        let k = four.keys(1000);
+        for (key, shard) in [(249, 0), (250, 1), (499, 1), (500, 2), (749, 2), (750, 3)] {
+            assert_eq!(k.shard_of(key), shard, "{key}");
+        }
+        // Shards 0, 2 and 3 are cold, a range across two of them too; shard 1 is not.
+        assert!(k.is_cold(PointRead, 100, 20));
+        assert!(!k.is_cold(Update, 300, 20));
+        assert!(k.is_cold(RangeRead, 740, 20));
+        assert_eq!(k.touched(RangeRead, 740, 20), (2, 3));
+        assert!(!k.is_cold(RangeRead, 490, 20));
+        assert!(!k.is_cold(RangeRead, 230, 20));
+        assert!(k.is_cold(Insert, 0, 20));
+        let cfg = LabConfig {
+            persona: Persona::Sharded,
+            sharding: four,
+            ..LabConfig::default()
+        };
+        assert_eq!(cfg.shard_keys(), Some(k));
+    }
+
+    #[test]
+    fn sharding_options_are_parsed_within_their_bounds_and_change_only_what_they_name() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            o: ShardOptions,
+        }
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("lab").chain(args.iter().copied())).map(|c| c.o)
+        };
+        assert_eq!(parse(&[]).ok(), Some(ShardOptions::default()));
+        assert!(ShardOptions::default().is_empty());
+        let o = parse(&[
+            "--shards",
+            "2",
+            "--hot-share",
+            "0.05",
+            "--router-retries",
+            "0",
+            "--router-shard-labels",
+        ])
+        .expect("valid options");
+        assert_eq!(
+            o,
+            ShardOptions {
+                shards: Some(2),
+                hot_share: Some(0.05),
+                router_retries: Some(0),
+                router_shard_labels: true,
+            }
+        );
+        assert!(!o.is_empty());
+        for ok in [
+            &["--shards", "16"][..],
+            &["--hot-share", "1"],
+            &["--router-retries", "10"],
+        ] {
+            assert!(parse(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [
+            &["--shards", "1"][..],
+            &["--shards", "17"],
+            &["--hot-share", "0"],
+            &["--hot-share", "-0.1"],
+            &["--hot-share", "1.01"],
+            &["--hot-share", "NaN"],
+            &["--hot-share", "inf"],
+            &["--router-retries", "11"],
+            &["--router-retries", "-1"],
+        ] {
+            // Usage errors: `lab` exits with clap's code 2.
+            let e = parse(bad).expect_err("out of range");
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+
+        // The same bounds for callers that build the options themselves.
+        for bad in [
+            ShardOptions {
+                shards: Some(1),
+                ..ShardOptions::default()
+            },
+            ShardOptions {
+                hot_share: Some(0.0),
+                ..ShardOptions::default()
+            },
+            ShardOptions {
+                router_retries: Some(11),
+                ..ShardOptions::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+            assert!(bad.apply(&mut ShardLayout::default()).is_err(), "{bad:?}");
+        }
+
+        // Applied: what they name changes, the rest stays the scenario's.
+        let mut layout = ShardLayout {
+            hot_share: Some(1.0 / 3.0),
+            ..ShardLayout::default()
+        };
+        o.apply(&mut layout).expect("a hot shard to share");
+        assert_eq!(
+            layout,
+            ShardLayout {
+                routers: 3,
+                shards: 2,
+                hot_index: 1,
+                hot_share: Some(0.05),
+                router_retries: Some(0),
+                router_shard_labels: true,
+            }
+        );
+        let mut layout = ShardLayout {
+            hot_share: Some(1.0 / 3.0),
+            ..ShardLayout::default()
+        };
+        ShardOptions::default().apply(&mut layout).expect("nothing");
+        assert_eq!(layout.hot_share, Some(1.0 / 3.0));
+        assert_eq!((layout.shards, layout.router_retries), (3, None));
+        // No hot shard, no share to set.
+        assert!(o.apply(&mut ShardLayout::default()).is_err());
+
+        // `summary.json` records them beside the layout, `null` where mongos's default stays.
+        assert_eq!(
+            serde_json::to_value(ShardLayout::default()).expect("json"),
+            serde_json::json!({
+                "routers": 3, "shards": 3, "hotIndex": 1, "hotShare": null,
+                "routerRetries": null, "routerShardLabels": false,
+            })
+        );
     }
 
     #[test]

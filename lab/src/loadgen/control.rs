@@ -88,6 +88,64 @@ pub fn member_documents(cfg: &LabConfig, capacity: f64) -> Vec<(usize, Document)
     }
 }
 
+/// mongos's server parameter for how often a router retries a shard's overload error
+/// (`emulator/src/server/routing.rs`).
+const ROUTER_RETRIES_PARAM: &str = "defaultClientMaxRetryAttempts";
+/// The emulator's parameter for the labels a router passes a shard's overload error on with:
+/// `"shard"` passes the shard's own.
+const ROUTER_LABELS_PARAM: &str = "labRouterShardErrorLabels";
+
+/// The router parameters `layout` sets (`setParameter` fields): empty where it leaves mongos's
+/// defaults, so that runs without `--router-retries` or `--router-shard-labels` send nothing.
+pub fn router_parameters(layout: &ShardLayout) -> Document {
+    let mut d = Document::new();
+    if let Some(n) = layout.router_retries {
+        d.insert(ROUTER_RETRIES_PARAM, i32::try_from(n).unwrap_or(i32::MAX));
+    }
+    if layout.router_shard_labels {
+        d.insert(ROUTER_LABELS_PARAM, "shard");
+    }
+    d
+}
+
+/// Sets `layout`'s router parameters ([`router_parameters`]) on every router of `uri`, each
+/// through a direct connection (every mongos has parameters of its own), and reads them back:
+/// a router that did not take them fails the run rather than measure mongos's defaults
+/// under another name.
+pub(crate) async fn set_router_parameters(uri: &str, layout: &ShardLayout) -> Result<(), String> {
+    let wanted = router_parameters(layout);
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    for host in super::soak::member_hosts(uri) {
+        let client = mongodb::Client::with_uri_str(format!(
+            "mongodb://{host}/?directConnection=true&appName=lab-control"
+        ))
+        .await
+        .map_err(|e| format!("router {host}: {e}"))?;
+        let admin = client.database("admin");
+        let mut set = doc! { "setParameter": 1 };
+        set.extend(wanted.clone());
+        let mut get = doc! { "getParameter": 1 };
+        get.extend(wanted.keys().map(|k| (k.clone(), Bson::Int32(1))));
+        let result = match admin.run_command(set).await {
+            Ok(_) => admin.run_command(get).await,
+            Err(e) => Err(e),
+        };
+        client.shutdown().immediate(true).await;
+        let got = result.map_err(|e| format!("router {host}: setting {wanted}: {e}"))?;
+        for (k, v) in &wanted {
+            if got.get(k) != Some(v) {
+                return Err(format!(
+                    "router {host}: {k} reads {:?} after setting it to {v}",
+                    got.get(k)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Numeric fields of a document, flattened to dotted keys.
 pub fn flatten_numbers(d: &Document) -> BTreeMap<String, f64> {
     fn walk(prefix: &str, d: &Document, out: &mut BTreeMap<String, f64>) {
@@ -118,18 +176,28 @@ pub fn flatten_numbers(d: &Document) -> BTreeMap<String, f64> {
 }
 
 /// The name a counter's delta goes by: `counters.X` → `X`, a member's
-/// `memberN.counters.X` → `memberN.X`, a shard's `shardN.counters.X` → `shardN.X`; `None` for
+/// `memberN.counters.X` → `memberN.X`, a shard's `shardN.counters.X` → `shardN.X`; the
+/// routers' counters of a shard keep their names (`routing.X`, `shardN.routing.X`); `None` for
 /// figures that are not counters.
 fn counter_name(key: &str) -> Option<String> {
     if let Some(rest) = key.strip_prefix("counters.") {
         return Some(rest.to_string());
     }
-    let (member, rest) = key.split_once(".counters.")?;
-    let index = member
-        .strip_prefix("member")
-        .or_else(|| member.strip_prefix("shard"))?;
-    (!index.is_empty() && index.chars().all(|c| c.is_ascii_digit()))
-        .then(|| format!("{member}.{rest}"))
+    if key.starts_with("routing.") {
+        return Some(key.to_string());
+    }
+    let (part, rest) = key.split_once('.')?;
+    let (kind, index) = match part.strip_prefix("member") {
+        Some(index) => ("member", index),
+        None => ("shard", part.strip_prefix("shard")?),
+    };
+    if index.is_empty() || !index.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    match rest.strip_prefix("counters.") {
+        Some(counter) => Some(format!("{part}.{counter}")),
+        None => (kind == "shard" && rest.starts_with("routing.")).then(|| key.to_string()),
+    }
 }
 
 /// Deltas of the counters (`counters.*`, and each member's `memberN.counters.*`) between two
@@ -154,7 +222,9 @@ pub fn counter_deltas(
 /// `memberN.counters.*`, and the other figures (queue-wait percentiles) of the member that
 /// answered (the primary). With two or more shards (`serverStatus.labOverloadShards`) the
 /// shards' models do the work and the routers' are off, so the sums are over the shards and
-/// each shard's counters are `shardN.counters.*`.
+/// each shard's counters are `shardN.counters.*`; the routers' requests, overload errors,
+/// retries and failures on each shard are `shardN.routing.*`, summed as `routing.*` (where a
+/// run's `--router-retries` shows).
 pub fn deployment_status(status: &Document) -> Option<BTreeMap<String, f64>> {
     let mut out = flatten_numbers(status.get_document("labOverload").ok()?);
     let listed = |field: &str| -> Vec<&Document> {
@@ -178,10 +248,13 @@ pub fn deployment_status(status: &Document) -> Option<BTreeMap<String, f64>> {
                 .and_then(|x| usize::try_from(x).ok())
                 .unwrap_or(i);
             for (k, v) in flatten_numbers(m) {
-                if k.starts_with("counters.") || k.starts_with("gauges.") {
+                if ["counters.", "gauges.", "routing."]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+                {
                     *out.entry(k.clone()).or_insert(0.0) += v;
                 }
-                if k.starts_with("counters.") {
+                if k.starts_with("counters.") || k.starts_with("routing.") {
                     out.insert(format!("{prefix}{index}.{k}"), v);
                 }
             }
@@ -427,6 +500,52 @@ mod tests {
         let deltas = counter_deltas(&BTreeMap::new(), &flat);
         assert_eq!(deltas.get("shard1.rejected"), Some(&9.0));
         assert_eq!(counter_name("shardx.counters.a"), None);
+    }
+
+    #[test]
+    fn the_routers_are_set_only_where_the_run_changes_mongos_defaults_and_their_retries_count() {
+        use super::super::config::ShardLayout;
+        assert!(router_parameters(&ShardLayout::default()).is_empty());
+        let layout = ShardLayout {
+            router_retries: Some(0),
+            router_shard_labels: true,
+            ..ShardLayout::default()
+        };
+        assert_eq!(
+            router_parameters(&layout),
+            doc! { "defaultClientMaxRetryAttempts": 0i32, "labRouterShardErrorLabels": "shard" }
+        );
+        let retries_only = ShardLayout {
+            router_retries: Some(5),
+            ..ShardLayout::default()
+        };
+        assert_eq!(
+            router_parameters(&retries_only),
+            doc! { "defaultClientMaxRetryAttempts": 5i32 }
+        );
+
+        // The routers' figures per shard (`routing`) are counters too: summed, and per shard.
+        let shard = |i: i64, retries: i64| {
+            doc! {
+                "shard": i,
+                "routing": { "requests": 10i64, "overloadRetries": retries },
+                "counters": { "rejected": 0i64 },
+            }
+        };
+        let status = doc! {
+            "labOverload": { "counters": { "rejected": 0i64 } },
+            "labOverloadShards": [shard(0, 0), shard(1, 7)],
+        };
+        let flat = deployment_status(&status).expect("status");
+        assert_eq!(flat.get("routing.overloadRetries"), Some(&7.0));
+        assert_eq!(flat.get("routing.requests"), Some(&20.0));
+        assert_eq!(flat.get("shard1.routing.overloadRetries"), Some(&7.0));
+        let deltas = counter_deltas(&BTreeMap::new(), &flat);
+        assert_eq!(deltas.get("routing.overloadRetries"), Some(&7.0));
+        assert_eq!(deltas.get("shard1.routing.overloadRetries"), Some(&7.0));
+        assert_eq!(deltas.get("shard1.rejected"), Some(&0.0));
+        assert_eq!(counter_name("member1.routing.requests"), None);
+        assert_eq!(counter_name("shard1.other.x"), None);
     }
 
     #[test]

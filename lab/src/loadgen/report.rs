@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use serde::Serialize;
 
+use super::config::ShardLayout;
 use super::metrics::{pct_ms, ErrorClass, Second};
 use super::runner::{LabRun, VariantRun};
 use super::summary::{aggregate, Percentiles, RunSummary, Spread, VariantAggregate};
@@ -199,8 +200,42 @@ fn run_label(r: &VariantRun, repeats: usize) -> String {
     }
 }
 
+/// The sharded cluster in words: routers, shards, the hot shard's limiter and what the
+/// routers do with a shard's overload error (`--shards`, `--hot-share`, `--router-retries`,
+/// `--router-shard-labels`).
+fn layout_description(layout: &ShardLayout) -> String {
+    let hot = match layout.hot_share {
+        Some(share) => format!(
+            "shard {}'s ingress limiter at {:.3} × the others' rate",
+            layout.hot_index, share
+        ),
+        None => "every shard's limiter at the same rate".into(),
+    };
+    let retries = match layout.router_retries {
+        Some(0) => "do not retry a shard's overload error (`defaultClientMaxRetryAttempts` 0, \
+                    set by the lab)"
+            .into(),
+        Some(n) => format!(
+            "retry a shard's overload error up to {n} times (`defaultClientMaxRetryAttempts`, \
+             set by the lab)"
+        ),
+        None => "retry a shard's overload error up to 3 times (mongos's default)".into(),
+    };
+    let labels = if layout.router_shard_labels {
+        "with the shard's labels (`labRouterShardErrorLabels: \"shard\"`)"
+    } else {
+        "with `SystemOverloadedError` alone (mongos's)"
+    };
+    format!(
+        "{} routers in front of {} shards, each shard owning an equal range of the keys; {hot}. \
+         The routers {retries}, then pass it on {labels}.",
+        layout.routers, layout.shards
+    )
+}
+
 /// The cold-shard figures of a sharded run (persona `sharded`): per run, the requests whose
-/// keys touch only the cold shards, and their goodput beside the total.
+/// keys touch only the cold shards, and their goodput beside the total, and the routers'
+/// retries of a shard's overload error.
 fn cold_shards_section(run: &LabRun) -> String {
     let layout = &run.config.sharding;
     let cold: Vec<String> = (0..layout.shards)
@@ -223,14 +258,26 @@ fn cold_shards_section(run: &LabRun) -> String {
                 } else {
                     "n/a".into()
                 },
+                r.summary
+                    .server
+                    .as_ref()
+                    .and_then(|m| m.get("routing.overloadRetries"))
+                    .map_or_else(|| "n/a".into(), |x| format!("{x:.0}")),
                 flags(&r.summary),
             ])
         })
         .collect();
     format!(
-        "## Cold shards\n\nRequests whose keys lie only on shards {} (not shard {}, {}): a \
-         range read crossing into shard {} or a scatter-gather counts as touching it.\n\n{}",
-        cold.join(" and "),
+        "## Cold shards\n\n{}\n\nRequests whose keys lie only on shard{} {} (not shard {}, {}): \
+         a range read crossing into shard {} or a scatter-gather counts as touching it. Router \
+         retries: the retries the routers sent after a shard's overload error \
+         (`serverStatus.labOverloadShards[].routing.overloadRetries`).\n\n{}",
+        layout_description(layout),
+        if cold.len() == 1 { "" } else { "s" },
+        match cold.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => cold.join(""),
+        },
         layout.hot_index,
         if layout.hot_share.is_some() {
             "the hot one"
@@ -246,6 +293,7 @@ fn cold_shards_section(run: &LabRun) -> String {
                 "cold offered",
                 "cold good",
                 "cold success",
+                "router retries",
                 "flags",
             ],
             &rows,

@@ -19,7 +19,9 @@ use tokio::time::Instant;
 use super::calibrate::calibrate;
 use super::client::{self, ForkStats, LabClient, Sink};
 use super::config::{with_options, Faults, LabConfig, Load, Persona, ServerMode, Variant};
-use super::control::{counter_deltas, member_documents, model_document, Control, COLL, DB};
+use super::control::{
+    counter_deltas, member_documents, model_document, set_router_parameters, Control, COLL, DB,
+};
 use super::drive::{drive_all, drive_closed_from, ClosedLoop, DriveStats, RequestOpts};
 use super::emulator_thread::EmulatorThread;
 use super::failpoint_limiter::failpoint_controller;
@@ -112,6 +114,11 @@ async fn run_against(
     progress: &ProgressBar,
 ) -> Result<Runs, String> {
     let control = Arc::new(Control::connect_for(uri, cfg).await?);
+    if cfg.persona == Persona::Sharded {
+        // Once for the whole run: the routers keep their parameters across the re-seeding
+        // and model changes before each variant.
+        set_router_parameters(uri, &cfg.sharding).await?;
+    }
     control.seed(cfg.docs).await?;
     let mut capacity = capacity;
     let mut capacity_note = if cfg.capacity > 0.0 {

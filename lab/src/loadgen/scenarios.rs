@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::config::{HotMember, LabConfig, Length, Load, OnDeadline, ServerMode, Variant};
+use super::config::{
+    HotMember, LabConfig, Length, Load, OnDeadline, Persona, ServerMode, ShardOptions, Variant,
+};
 
 /// A named scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -447,6 +449,9 @@ impl ScenarioName {
                     shards: SHARDS,
                     hot_index: HOT_SHARD_INDEX,
                     hot_share: hot.then_some(1.0 / 3.0),
+                    // mongos's retry defaults unless `--router-retries` and
+                    // `--router-shard-labels` say otherwise (`apply_shard_options`).
+                    ..super::config::ShardLayout::default()
                 };
                 // Reads only, as in `hot-member`: inserts would all land on the last shard
                 // (their ObjectId `_id`s sort after every number).
@@ -511,6 +516,36 @@ impl ScenarioName {
         }
         let empty = model.as_object().is_some_and(|o| o.is_empty());
         cfg.model_overrides = (!empty).then_some(model);
+    }
+
+    /// Applies `lab run`'s sharding options (`--shards`, `--hot-share`, `--router-retries`,
+    /// `--router-shard-labels`) to `cfg`, which [`ScenarioName::apply`] set up for this
+    /// scenario. Only `hot-shard` and `even-shards` run the sharded cluster they change, and
+    /// only `hot-shard` has a hot shard whose share `--hot-share` could set; given elsewhere
+    /// they are refused rather than ignored, so no run claims a layout it did not have.
+    pub fn apply_shard_options(
+        self,
+        cfg: &mut LabConfig,
+        options: &ShardOptions,
+    ) -> Result<(), String> {
+        if options.is_empty() {
+            return Ok(());
+        }
+        let sharded = matches!(self, ScenarioName::HotShard | ScenarioName::EvenShards);
+        if !sharded || cfg.persona != Persona::Sharded {
+            return Err(format!(
+                "--shards, --hot-share, --router-retries and --router-shard-labels are for the \
+                 sharded scenarios (hot-shard, even-shards), not {}",
+                self.name()
+            ));
+        }
+        if options.hot_share.is_some() && cfg.sharding.hot_share.is_none() {
+            return Err(format!(
+                "--hot-share is for hot-shard: {} has no hot shard",
+                self.name()
+            ));
+        }
+        options.apply(&mut cfg.sharding)
     }
 
     /// Seconds of schedule one repetition of this scenario takes in the suite with its default
@@ -753,6 +788,103 @@ mod tests {
         // Seconds of schedule a suite repetition needs: 5 s × 3 variants, 5 s × 2.
         assert_eq!(ScenarioName::HotShard.suite_schedule_secs(), 15.0);
         assert_eq!(ScenarioName::EvenShards.suite_schedule_secs(), 10.0);
+    }
+
+    #[test]
+    fn only_the_sharded_scenarios_take_the_sharding_options_and_only_hot_shard_its_share() {
+        use super::super::config::OpKind;
+        let p = ScenarioParams::default();
+        let configured = |s: ScenarioName, o: &ShardOptions| {
+            let mut cfg = LabConfig::default();
+            s.apply(&mut cfg, Length::Suite, &p);
+            s.apply_shard_options(&mut cfg, o).map(|()| cfg)
+        };
+        // Without options every scenario runs as before, the sharded ones on mongos's
+        // defaults.
+        for s in ScenarioName::ALL {
+            let cfg = configured(s, &ShardOptions::default()).expect("no options");
+            assert_eq!(cfg.sharding.router_retries, None, "{s:?}");
+            assert!(!cfg.sharding.router_shard_labels, "{s:?}");
+        }
+
+        // Half the keys on a hot shard admitting a twentieth, behind routers that do not
+        // retry: split once, shard 0 the only cold one.
+        let two = ShardOptions {
+            shards: Some(2),
+            hot_share: Some(0.05),
+            router_retries: Some(0),
+            router_shard_labels: true,
+        };
+        let hot = configured(ScenarioName::HotShard, &two).expect("hot-shard takes them");
+        assert_eq!((hot.sharding.routers, hot.sharding.shards), (3, 2));
+        assert_eq!(hot.sharding.hot_index, HOT_SHARD_INDEX);
+        assert_eq!(hot.sharding.hot_share, Some(0.05));
+        assert_eq!(hot.sharding.router_retries, Some(0));
+        assert!(hot.sharding.router_shard_labels);
+        assert_eq!(hot.sharding.split_points(hot.docs), vec![500]);
+        let keys = hot.shard_keys().expect("sharded");
+        assert!(keys.is_cold(OpKind::PointRead, 499, 20));
+        assert!(!keys.is_cold(OpKind::PointRead, 500, 20));
+        // The load and capacity stay the scenario's: the options change the cluster only.
+        let default = configured(ScenarioName::HotShard, &ShardOptions::default()).expect("ok");
+        assert_eq!(hot.capacity, default.capacity);
+        assert_eq!(hot.scenario, default.scenario);
+
+        // The reference takes the layout and the routers' settings, but has no hot shard.
+        let four = ShardOptions {
+            shards: Some(4),
+            router_retries: Some(5),
+            ..ShardOptions::default()
+        };
+        let even = configured(ScenarioName::EvenShards, &four).expect("even-shards takes them");
+        assert_eq!(even.sharding.split_points(even.docs), vec![250, 500, 750]);
+        assert_eq!(
+            (even.sharding.hot_share, even.sharding.router_retries),
+            (None, Some(5))
+        );
+        let keys = even.shard_keys().expect("sharded");
+        assert!(keys.is_cold(OpKind::PointRead, 750, 20));
+        assert!(!keys.is_cold(OpKind::PointRead, 250, 20));
+        let e = configured(ScenarioName::EvenShards, &two).expect_err("no hot shard");
+        assert!(
+            e.contains("--hot-share") && e.contains("even-shards"),
+            "{e}"
+        );
+
+        // Every other scenario refuses each of them, even on the sharded persona.
+        let each = [
+            ShardOptions {
+                shards: Some(2),
+                ..ShardOptions::default()
+            },
+            ShardOptions {
+                hot_share: Some(0.5),
+                ..ShardOptions::default()
+            },
+            ShardOptions {
+                router_retries: Some(0),
+                ..ShardOptions::default()
+            },
+            ShardOptions {
+                router_shard_labels: true,
+                ..ShardOptions::default()
+            },
+        ];
+        for s in ScenarioName::ALL {
+            if matches!(s, ScenarioName::HotShard | ScenarioName::EvenShards) {
+                continue;
+            }
+            for o in &each {
+                let e = configured(s, o).expect_err("not sharded");
+                assert!(e.contains(s.name()), "{s:?}: {e}");
+            }
+            let mut cfg = LabConfig {
+                persona: Persona::Sharded,
+                ..LabConfig::default()
+            };
+            s.apply(&mut cfg, Length::Suite, &p);
+            assert!(s.apply_shard_options(&mut cfg, &each[2]).is_err(), "{s:?}");
+        }
     }
 
     #[test]

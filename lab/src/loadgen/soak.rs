@@ -342,7 +342,7 @@ impl LabClient for Counting {
 }
 
 /// The members' addresses, from the emulator's connection string.
-fn member_hosts(uri: &str) -> Vec<String> {
+pub(crate) fn member_hosts(uri: &str) -> Vec<String> {
     let rest = uri.strip_prefix("mongodb://").unwrap_or(uri);
     let hosts = rest.split('/').next().unwrap_or_default();
     hosts
