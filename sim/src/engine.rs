@@ -1,7 +1,7 @@
 //! The event loop: arrivals, each client's controller, the server (or a sharded cluster's
 //! routers and shards), replies, deadlines.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,34 +55,30 @@ fn rejection_draw(seed: u64, client: u32, arrival: Nanos, attempt: u32) -> f64 {
     )
 }
 
-/// The router an attempt goes to, drawn uniformly, keyed like [`rejection_draw`] so that every
-/// variant sends the same attempt of the same request to the same router. A retry goes to one
-/// of the others (`previous`): the driver deprioritizes the router that failed on a sharded
-/// cluster.
+/// The router an attempt goes to: drawn uniformly among the routers not in `avoided` (all of
+/// them when it names every one), keyed like [`rejection_draw`] so that every variant draws the
+/// same number for the same attempt of the same request.
 fn router_draw(
     seed: u64,
     client: u32,
     arrival: Nanos,
     attempt: u32,
     routers: u32,
-    previous: Option<u32>,
+    avoided: Option<&HashSet<u32>>,
 ) -> u32 {
     let u = keyed_unit(
         (seed ^ ROUTER_SALT)
             .wrapping_add(arrival.wrapping_mul(0x9e37_79b9_7f4a_7c15))
             .wrapping_add(u64::from(client) << 32 | u64::from(attempt)),
     );
-    match previous.filter(|_| routers > 1) {
-        None => ((u * f64::from(routers)) as u32).min(routers - 1),
-        Some(previous) => {
-            let other = ((u * f64::from(routers - 1)) as u32).min(routers - 2);
-            if other >= previous {
-                other + 1
-            } else {
-                other
-            }
-        }
+    let mut candidates: Vec<u32> = (0..routers)
+        .filter(|r| avoided.is_none_or(|avoided| !avoided.contains(r)))
+        .collect();
+    if candidates.is_empty() {
+        candidates = (0..routers).collect();
     }
+    let i = ((u * candidates.len() as f64) as usize).min(candidates.len() - 1);
+    candidates[i]
 }
 
 /// Everything one run needs.
@@ -672,18 +668,30 @@ impl<'c> Sim<'c> {
         let Some(o) = self.ops.get_mut(op) else {
             return;
         };
+        let ctl = &controllers[o.client as usize];
         if let Some(cluster) = self.cluster {
-            let previous = (kind == AttemptKind::Retry).then_some(o.server);
+            // Server selection as the driver makes it among the routers: a retry avoids the
+            // router that failed (deprioritized on a sharded cluster), and any attempt avoids
+            // the routers the controller calls busy (a full concurrency limit, or for a first
+            // attempt a throttle that would reject it) while another can take it. The
+            // driver's choice by operation count among two is not modelled: uniform.
+            let deprioritized = (kind == AttemptKind::Retry).then(|| HashSet::from([o.server]));
+            let avoided = ctl
+                .avoided_servers(
+                    kind == AttemptKind::First,
+                    deprioritized.as_ref(),
+                    clock::instant(now),
+                )
+                .or(deprioritized);
             o.server = router_draw(
                 self.cfg.seed,
                 o.client,
                 o.arrival,
                 o.attempts + 1,
                 cluster.routers,
-                previous,
+                avoided.as_ref(),
             );
         }
-        let ctl = &controllers[o.client as usize];
         let request = ctl.start_attempt(
             o.kind.command(),
             &o.server,
