@@ -99,13 +99,20 @@ started=$(date +%s)
     echo
     echo "### Two shards, the hot one admitting a twentieth of the other's rate: half the requests on it"
     echo
-    $bin --scenarios even-shards --clients 4,64,1000,10k --secs 60 \
+    $bin --scenarios even-shards --clients 4,16,64,256,1000,10k --secs 60 \
         --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --shards 2
     echo
-    $bin --scenarios hot-shard --clients 4,64,1000,10k --secs 60 \
+    $bin --scenarios hot-shard --clients 4,16,64,256,1000,10k --secs 60 \
         --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --shards 2 --hot-share 0.05
     echo
-    $bin --scenarios hot-shard --clients 4,64,1000,10k --secs 60 \
+    echo "Routers that do not retry (the lab's runs of 2026-12-05 22:46 and 22:54), with mongos's label and"
+    echo "with the shard's:"
+    echo
+    $bin --scenarios hot-shard --clients 4,16,64,256,1000,10k --secs 60 \
+        --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --shards 2 --hot-share 0.05 \
+        --router-retries 0
+    echo
+    $bin --scenarios hot-shard --clients 4,16,64,256,1000,10k --secs 60 \
         --variants upstream-best,upstream-best-no-retries,recommended,fork-controls --shards 2 --hot-share 0.05 \
         --router-retries 0 --router-shard-labels
     echo
