@@ -124,43 +124,26 @@ impl Cluster {
         }
     }
 
-    /// Split point `i`: `docs × i / shards` (in 128 bits), as the lab splits the collection.
-    fn split(&self, i: u32) -> i64 {
-        let at = i128::from(self.docs) * i128::from(i) / i128::from(self.shards.max(1));
-        i64::try_from(at).unwrap_or(i64::MAX)
+    /// The shards of `0..docs` and the hot one, as the lab attributes requests to them.
+    fn keys(&self) -> arrivals::ShardKeys {
+        arrivals::ShardKeys::new(self.docs, self.shards as usize, self.hot_index as usize)
     }
 
-    /// The shard owning `key`: how many split points lie at or below it.
+    /// The shard owning `key`.
     pub fn shard_of(&self, key: i64) -> u32 {
-        // Bounded by the number of shards.
-        (1..self.shards).filter(|&i| key >= self.split(i)).count() as u32
+        self.keys().shard_of(key) as u32
     }
 
     /// The shards a request touches, lowest and highest (every shard between them too), as
-    /// the emulator's routers target it: a point read or an update its key's shard; a range
-    /// read from its key's shard to that of `key + range_len` (the routers treat the exclusive
-    /// bound as inclusive); an insert the last shard (its ObjectId sorts after every number).
+    /// the emulator's routers target it ([`arrivals::ShardKeys::touched`]).
     pub fn touched(&self, kind: OpKind, key: i64) -> (u32, u32) {
-        match kind {
-            OpKind::PointRead | OpKind::Update => {
-                let s = self.shard_of(key);
-                (s, s)
-            }
-            OpKind::RangeRead => (
-                self.shard_of(key),
-                self.shard_of(key.saturating_add(self.range_len.max(0))),
-            ),
-            OpKind::Insert => {
-                let last = self.shards.saturating_sub(1);
-                (last, last)
-            }
-        }
+        let (low, high) = self.keys().touched(kind, key, self.range_len);
+        (low as u32, high as u32)
     }
 
     /// Whether a request touches only shards other than the hot one.
     pub fn is_cold(&self, kind: OpKind, key: i64) -> bool {
-        let (low, high) = self.touched(kind, key);
-        !(low..=high).contains(&self.hot_index)
+        self.keys().is_cold(kind, key, self.range_len)
     }
 
     /// Checks the layout.

@@ -684,18 +684,24 @@ impl Server {
         self.acquire_ticket(now, job, q);
     }
 
+    /// Sends `reply` to `tag`'s attempt at `now`: it reaches the client (or its router) half a
+    /// round trip later.
+    fn send_reply(&self, now: Nanos, tag: Tag, reply: Reply, q: &mut Queue<Event>) {
+        q.push(
+            now + self.cfg.half_rtt,
+            Event::Reply {
+                server: self.id,
+                tag,
+                reply,
+            },
+        );
+    }
+
     /// Work outside a request: `ms` of core time, then `reply`.
     fn burn(&mut self, now: Nanos, tag: Tag, reply: Reply, ms: f64, q: &mut Queue<Event>) {
         let remaining = clock::ms(ms);
         if remaining == 0 {
-            q.push(
-                now + self.cfg.half_rtt,
-                Event::Reply {
-                    server: self.id,
-                    tag,
-                    reply,
-                },
-            );
+            self.send_reply(now, tag, reply, q);
             return;
         }
         let job = self.jobs.insert(Job {
@@ -923,14 +929,7 @@ impl Server {
                         Reply::Overloaded => self.stats.rejection_ns += work,
                         _ => self.stats.expiry_ns += work,
                     }
-                    q.push(
-                        now + self.cfg.half_rtt,
-                        Event::Reply {
-                            server: self.id,
-                            tag,
-                            reply,
-                        },
-                    );
+                    self.send_reply(now, tag, reply, q);
                 } else {
                     self.enqueue(job);
                 }
@@ -951,14 +950,7 @@ impl Server {
                         self.stats.useful_ns += work;
                     }
                     self.release_ticket(now, pool, q, rng);
-                    q.push(
-                        now + self.cfg.half_rtt,
-                        Event::Reply {
-                            server: self.id,
-                            tag,
-                            reply: Reply::Ok,
-                        },
-                    );
+                    self.send_reply(now, tag, Reply::Ok, q);
                 } else if j.since_check >= self.yield_period {
                     // An interrupt point, where mongod also yields: the ticket goes back, and
                     // the request stops if past its deadline, else queues for a ticket again.

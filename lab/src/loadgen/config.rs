@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 // The schedule's own types live in the `arrivals` crate, which the simulator shares.
-pub use arrivals::{Arrivals, OpKind, OpMix, Phase};
+pub use arrivals::{Arrivals, OpKind, OpMix, Phase, ShardKeys};
 
 fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
@@ -612,73 +612,13 @@ impl ShardLayout {
     /// Where the collection is split: `docs × i / shards` for `i` in `1..shards`, so shard
     /// `i` owns `[split i, split i+1)` (the first from MinKey, the last to MaxKey).
     pub fn split_points(&self, docs: i64) -> Vec<i64> {
-        (1..self.shards.max(1))
-            .map(|i| ShardKeys::split(docs, i, self.shards))
-            .collect()
+        let keys = self.keys(docs);
+        (1..self.shards.max(1)).map(|i| keys.split(i)).collect()
     }
 
     /// The attribution of requests to shards for a collection of `docs` documents.
     pub fn keys(&self, docs: i64) -> ShardKeys {
-        ShardKeys {
-            docs,
-            shards: self.shards.max(1),
-            hot_index: self.hot_index,
-        }
-    }
-}
-
-/// Which shards a request touches under a [`ShardLayout`] of `0..docs`, as the emulator's
-/// routers target it (`docs/emulator.md`, "Targeting"); small and `Copy`, so every request
-/// can carry it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ShardKeys {
-    docs: i64,
-    shards: usize,
-    hot_index: usize,
-}
-
-impl ShardKeys {
-    /// Split point `i` of `0..docs` into `shards` equal ranges (no overflow for any `docs`
-    /// the lab seeds: `docs × i` is computed in 128 bits).
-    fn split(docs: i64, i: usize, shards: usize) -> i64 {
-        let at = i128::from(docs) * i as i128 / shards.max(1) as i128;
-        i64::try_from(at).unwrap_or(i64::MAX)
-    }
-
-    /// The shard owning `key`: how many split points lie at or below it.
-    pub fn shard_of(&self, key: i64) -> usize {
-        // Bounded by the number of shards.
-        (1..self.shards)
-            .filter(|&i| key >= Self::split(self.docs, i, self.shards))
-            .count()
-    }
-
-    /// The shards a request touches, lowest and highest (every shard between them too: shard
-    /// `i` owns the `i`-th range). A point read or update: the key's shard. A range read of
-    /// `{_id: {$gte: key, $lt: key + range_len}}`: from the key's shard to the shard of
-    /// `key + range_len`, because the routers treat the exclusive bound as inclusive
-    /// (conservative targeting), so a range ending exactly at a split point touches the next
-    /// shard too. An insert: its `_id` is a driver-made ObjectId, which sorts after every
-    /// number, so the last shard.
-    pub fn touched(&self, kind: OpKind, key: i64, range_len: i64) -> (usize, usize) {
-        match kind {
-            OpKind::PointRead | OpKind::Update => {
-                let s = self.shard_of(key);
-                (s, s)
-            }
-            OpKind::RangeRead => (
-                self.shard_of(key),
-                self.shard_of(key.saturating_add(range_len.max(0))),
-            ),
-            OpKind::Insert => (self.shards - 1, self.shards - 1),
-        }
-    }
-
-    /// Whether a request touches only cold shards (not the hot one): the requests the
-    /// cold-shard figure counts.
-    pub fn is_cold(&self, kind: OpKind, key: i64, range_len: i64) -> bool {
-        let (low, high) = self.touched(kind, key, range_len);
-        !(low..=high).contains(&self.hot_index)
+        ShardKeys::new(docs, self.shards, self.hot_index)
     }
 }
 
