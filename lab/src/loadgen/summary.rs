@@ -313,7 +313,7 @@ pub fn summarize(
 }
 
 /// The requests of a sharded run that touch only the cold shards (every shard but the
-/// layout's hot one, `config::ShardKeys::is_cold`), over the schedule's seconds as goodput is.
+/// layout's hot one, `arrivals::ShardKeys::is_cold`), over the schedule's seconds as goodput is.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ColdShards {
