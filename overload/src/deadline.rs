@@ -18,7 +18,14 @@
 //!   its last [`SERVICE_TIME_SAMPLES`] successful attempts that are younger than
 //!   [`SERVICE_TIME_MAX_AGE`]. The median is used, not a mean, so that one slow outlier does not
 //!   make every retry look hopeless, and old samples are dropped so that an estimate from a
-//!   past overload does not outlive it.
+//!   past overload does not outlive it. With no recent success, the median of the recent
+//!   overload rejections stands in, as a lower bound: an accepted request travels the same way
+//!   to the server's admission as a rejected one, then does its work. Without it, a client too
+//!   quiet to see successes (one of a fleet, or one whose server rejects nearly everything)
+//!   had an estimate of zero and the gate open exactly when the server was slowest: in the
+//!   simulator's `flood` at 1,000 clients, `timeoutMS` alone made 0.081 retries per first
+//!   attempt (0.001 at four clients), and the extra rejections' work took the server from 0.066
+//!   of capacity to 0.012 (`docs/simulator.md`).
 //!
 //! Retry admission under a deadline lives on [`crate::retry::RetryState`]
 //! ([`crate::retry::RetryState::admit`]), which both of the driver's retry paths already keep.
@@ -192,12 +199,16 @@ impl MinRtt {
 }
 
 /// A server's recent typical service time: the median duration of its latest successful
-/// attempts (at most [`SERVICE_TIME_SAMPLES`], none older than [`SERVICE_TIME_MAX_AGE`]).
-/// Zero while nothing recent is known, so that an unknown server never has a retry declined.
+/// attempts (at most [`SERVICE_TIME_SAMPLES`], none older than [`SERVICE_TIME_MAX_AGE`]), or,
+/// while none is recent, of its latest overload rejections (a lower bound; see the module
+/// documentation). Zero while nothing recent is known, so that an unknown server never has a
+/// retry declined.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceTime {
-    /// `(finished at, duration)`, oldest first.
-    samples: VecDeque<(Instant, Duration)>,
+    /// Successful attempts, `(finished at, duration)`, oldest first.
+    successes: VecDeque<(Instant, Duration)>,
+    /// Attempts rejected for overload, the same way.
+    rejections: VecDeque<(Instant, Duration)>,
     max_age: Duration,
 }
 
@@ -211,38 +222,58 @@ impl ServiceTime {
     /// An empty estimate whose samples expire after `max_age`.
     pub fn new(max_age: Duration) -> Self {
         Self {
-            samples: VecDeque::with_capacity(SERVICE_TIME_SAMPLES),
+            successes: VecDeque::with_capacity(SERVICE_TIME_SAMPLES),
+            rejections: VecDeque::with_capacity(SERVICE_TIME_SAMPLES),
             max_age,
         }
     }
 
     /// Records a successful attempt that took `duration` and finished at `now`.
     pub fn record_success(&mut self, now: Instant, duration: Duration) {
-        if self.samples.len() == SERVICE_TIME_SAMPLES {
-            self.samples.pop_front();
-        }
-        self.samples.push_back((now, duration));
+        keep_latest(&mut self.successes, now, duration);
     }
 
-    /// The median of the samples still recent at `now` (the upper median of an even count,
-    /// erring towards declining a retry that would not fit), or zero when none are.
-    pub fn typical(&self, now: Instant) -> Duration {
-        // On the stack: the driver asks under a lock, and an allocation there showed.
-        let mut recent = [Duration::ZERO; SERVICE_TIME_SAMPLES];
-        let mut len = 0;
-        for (at, duration) in &self.samples {
-            if len < SERVICE_TIME_SAMPLES && now.saturating_duration_since(*at) <= self.max_age {
-                recent[len] = *duration;
-                len += 1;
-            }
-        }
-        if len == 0 {
-            return Duration::ZERO;
-        }
-        let recent = &mut recent[..len];
-        recent.sort_unstable();
-        recent[len / 2]
+    /// Records an attempt rejected for overload that took `duration` and was answered at `now`.
+    pub fn record_rejection(&mut self, now: Instant, duration: Duration) {
+        keep_latest(&mut self.rejections, now, duration);
     }
+
+    /// The median of the successes still recent at `now`, or when none is, of the rejections
+    /// still recent (the upper median of an even count, erring towards declining a retry that
+    /// would not fit); zero when neither is.
+    pub fn typical(&self, now: Instant) -> Duration {
+        recent_median(&self.successes, now, self.max_age)
+            .or_else(|| recent_median(&self.rejections, now, self.max_age))
+            .unwrap_or_default()
+    }
+}
+
+/// Appends a sample, dropping the oldest beyond [`SERVICE_TIME_SAMPLES`].
+fn keep_latest(samples: &mut VecDeque<(Instant, Duration)>, now: Instant, duration: Duration) {
+    if samples.len() == SERVICE_TIME_SAMPLES {
+        samples.pop_front();
+    }
+    samples.push_back((now, duration));
+}
+
+/// The upper median of the samples at most `max_age` old at `now` (`None`: there are none).
+fn recent_median(
+    samples: &VecDeque<(Instant, Duration)>,
+    now: Instant,
+    max_age: Duration,
+) -> Option<Duration> {
+    // On the stack: the driver asks under a lock, and an allocation there showed.
+    let mut recent = [Duration::ZERO; SERVICE_TIME_SAMPLES];
+    let mut len = 0;
+    for (at, duration) in samples {
+        if len < SERVICE_TIME_SAMPLES && now.saturating_duration_since(*at) <= max_age {
+            recent[len] = *duration;
+            len += 1;
+        }
+    }
+    let recent = &mut recent[..len];
+    recent.sort_unstable();
+    recent.get(len / 2).copied()
 }
 
 /// Whether a retry may be made, as [`crate::retry::RetryState::admit`] decides it.
@@ -393,6 +424,41 @@ mod tests {
         }
         for _ in 0..SERVICE_TIME_SAMPLES {
             service.record_success(now, ms(3));
+        }
+        assert_eq!(service.typical(now), ms(3));
+    }
+
+    #[test]
+    fn rejections_stand_in_only_while_no_success_is_recent() {
+        let start = Instant::now();
+        let mut service = ServiceTime::new(Duration::from_secs(10));
+        // A quiet client of an overloaded server: rejections only, each after 300 to 700 ms.
+        for (i, millis) in [300, 700, 400].into_iter().enumerate() {
+            service.record_rejection(start + ms(i as u64), ms(millis));
+        }
+        assert_eq!(service.typical(start + ms(3)), ms(400), "their median");
+        // One success, however fast, is the better evidence of what a success takes.
+        service.record_success(start + ms(4), ms(20));
+        assert_eq!(service.typical(start + ms(5)), ms(20));
+        // Once the success is stale and newer rejections are not, they stand in again.
+        service.record_rejection(start + Duration::from_secs(12), ms(900));
+        assert_eq!(service.typical(start + Duration::from_secs(15)), ms(900));
+        // And nothing recent at all is zero: the gate declines nothing.
+        assert_eq!(
+            service.typical(start + Duration::from_secs(30)),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn rejections_keep_only_the_latest_samples_too() {
+        let now = Instant::now();
+        let mut service = ServiceTime::default();
+        for _ in 0..SERVICE_TIME_SAMPLES {
+            service.record_rejection(now, ms(900));
+        }
+        for _ in 0..SERVICE_TIME_SAMPLES {
+            service.record_rejection(now, ms(3));
         }
         assert_eq!(service.typical(now), ms(3));
     }

@@ -777,6 +777,48 @@ async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() 
     fail_command_off(&server.uri).await;
 }
 
+#[tokio::test]
+async fn an_overload_retry_that_the_rejections_own_time_shows_cannot_finish_is_not_attempted() {
+    let server = Server::standalone();
+    // Every find is rejected for overload after 600 ms: the client never sees a success.
+    fail_point(
+        &server.uri,
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": "alwaysOn",
+            "data": {
+                "failCommands": ["find"],
+                "errorCode": 462,
+                "errorLabels": ["SystemOverloadedError", "RetryableError"],
+                "blockConnection": true,
+                "blockTimeMS": 600,
+            },
+        },
+    )
+    .await;
+    let (client, sent) = client_with(&server.uri, Some(ms(1_000))).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let started = Instant::now();
+    // No backoff at all: only the estimate can decline the retry. With no success to learn
+    // from, the estimate is the rejection's own 600 ms, more than the 400 ms left, so the
+    // overload error comes back at once. Before, the estimate was zero: the retry was sent,
+    // blocked past the deadline, and the call ended 400 ms later with a timeout error.
+    let result = mongodb::fork::test_hooks::with_pinned_jitter(0.0, coll.find_one(doc! {})).await;
+    let elapsed = started.elapsed();
+    let error = result.expect_err("overloaded");
+    assert_eq!(
+        server_code(&error),
+        Some(462),
+        "the overload error, not a timeout: {error:?}"
+    );
+    assert_eq!(sent.named("find").len(), 1, "no retry was attempted");
+    assert!(
+        elapsed < ms(900),
+        "returned when the rejection came: {elapsed:?}"
+    );
+    fail_command_off(&server.uri).await;
+}
+
 /// CSOT prose test 1: the batches of one `insert_many` share one deadline.
 #[tokio::test]
 async fn insert_many_batches_share_one_deadline() {

@@ -434,7 +434,8 @@ where
 
     /// The attempt ended at `now` as `end`, having been sent at `sent` (`None`: never sent, the
     /// checkout failed). Tells the throttle whether the server answered or rejected it for
-    /// overload, releases the slot with the outcome, and samples a success's service time.
+    /// overload, releases the slot with the outcome, and samples the service time of a success
+    /// or of an overload rejection.
     pub fn finish(mut self, end: AttemptEnd, sent: Option<Instant>, now: Instant) {
         let latency = sent.map(|sent| now.saturating_duration_since(sent));
         if let (AttemptEnd::Succeeded, Some(key), Some(latency)) = (end, self.key.as_ref(), latency)
@@ -445,6 +446,11 @@ where
         }
         let overloaded =
             matches!(end, AttemptEnd::Failed { overload, .. } if overload.is_overload());
+        if let (true, Some(key), Some(latency)) = (overloaded, self.key.as_ref(), latency) {
+            self.controller
+                .service_times
+                .record_rejection(key, latency, now);
+        }
         let Some(server) = self.server.take() else {
             return;
         };
@@ -516,10 +522,18 @@ impl<K> Default for ServiceTimes<K> {
 }
 
 impl<K: Clone + Eq + Hash> ServiceTimes<K> {
-    /// Records a success. Skipped rather than waited for while another operation holds the
+    fn record_success(&self, key: &K, latency: Duration, now: Instant) {
+        self.record(key, now, |service| service.record_success(now, latency));
+    }
+
+    fn record_rejection(&self, key: &K, latency: Duration, now: Instant) {
+        self.record(key, now, |service| service.record_rejection(now, latency));
+    }
+
+    /// Records one sample. Skipped rather than waited for while another operation holds the
     /// server's lock: the estimate is a median of recent samples, and a missing one does not
     /// move it.
-    fn record_success(&self, key: &K, latency: Duration, now: Instant) {
+    fn record(&self, key: &K, now: Instant, sample: impl FnOnce(&mut ServiceTime)) {
         let known = self
             .servers
             .read()
@@ -531,7 +545,7 @@ impl<K: Clone + Eq + Hash> ServiceTimes<K> {
             None => {
                 let mut servers = self.servers.write().unwrap_or_else(|e| e.into_inner());
                 if !servers.contains_key(key) && servers.len() >= MAX_IDLE_SERVERS {
-                    // Bounded: forget the servers with no recent success, then all if need be.
+                    // Bounded: forget the servers with no recent sample, then all if need be.
                     servers.retain(|_, service| {
                         service
                             .try_lock()
@@ -545,9 +559,7 @@ impl<K: Clone + Eq + Hash> ServiceTimes<K> {
             }
         };
         // A poisoned or busy lock skips the sample; the result is dropped before the `Arc`.
-        let recorded = service.try_lock().map(|mut service| {
-            service.record_success(now, latency);
-        });
+        let recorded = service.try_lock().map(|mut service| sample(&mut service));
         drop(recorded);
     }
 

@@ -103,8 +103,9 @@
 //! - The **concurrency limit** of a server sees every attempt that took a slot and how it ended:
 //!   a reply's latency (a sample), an overload error (a decrease), or no reply at all (a lower
 //!   bound: a network error, a timeout, a dropped future, a failed checkout).
-//! - The **service-time estimate** of a server sees the latency of successful attempts of
-//!   operations under a deadline (the only ones that read it), and the retry gate reads it.
+//! - The **service-time estimate** of a server sees the latency of successful attempts and of
+//!   overload rejections of operations under a deadline (the only ones that read it), and the
+//!   retry gate reads it: the successes' median, or the rejections' while no success is recent.
 //!
 //! # Events
 //!

@@ -497,6 +497,46 @@ fn a_retry_that_cannot_finish_before_the_deadline_is_declined() {
 }
 
 #[test]
+fn a_client_that_has_seen_only_rejections_declines_a_retry_they_show_cannot_finish() {
+    let ctl = controller(settings());
+    let server = server();
+    let deadline = Some(Deadline::at(at(1_000)));
+    // The first attempt of an operation under a 1 s deadline is rejected after 600 ms; the
+    // client has never seen a success from this server.
+    let attempt = sent(
+        ctl.start_attempt("find", &server, AttemptKind::First, deadline, at(0))
+            .poll(at(0), &mut full()),
+    );
+    let end = AttemptEnd::Failed {
+        overload: Overload::Retryable,
+        replied: true,
+    };
+    attempt.finish(end, Some(at(0)), at(600));
+    assert_eq!(ctl.typical_service(&server, at(600)), ms(600));
+    // 400 ms are left: even with no backoff, a retry that takes as long as the rejection did
+    // cannot be answered in time (before, the estimate was zero and the retry was sent).
+    let mut state = ctl.retry_state();
+    state.record_failure(overloaded());
+    assert_eq!(
+        ctl.may_retry(
+            &mut state,
+            question(&server, deadline),
+            at(600),
+            &mut || 0.0
+        ),
+        RetryAnswer::ReturnLastError(Refusal::CannotFinish)
+    );
+    // An operation without a deadline leaves no sample: only operations under one read it.
+    let other = "b:27017".to_owned();
+    let attempt = sent(
+        ctl.start_attempt("find", &other, AttemptKind::First, None, at(0))
+            .poll(at(0), &mut full()),
+    );
+    attempt.finish(end, Some(at(0)), at(600));
+    assert_eq!(ctl.typical_service(&other, at(600)), Duration::ZERO);
+}
+
+#[test]
 fn service_time_is_sampled_only_for_operations_under_a_deadline() {
     let ctl = controller(settings());
     let server = server();
