@@ -573,6 +573,64 @@ async fn a_retried_shard_request_succeeds_once_the_shard_recovers() {
 }
 
 #[tokio::test]
+async fn a_shard_times_a_retried_request_from_the_retry_not_from_the_client() {
+    // The hot shard rejects for 100 ms while the router retries; the attempt it then serves
+    // waited and ran on it for a few milliseconds at most. Its completed run counts from that
+    // attempt reaching the shard: the earlier rejections and the router's backoffs were spent
+    // before it got there (the client's round trip shows them, not the shard's run).
+    let emu = cluster(1, 2, BTreeMap::from([(1, always_rejects())])).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    two_ranged_chunks(&mut raw).await;
+    ok(
+        &mut raw,
+        "admin",
+        doc! {
+            "setParameter": 1,
+            "defaultClientMaxRetryAttempts": 50,
+            "defaultClientBaseBackoffMillis": 10,
+            "defaultClientMaxBackoffMillis": 10,
+        },
+    )
+    .await;
+    let addr = emu.addresses()[0];
+    let started = Instant::now();
+    let read = tokio::spawn(async move {
+        let mut other = common::RawClient::connect(addr).await;
+        run(
+            &mut other,
+            "test",
+            doc! {
+                "find": "c",
+                "filter": { "x": 1 },
+                "maxTimeMS": 10_000,
+                "comment": { "labCostMs": 2 },
+            },
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    ok(
+        &mut raw,
+        "admin",
+        doc! { "setParameter": 1, "labOverloadShards": { "1": { "randomRejectShare": 0.0 } } },
+    )
+    .await;
+    let reply = read.await.unwrap();
+    assert_eq!(reply.get_f64("ok"), Ok(1.0), "{reply}");
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    let c = emu.shard_overload(1).unwrap().snapshot().counters;
+    assert!(c.random_rejections >= 2, "{c:?}");
+    assert_eq!(c.completed_runs.total(), 1, "{c:?}");
+    assert!(c.completed_wait_ms < 20.0, "{c:?}");
+    assert!(
+        c.completed_run_ms < 20.0,
+        "ran {} ms on the shard",
+        c.completed_run_ms
+    );
+    emu.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_batch_split_over_shards_reports_exactly_what_was_applied() {
     let emu = cluster(1, 2, BTreeMap::from([(1, always_rejects())])).await;
     let mut raw = common::RawClient::connect(emu.addresses()[0]).await;

@@ -62,9 +62,10 @@
 //!
 //! In a sharded deployment each logical shard owns a model too (`server::sharding`), built from
 //! `EmulatorConfig::shard_overload[index]` or the sharded default (`EmulatorConfig::shards`
-//! says which). A router calls [`Model::admit`] and [`Admission::execute`] of every target
-//! shard's model after its own (`server::routing`), with the client's arrival and `maxTimeMS`,
-//! and no disconnect future (the router's own model watches the client);
+//! says which). A router calls [`Model::admit_forwarded`] and [`Admission::execute`] of every
+//! target shard's model after its own (`server::routing`), once per attempt, with the client's
+//! arrival and `maxTimeMS` (its deadline) and no disconnect future (the router's own model
+//! watches the client); the shard times the attempt from its receipt;
 //! `labOverloadShards` reads and sets them.
 
 mod config;
@@ -360,7 +361,8 @@ pub struct ExecOutcome {
     pub work: Duration,
     /// Times the request yielded.
     pub yields: u32,
-    /// From arrival to the end of execution.
+    /// From reaching this server (its arrival, or a router's child request's receipt) to the
+    /// end of execution.
     pub total: Duration,
     /// The client had gone by the end (the work was wasted).
     pub client_disconnected: bool,
@@ -569,8 +571,30 @@ impl Model {
 
     /// Step 1: the ingress limiter. May wait in the ingress queue (bounded by
     /// `maxQueueDepth` and by the request's deadline). Errors: 462, or 50 if the deadline
-    /// passes in the queue.
+    /// passes in the queue. The request reached this server at `info.arrival`.
     pub async fn admit(self: &Arc<Self>, info: &CommandInfo) -> Result<Admission, Rejection> {
+        self.admit_reached(info, info.arrival).await
+    }
+
+    /// Step 1 for a router's child request to a shard: as [`Model::admit`], but the request
+    /// reaches this model now. `maxTimeMS` still counts from `info.arrival` (the client's
+    /// arrival at the router: mongos forwards what is left of it), while the time before this
+    /// attempt reached the shard (the router's own handling, and for a retry the shard's
+    /// earlier rejections and the router's backoffs) is not this server's: the completed
+    /// request's run (`completedRun*`), the arrival the ticket steals are timed from and the
+    /// safety limit count from here.
+    pub async fn admit_forwarded(
+        self: &Arc<Self>,
+        info: &CommandInfo,
+    ) -> Result<Admission, Rejection> {
+        self.admit_reached(info, Instant::now()).await
+    }
+
+    async fn admit_reached(
+        self: &Arc<Self>,
+        info: &CommandInfo,
+        reached: Instant,
+    ) -> Result<Admission, Rejection> {
         let cfg = self.config();
         let now = Instant::now();
         self.maintain(now, &cfg);
@@ -631,7 +655,7 @@ impl Model {
             kind: info.kind,
             cost_ms: info.cost_ms(&cfg),
             in_transaction: info.in_transaction,
-            arrival: info.arrival,
+            reached,
             client_deadline: info.client_deadline,
             deadline,
             ingress_wait,
@@ -908,7 +932,9 @@ pub struct Admission {
     kind: CommandKind,
     cost_ms: f64,
     in_transaction: bool,
-    arrival: Instant,
+    /// When the request reached this server: its arrival, or for a router's child request
+    /// the moment the router sent this attempt ([`Model::admit_forwarded`]).
+    reached: Instant,
     client_deadline: Option<Instant>,
     deadline: Instant,
     ingress_wait: Duration,
@@ -1023,13 +1049,13 @@ impl Admission {
         };
         // Bounds the waits that are not interrupt points (cores).
         let safety =
-            (self.arrival + Duration::from_millis(cfg.safety_time_limit_ms)).max(self.deadline);
+            (self.reached + Duration::from_millis(cfg.safety_time_limit_ms)).max(self.deadline);
         let mut ticket = None;
         if let Some(p) = pool {
             let t0 = Instant::now();
             match p
                 .acquire(
-                    Entry::Arrival(self.arrival),
+                    Entry::Arrival(self.reached),
                     self.deadline,
                     self.wake_key,
                     &mut watch,
@@ -1114,7 +1140,7 @@ impl Admission {
         out.client_disconnected = gone;
         out.abandoned = abandoned;
         out.work = run.work;
-        out.total = now.saturating_duration_since(self.arrival);
+        out.total = now.saturating_duration_since(self.reached);
         run.settled = true;
         bump(&model.counters.completed);
         if pool.is_some() {

@@ -592,6 +592,44 @@ async fn waiting_for_the_ticket_can_push_a_request_past_its_deadline() {
     assert_eq!(c.completed_runs.counts()[6], 2, "{c:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_forwarded_request_is_timed_from_reaching_the_shard_and_expires_from_the_client() {
+    // A router's retry reaches the shard 60 ms after the client reached the router (the
+    // shard's earlier rejection and the router's backoff): the shard's wait and run count from
+    // its receipt, the request's maxTimeMS from the client's arrival.
+    let m = one_ticket_model();
+    let arrival = Instant::now();
+    let info = CommandInfo::new("find", CommandKind::Scan, arrival)
+        .with_cost_ms(10.0)
+        .with_max_time_ms(100);
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let out = m
+        .admit_forwarded(&info)
+        .await
+        .unwrap()
+        .execute(std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(out.total, Duration::from_millis(10), "{out:?}");
+    let c = m.snapshot().counters;
+    assert_eq!(c.completed_runs.total(), 1, "{c:?}");
+    assert!(c.completed_wait_ms.abs() < 0.01, "{c:?}");
+    assert!((c.completed_run_ms - 10.0).abs() < 0.01, "{c:?}");
+    // The deadline is still the client's: 40 ms left of its 100, so a 50 ms read that starts
+    // now meets it at its first interrupt point.
+    let slow = CommandInfo::new("find", CommandKind::Scan, arrival)
+        .with_cost_ms(50.0)
+        .with_max_time_ms(100);
+    let r = m
+        .admit_forwarded(&slow)
+        .await
+        .unwrap()
+        .execute(std::future::pending())
+        .await
+        .unwrap_err();
+    assert_eq!(r.code, 50, "{r:?}");
+}
+
 #[test]
 fn the_applications_deadline_is_read_from_the_comment() {
     // The comment carries Unix epoch milliseconds; the model keeps the matching instant of its

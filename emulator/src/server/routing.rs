@@ -172,7 +172,9 @@ async fn send_to_shard(
     let mut knobs: Option<RetryKnobs> = None;
     loop {
         shard.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let outcome = match shard.model.admit(info).await {
+        // Each attempt reaches the shard now: the shard times it from here, not from the
+        // client's arrival at the router (which still starts its maxTimeMS).
+        let outcome = match shard.model.admit_forwarded(info).await {
             Ok(admission) => admission
                 .execute(std::future::pending::<()>())
                 .await
