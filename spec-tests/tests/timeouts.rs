@@ -727,19 +727,25 @@ async fn a_deadline_that_ends_a_retrys_selection_keeps_the_last_attempts_error_a
     );
 }
 
+/// A fail point that rejects every find for overload (462, retryable), each after
+/// `block_ms` when given.
+fn every_find_overloaded(block_ms: Option<i64>) -> Document {
+    let mut data = doc! {
+        "failCommands": ["find"],
+        "errorCode": 462,
+        "errorLabels": ["SystemOverloadedError", "RetryableError"],
+    };
+    if let Some(block_ms) = block_ms {
+        data.insert("blockConnection", true);
+        data.insert("blockTimeMS", block_ms);
+    }
+    doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn", "data": data }
+}
+
 #[tokio::test]
 async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() {
     let server = Server::standalone();
-    let overload = doc! {
-        "configureFailPoint": "failCommand",
-        "mode": "alwaysOn",
-        "data": {
-            "failCommands": ["find"],
-            "errorCode": 462,
-            "errorLabels": ["SystemOverloadedError", "RetryableError"],
-        },
-    };
-    fail_point(&server.uri, overload).await;
+    fail_point(&server.uri, every_find_overloaded(None)).await;
 
     // Full jitter: the first retry waits 100 ms * 2 = 200 ms, more than the 150 ms budget. The
     // overload error comes back at once, without sleeping, and without a second attempt.
@@ -781,21 +787,7 @@ async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() 
 async fn an_overload_retry_that_the_rejections_own_time_shows_cannot_finish_is_not_attempted() {
     let server = Server::standalone();
     // Every find is rejected for overload after 600 ms: the client never sees a success.
-    fail_point(
-        &server.uri,
-        doc! {
-            "configureFailPoint": "failCommand",
-            "mode": "alwaysOn",
-            "data": {
-                "failCommands": ["find"],
-                "errorCode": 462,
-                "errorLabels": ["SystemOverloadedError", "RetryableError"],
-                "blockConnection": true,
-                "blockTimeMS": 600,
-            },
-        },
-    )
-    .await;
+    fail_point(&server.uri, every_find_overloaded(Some(600))).await;
     let (client, sent) = client_with(&server.uri, Some(ms(1_000))).await;
     let coll = client.database("t").collection::<Document>("c");
     let started = Instant::now();

@@ -438,18 +438,15 @@ where
     /// or of an overload rejection.
     pub fn finish(mut self, end: AttemptEnd, sent: Option<Instant>, now: Instant) {
         let latency = sent.map(|sent| now.saturating_duration_since(sent));
-        if let (AttemptEnd::Succeeded, Some(key), Some(latency)) = (end, self.key.as_ref(), latency)
-        {
-            self.controller
-                .service_times
-                .record_success(key, latency, now);
-        }
         let overloaded =
             matches!(end, AttemptEnd::Failed { overload, .. } if overload.is_overload());
-        if let (true, Some(key), Some(latency)) = (overloaded, self.key.as_ref(), latency) {
-            self.controller
-                .service_times
-                .record_rejection(key, latency, now);
+        if let (Some(key), Some(latency)) = (self.key.as_ref(), latency) {
+            let service_times = &self.controller.service_times;
+            match end {
+                AttemptEnd::Succeeded => service_times.record_success(key, latency, now),
+                _ if overloaded => service_times.record_rejection(key, latency, now),
+                AttemptEnd::Failed { .. } => {}
+            }
         }
         let Some(server) = self.server.take() else {
             return;
