@@ -85,17 +85,33 @@ async fn two_ranged_chunks(raw: &mut common::RawClient) {
 /// Makes the routers' retries of a shard's overload errors quick (mongos's default base is
 /// 100 ms).
 async fn quick_retries(raw: &mut common::RawClient, attempts: i32) {
+    router_retries(raw, attempts, 1, 2).await;
+}
+
+/// Sets how the routers retry a shard's overload error: up to `attempts` retries, backing off
+/// from `base_ms` to at most `max_ms`.
+async fn router_retries(raw: &mut common::RawClient, attempts: i32, base_ms: i32, max_ms: i32) {
     ok(
         raw,
         "admin",
         doc! {
             "setParameter": 1,
             "defaultClientMaxRetryAttempts": attempts,
-            "defaultClientBaseBackoffMillis": 1,
-            "defaultClientMaxBackoffMillis": 2,
+            "defaultClientBaseBackoffMillis": base_ms,
+            "defaultClientMaxBackoffMillis": max_ms,
         },
     )
     .await;
+}
+
+/// Stops shard 1's random rejections; the reply says what the share was.
+async fn shard1_stops_rejecting(raw: &mut common::RawClient) -> Document {
+    ok(
+        raw,
+        "admin",
+        doc! { "setParameter": 1, "labOverloadShards": { "1": { "randomRejectShare": 0.0 } } },
+    )
+    .await
 }
 
 fn count_of(reply: &Document) -> i64 {
@@ -529,17 +545,7 @@ async fn a_retried_shard_request_succeeds_once_the_shard_recovers() {
     let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
     two_ranged_chunks(&mut raw).await;
     // Long enough backoffs that the shard can be switched off meanwhile.
-    ok(
-        &mut raw,
-        "admin",
-        doc! {
-            "setParameter": 1,
-            "defaultClientMaxRetryAttempts": 50,
-            "defaultClientBaseBackoffMillis": 20,
-            "defaultClientMaxBackoffMillis": 20,
-        },
-    )
-    .await;
+    router_retries(&mut raw, 50, 20, 20).await;
     let addr = emu.addresses()[0];
     let read = tokio::spawn(async move {
         let mut other = common::RawClient::connect(addr).await;
@@ -551,12 +557,7 @@ async fn a_retried_shard_request_succeeds_once_the_shard_recovers() {
         .await
     });
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let r = ok(
-        &mut raw,
-        "admin",
-        doc! { "setParameter": 1, "labOverloadShards": { "1": { "randomRejectShare": 0.0 } } },
-    )
-    .await;
+    let r = shard1_stops_rejecting(&mut raw).await;
     let was = r.get_document("was").unwrap().get_document("1").unwrap();
     assert_eq!(was.get_f64("randomRejectShare"), Ok(1.0), "{was}");
     let reply = read.await.unwrap();
@@ -581,17 +582,7 @@ async fn a_shard_times_a_retried_request_from_the_retry_not_from_the_client() {
     let emu = cluster(1, 2, BTreeMap::from([(1, always_rejects())])).await;
     let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
     two_ranged_chunks(&mut raw).await;
-    ok(
-        &mut raw,
-        "admin",
-        doc! {
-            "setParameter": 1,
-            "defaultClientMaxRetryAttempts": 50,
-            "defaultClientBaseBackoffMillis": 10,
-            "defaultClientMaxBackoffMillis": 10,
-        },
-    )
-    .await;
+    router_retries(&mut raw, 50, 10, 10).await;
     let addr = emu.addresses()[0];
     let started = Instant::now();
     let read = tokio::spawn(async move {
@@ -609,12 +600,7 @@ async fn a_shard_times_a_retried_request_from_the_retry_not_from_the_client() {
         .await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    ok(
-        &mut raw,
-        "admin",
-        doc! { "setParameter": 1, "labOverloadShards": { "1": { "randomRejectShare": 0.0 } } },
-    )
-    .await;
+    shard1_stops_rejecting(&mut raw).await;
     let reply = read.await.unwrap();
     assert_eq!(reply.get_f64("ok"), Ok(1.0), "{reply}");
     assert!(started.elapsed() >= Duration::from_millis(100));

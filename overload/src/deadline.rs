@@ -416,16 +416,20 @@ mod tests {
     }
 
     #[test]
-    fn service_time_keeps_only_the_latest_samples() {
-        let now = Instant::now();
-        let mut service = ServiceTime::default();
-        for _ in 0..SERVICE_TIME_SAMPLES {
-            service.record_success(now, ms(900));
+    fn successes_and_rejections_each_keep_only_their_latest_samples() {
+        let record: [fn(&mut ServiceTime, Instant, Duration); 2] =
+            [ServiceTime::record_success, ServiceTime::record_rejection];
+        for record in record {
+            let now = Instant::now();
+            let mut service = ServiceTime::default();
+            for _ in 0..SERVICE_TIME_SAMPLES {
+                record(&mut service, now, ms(900));
+            }
+            for _ in 0..SERVICE_TIME_SAMPLES {
+                record(&mut service, now, ms(3));
+            }
+            assert_eq!(service.typical(now), ms(3));
         }
-        for _ in 0..SERVICE_TIME_SAMPLES {
-            service.record_success(now, ms(3));
-        }
-        assert_eq!(service.typical(now), ms(3));
     }
 
     #[test]
@@ -448,19 +452,6 @@ mod tests {
             service.typical(start + Duration::from_secs(30)),
             Duration::ZERO
         );
-    }
-
-    #[test]
-    fn rejections_keep_only_the_latest_samples_too() {
-        let now = Instant::now();
-        let mut service = ServiceTime::default();
-        for _ in 0..SERVICE_TIME_SAMPLES {
-            service.record_rejection(now, ms(900));
-        }
-        for _ in 0..SERVICE_TIME_SAMPLES {
-            service.record_rejection(now, ms(3));
-        }
-        assert_eq!(service.typical(now), ms(3));
     }
 
     proptest! {

@@ -742,6 +742,21 @@ fn every_find_overloaded(block_ms: Option<i64>) -> Document {
     doc! { "configureFailPoint": "failCommand", "mode": "alwaysOn", "data": data }
 }
 
+/// One `find_one` from a new client with `timeoutMS`, the backoff's jitter pinned to `jitter`:
+/// its result, the commands it sent and how long the call took.
+async fn find_one_with_jitter(
+    uri: &str,
+    timeout: Duration,
+    jitter: f64,
+) -> (mongodb::error::Result<Option<Document>>, Started, Duration) {
+    let (client, sent) = client_with(uri, Some(timeout)).await;
+    let coll = client.database("t").collection::<Document>("c");
+    let started = Instant::now();
+    let result =
+        mongodb::fork::test_hooks::with_pinned_jitter(jitter, coll.find_one(doc! {})).await;
+    (result, sent, started.elapsed())
+}
+
 #[tokio::test]
 async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() {
     let server = Server::standalone();
@@ -749,11 +764,7 @@ async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() 
 
     // Full jitter: the first retry waits 100 ms * 2 = 200 ms, more than the 150 ms budget. The
     // overload error comes back at once, without sleeping, and without a second attempt.
-    let (client, sent) = client_with(&server.uri, Some(ms(150))).await;
-    let coll = client.database("t").collection::<Document>("c");
-    let started = Instant::now();
-    let result = mongodb::fork::test_hooks::with_pinned_jitter(1.0, coll.find_one(doc! {})).await;
-    let elapsed = started.elapsed();
+    let (result, sent, elapsed) = find_one_with_jitter(&server.uri, ms(150), 1.0).await;
     let error = result.expect_err("overloaded");
     assert_eq!(
         server_code(&error),
@@ -764,9 +775,7 @@ async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() 
     assert!(elapsed < ms(150), "returned without sleeping: {elapsed:?}");
 
     // With time for both retries (200 ms + 400 ms of backoff), the cap of 2 applies as before.
-    let (client, sent) = client_with(&server.uri, Some(ms(5_000))).await;
-    let coll = client.database("t").collection::<Document>("c");
-    let result = mongodb::fork::test_hooks::with_pinned_jitter(1.0, coll.find_one(doc! {})).await;
+    let (result, sent, _) = find_one_with_jitter(&server.uri, ms(5_000), 1.0).await;
     assert_eq!(result.as_ref().err().and_then(server_code), Some(462));
     assert_eq!(
         sent.named("find").len(),
@@ -775,9 +784,7 @@ async fn an_overload_retry_whose_backoff_passes_the_deadline_is_not_attempted() 
     );
 
     // Room for the first retry's 200 ms but not the second's 400 ms: two attempts.
-    let (client, sent) = client_with(&server.uri, Some(ms(450))).await;
-    let coll = client.database("t").collection::<Document>("c");
-    let result = mongodb::fork::test_hooks::with_pinned_jitter(1.0, coll.find_one(doc! {})).await;
+    let (result, sent, _) = find_one_with_jitter(&server.uri, ms(450), 1.0).await;
     assert_eq!(result.as_ref().err().and_then(server_code), Some(462));
     assert_eq!(sent.named("find").len(), 2);
     fail_command_off(&server.uri).await;
@@ -788,15 +795,11 @@ async fn an_overload_retry_that_the_rejections_own_time_shows_cannot_finish_is_n
     let server = Server::standalone();
     // Every find is rejected for overload after 600 ms: the client never sees a success.
     fail_point(&server.uri, every_find_overloaded(Some(600))).await;
-    let (client, sent) = client_with(&server.uri, Some(ms(1_000))).await;
-    let coll = client.database("t").collection::<Document>("c");
-    let started = Instant::now();
     // No backoff at all: only the estimate can decline the retry. With no success to learn
     // from, the estimate is the rejection's own 600 ms, more than the 400 ms left, so the
     // overload error comes back at once. Before, the estimate was zero: the retry was sent,
     // blocked past the deadline, and the call ended 400 ms later with a timeout error.
-    let result = mongodb::fork::test_hooks::with_pinned_jitter(0.0, coll.find_one(doc! {})).await;
-    let elapsed = started.elapsed();
+    let (result, sent, elapsed) = find_one_with_jitter(&server.uri, ms(1_000), 0.0).await;
     let error = result.expect_err("overloaded");
     assert_eq!(
         server_code(&error),

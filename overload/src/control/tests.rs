@@ -454,32 +454,21 @@ fn a_retry_that_cannot_finish_before_the_deadline_is_declined() {
             Some(Deadline::unlimited()),
             at(i),
         );
-        let StartAnswer::Send(attempt) = request.poll(at(i), &mut full()) else {
-            panic!("no admission controls: always sent");
-        };
-        attempt.finish(AttemptEnd::Succeeded, Some(at(i)), at(i + 500));
+        sent(request.poll(at(i), &mut full())).finish(
+            AttemptEnd::Succeeded,
+            Some(at(i)),
+            at(i + 500),
+        );
     }
     assert_eq!(ctl.typical_service(&server, at(600)), ms(500));
     let deadline = Some(Deadline::at(at(1_000)));
     // After an overload error, 400 ms left cannot hold the backoff and 500 ms of service.
-    let mut state = ctl.retry_state();
-    state.record_failure(overloaded());
     assert_eq!(
-        ctl.may_retry(
-            &mut state,
-            question(&server, deadline),
-            at(600),
-            &mut || 0.0
-        ),
+        overload_retry_without_jitter(&ctl, &server, deadline, at(600)),
         RetryAnswer::ReturnLastError(Refusal::CannotFinish)
     );
     assert!(matches!(
-        ctl.may_retry(
-            &mut state,
-            question(&server, deadline),
-            at(400),
-            &mut || 0.0
-        ),
+        overload_retry_without_jitter(&ctl, &server, deadline, at(400)),
         RetryAnswer::RetryAfter(_)
     ));
     // An ordinary failure is retried while any time remains (the CSOT specification).
@@ -515,15 +504,8 @@ fn a_client_that_has_seen_only_rejections_declines_a_retry_they_show_cannot_fini
     assert_eq!(ctl.typical_service(&server, at(600)), ms(600));
     // 400 ms are left: even with no backoff, a retry that takes as long as the rejection did
     // cannot be answered in time (before, the estimate was zero and the retry was sent).
-    let mut state = ctl.retry_state();
-    state.record_failure(overloaded());
     assert_eq!(
-        ctl.may_retry(
-            &mut state,
-            question(&server, deadline),
-            at(600),
-            &mut || 0.0
-        ),
+        overload_retry_without_jitter(&ctl, &server, deadline, at(600)),
         RetryAnswer::ReturnLastError(Refusal::CannotFinish)
     );
     // An operation without a deadline leaves no sample: only operations under one read it.
@@ -629,6 +611,19 @@ fn hold_the_slot<'c>(ctl: &'c Ctl, server: &String) -> Attempt<'c, String, Relea
         ctl.start_attempt("find", server, AttemptKind::First, None, at(0))
             .poll(at(0), &mut full()),
     )
+}
+
+/// The answer to the first retry of a `find` on `server` that an overload error ended, with the
+/// backoff's jitter at zero, so that only the deadline can decline it.
+fn overload_retry_without_jitter(
+    ctl: &Ctl,
+    server: &String,
+    deadline: Option<Deadline>,
+    now: Instant,
+) -> RetryAnswer {
+    let mut state = ctl.retry_state();
+    state.record_failure(overloaded());
+    ctl.may_retry(&mut state, question(server, deadline), now, &mut || 0.0)
 }
 
 fn sent<K, S: ReleaseSignal>(answer: StartAnswer<'_, K, S>) -> Attempt<'_, K, S> {
