@@ -507,3 +507,175 @@ async fn a_slot_wait_is_rejected_locally_at_the_selection_timeout_on_the_paused_
     assert_eq!(attempts.count(), sent, "the rejected find was never sent");
     holder.await.expect("task").expect("slow find");
 }
+
+/// Defect (issue 53, 1): under `timeoutMS` the checkout after a slot wait was bounded by
+/// `serverSelectionTimeoutMS` counted from the start of selection, the slot wait included, so
+/// a slot wait longer than `serverSelectionTimeoutMS` left the checkout a bound already past:
+/// it failed at once with "timeoutMS expired during connection checkout" while most of
+/// `timeoutMS` was left. The waiter here waits about 600 ms for the holder's slot, three
+/// times `serverSelectionTimeoutMS`, under a 5 s `timeoutMS`.
+#[tokio::test]
+async fn a_slot_wait_leaves_the_checkout_its_own_bound_under_timeout_ms() {
+    slot_wait_then_checkout(Duration::from_secs(5)).await;
+}
+
+/// Defect (issue 53, 1), with `timeoutMS=0`: the slot wait has no end, yet the checkout after
+/// it was still cut by `serverSelectionTimeoutMS` counted from the start of selection.
+#[tokio::test]
+async fn a_slot_wait_leaves_the_checkout_its_own_bound_under_timeout_ms_zero() {
+    slot_wait_then_checkout(Duration::ZERO).await;
+}
+
+/// A find with `timeout` that waits about 600 ms for the only slot (and connection) of a
+/// client whose `serverSelectionTimeoutMS` is 200 ms: it must be sent and answered.
+async fn slot_wait_then_checkout(timeout: Duration) {
+    let server = Server::standalone();
+    let uri =
+        server.uri_with("adaptiveConcurrency=true&maxPoolSize=1&serverSelectionTimeoutMS=200");
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let holder = hold_the_only_slot(&server, &client, 600).await;
+    let sent = attempts.count();
+    let coll: Collection<Document> = client.database("t").collection("c");
+    let started = std::time::Instant::now();
+    let result = coll.find_one(doc! {}).timeout(timeout).await;
+    let waited = started.elapsed();
+    holder.await.expect("task").expect("slow find");
+    result.unwrap_or_else(|error| {
+        panic!("timeoutMS {timeout:?} was not used up after {waited:?}: {error}")
+    });
+    assert_eq!(attempts.count(), sent + 1, "the waiter was sent once");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "the find waited for the holder's slot: {waited:?}"
+    );
+    assert_eq!(client.overload_stats().concurrency_waits, 1);
+}
+
+/// Defect (issue 53, 2): `Attempt::finish` took a checkout that failed with a reply (here an
+/// authentication failure) for a request the server accepted. Three first attempts whose
+/// authentication fails, then four overloaded ones: counting the three as accepted requests,
+/// the throttle saw 7 requests and 3 accepts, a rejection probability of 1/8, and sent the
+/// fifth overloaded find; they were never sent, so the throttle must see only the four, all
+/// rejected (4/5 = 0.8), and reject the fifth locally at a draw of 0.5.
+#[tokio::test]
+async fn a_checkout_that_failed_is_no_request_for_the_throttle() {
+    let server = Server::standalone();
+    let admin = Client::with_uri_str(&server.uri).await.expect("client");
+    admin
+        .database("admin")
+        .run_command(doc! { "createUser": "app", "pwd": "secret", "roles": [] })
+        .await
+        .expect("createUser");
+    // An authentication failure marks the server unknown until its monitor's next check.
+    let uri = server.uri_with(
+        "adaptiveThrottle=true&adaptiveThrottleMinRequests=4&adaptiveThrottleWindowMS=60000\
+         &maxAdaptiveRetries=0&retryReads=false&heartbeatFrequencyMS=500",
+    );
+    let uri = uri.replacen("mongodb://", "mongodb://app:secret@", 1);
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    let auth_fails = doc! {
+        "configureFailPoint": "failCommand",
+        "mode": { "times": 3 },
+        "data": { "failCommands": ["saslStart", "saslContinue"], "errorCode": 18 },
+    };
+    admin
+        .database("admin")
+        .run_command(auth_fails)
+        .await
+        .expect("configureFailPoint");
+    for _ in 0..3 {
+        let error = with_pinned_jitter(0.5, coll.find_one(doc! {}))
+            .await
+            .expect_err("authentication fails");
+        assert!(!is_local_rejection(&error), "{error:?}");
+    }
+    assert_eq!(
+        attempts.count(),
+        0,
+        "no find was sent: the checkouts failed"
+    );
+    overload_finds(&server.uri).await;
+    for _ in 0..4 {
+        let error = with_pinned_jitter(0.5, coll.find_one(doc! {}))
+            .await
+            .expect_err("overloaded");
+        assert_eq!(server_code(&error), Some(462), "{error:?}");
+    }
+    let fifth = with_pinned_jitter(0.5, coll.find_one(doc! {})).await;
+    fail_command_off(&server.uri).await;
+    let error = fifth.expect_err("rejected");
+    assert!(
+        is_local_rejection(&error),
+        "the throttle saw four requests, all rejected, and rejects at 0.8: {error:?}"
+    );
+    assert_eq!(attempts.count(), 4, "the fifth was not sent");
+}
+
+/// Defect (issue 53, 3): a retry was paid for from the budget and counted in `retries_made`
+/// before its server selection and admission, so one that then waited for a slot in vain (a
+/// local rejection at `serverSelectionTimeoutMS`) was paid for and counted, never sent, never
+/// refunded. The find's first attempt meets an overload error; during its 2 s backoff (the
+/// server's 1 s base, jitter pinned to 1) a slow find takes the client's only slot, and the
+/// retry's slot wait ends at `serverSelectionTimeoutMS` (300 ms) with the last error.
+#[tokio::test]
+async fn a_retry_never_sent_is_neither_paid_for_nor_counted() {
+    let server = Server::standalone();
+    let uri = server.uri_with(
+        "retryReads=true&adaptiveConcurrency=true&maxPoolSize=1&serverSelectionTimeoutMS=300\
+         &retryBudget=true&retryBudgetPercent=100&retryBudgetMinPerSec=0\
+         &retryBudgetWindowMS=60000",
+    );
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    for _ in 0..2 {
+        coll.find_one(doc! {}).await.expect("warm up");
+    }
+    common::fail_point(
+        &server.uri,
+        doc! { "setParameter": 1, "externalClientBaseBackoffMS": 1000 },
+    )
+    .await;
+    let labels = vec!["SystemOverloadedError", "RetryableError"];
+    fail_find(
+        &server.uri,
+        doc! { "times": 1 }.into(),
+        doc! { "errorCode": 462, "errorLabels": labels },
+    )
+    .await;
+    let before = attempts.count();
+    let retried = {
+        let coll = coll.clone();
+        tokio::spawn(async move { with_pinned_jitter(1.0, coll.find_one(doc! {})).await })
+    };
+    for _ in 0..200 {
+        if attempts.count() > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(attempts.count(), before + 1, "the first attempt was sent");
+    // The first attempt's reply frees the slot well before its 2 s backoff ends.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let holder = slow_find(&server.uri, &coll, 3_000).await;
+    until_in_flight(&client, 1).await;
+
+    let error = retried
+        .await
+        .expect("task")
+        .expect_err("the retry found no slot");
+    assert_eq!(server_code(&error), Some(462), "the last error: {error:?}");
+    assert_eq!(
+        attempts.count(),
+        before + 2,
+        "the first attempt and the holder"
+    );
+    let stats = client.overload_stats();
+    assert_eq!(stats.retries_made, 0, "the retry was never sent: {stats:?}");
+    assert_eq!(
+        stats.budget_level,
+        Some(4.0),
+        "four first attempts deposited, nothing was charged: {stats:?}"
+    );
+    holder.await.expect("task").expect("slow find");
+}
