@@ -219,3 +219,62 @@ async fn a_dropped_convenient_transaction_leaves_no_deadline_on_its_session() {
         .expect("no limit left from the dropped run");
     session.commit_transaction().await.expect("commit");
 }
+
+/// Defect (issue 53, 4): `insert_many` inside a convenient transaction failed with
+/// InvalidArgument whenever the client (so the collection too) had `timeoutMS`: each batch's
+/// remaining time was stored as the operation's own timeout, which a statement of a convenient
+/// transaction may not set. The batches run under the transaction's one deadline, as every
+/// statement of the callback does.
+#[tokio::test]
+async fn insert_many_runs_inside_a_convenient_transaction_under_timeout_ms() {
+    batches_in_a_convenient_transaction(false).await;
+}
+
+/// Defect (issue 53, 4), for client `bulk_write`, whose batches took the same path.
+#[tokio::test]
+async fn bulk_write_runs_inside_a_convenient_transaction_under_timeout_ms() {
+    batches_in_a_convenient_transaction(true).await;
+}
+
+/// Runs `insert_many` (or, with `bulk`, a client `bulk_write`) of two documents in a
+/// convenient transaction of a client with `timeoutMS`; it must commit.
+async fn batches_in_a_convenient_transaction(bulk: bool) {
+    use mongodb::options::InsertOneModel;
+
+    let server = Server::replica_set();
+    empty_collection(&server.uri).await;
+    let (client, sent) = client_with(&server.uri, Some(ms(5_000))).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    let namespace = coll.namespace();
+    let mut session = client.start_session().await.expect("session");
+    let context = (coll.clone(), client.clone(), namespace);
+    session
+        .start_transaction()
+        .and_run(context, |session, (coll, client, ns)| {
+            async move {
+                let documents = [doc! { "_id": 1 }, doc! { "_id": 2 }];
+                if bulk {
+                    let models = documents.map(|document| {
+                        InsertOneModel::builder()
+                            .namespace(ns.clone())
+                            .document(document)
+                            .build()
+                    });
+                    client.bulk_write(models).session(&mut *session).await?;
+                } else {
+                    coll.insert_many(documents).session(&mut *session).await?;
+                }
+                Ok(())
+            }
+            .boxed()
+        })
+        .await
+        .expect("the batches run under the transaction's deadline");
+    assert_eq!(
+        coll.count_documents(doc! {}).await.expect("count"),
+        2,
+        "committed"
+    );
+    let command = if bulk { "bulkWrite" } else { "insert" };
+    assert_eq!(sent.named(command).len(), 1, "one batch");
+}
