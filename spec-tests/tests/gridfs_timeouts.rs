@@ -48,3 +48,40 @@ async fn a_delete_shares_one_deadline_over_its_commands() {
         "only the missing file remains: {error:?}"
     );
 }
+
+/// Defect (issue 53, 5): an upload stream's abort deleted its chunks on a budget of its own,
+/// outside the stream's deadline, and with only the call's own `.timeout()` set (no bucket
+/// `timeoutMS`) without any bound: here it waited out a `delete` the server held for 2 s. The
+/// stream's one deadline bounds its abort too.
+#[tokio::test]
+async fn an_upload_streams_abort_runs_under_the_streams_deadline() {
+    use futures::AsyncWriteExt;
+
+    let server = Server::standalone();
+    fresh_database(&server.uri, "g").await;
+    let (client, sent) = client_with(&server.uri, None).await;
+    let bucket = client
+        .database("g")
+        .gridfs_bucket(GridFsBucketOptions::builder().chunk_size_bytes(4).build());
+    let mut upload = bucket
+        .open_upload_stream("f")
+        .timeout(ms(400))
+        .await
+        .expect("open");
+    upload.write_all(b"12345678").await.expect("two chunks");
+    block_commands(&server.uri, "delete", 1, 2_000).await;
+    let started = Instant::now();
+    let aborted = upload.abort().await;
+    let took = started.elapsed();
+    assert!(
+        took < ms(1_000),
+        "the abort ended at the stream's deadline, not after the blocked delete: {took:?} \
+         ({aborted:?})"
+    );
+    let error = aborted.expect_err("the deadline passed during the abort");
+    assert!(
+        error.to_string().contains("timeoutMS"),
+        "a timeout, inside or as the abort's error: {error:?}"
+    );
+    assert_eq!(sent.named("delete").len(), 1, "the abort's delete was sent");
+}
