@@ -1750,3 +1750,91 @@ async fn a_write_held_up_past_its_deadline_before_it_is_sent_is_not_sent() {
     let stored = coll.count_documents(doc! {}).await.expect("count");
     assert_eq!(stored, 0, "nothing was sent after the deadline");
 }
+
+/// The pool events of a client with `options` (appended to `server`'s URI) authenticating as
+/// `app`/`secret`, in order: "created", "ready" or "closed". Before the client starts, the
+/// server is told to hold its next `held` `saslContinue` commands 300 ms each.
+async fn pool_events_with_auth(
+    server: &Server,
+    options: &str,
+    held: i32,
+) -> (
+    mongodb::Client,
+    std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+) {
+    use mongodb::event::{cmap::CmapEvent, EventHandler};
+
+    let admin = mongodb::Client::with_uri_str(&server.uri)
+        .await
+        .expect("client");
+    admin
+        .database("admin")
+        .run_command(mongodb::bson::doc! { "createUser": "app", "pwd": "secret", "roles": [] })
+        .await
+        .expect("createUser");
+    block_commands(&server.uri, "saslContinue", held, 300).await;
+    let uri = server
+        .uri_with(options)
+        .replacen("mongodb://", "mongodb://app:secret@", 1);
+    let mut client_options = mongodb::options::ClientOptions::parse(&uri)
+        .await
+        .expect("valid uri");
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = events.clone();
+    client_options.cmap_event_handler = Some(EventHandler::callback(move |event: CmapEvent| {
+        let name = match event {
+            CmapEvent::ConnectionCreated(_) => "created",
+            CmapEvent::ConnectionReady(_) => "ready",
+            CmapEvent::ConnectionClosed(_) => "closed",
+            _ => return,
+        };
+        sink.lock().unwrap().push(name);
+    }));
+    let client = mongodb::Client::with_options(client_options).expect("client");
+    (client, events)
+}
+
+/// Waits (at most 3 s) until `events` holds `count` events, and returns them.
+async fn pool_events_after(
+    events: &std::sync::Mutex<Vec<&'static str>>,
+    count: usize,
+) -> Vec<&'static str> {
+    let give_up = Instant::now() + Duration::from_secs(3);
+    while events.lock().unwrap().len() < count && Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    events.lock().unwrap().clone()
+}
+
+/// Defect (issue 53, 6), CSOT prose test 4.1: the background population of `minPoolSize` ran
+/// a connection's handshake without the client's `timeoutMS`: an authentication command the
+/// server held 300 ms under `timeoutMS=100` left a ready connection. The handshake's commands
+/// are bounded by `timeoutMS`, so the connection is closed.
+#[tokio::test]
+async fn the_background_pools_handshake_is_bounded_by_timeout_ms() {
+    let server = Server::standalone();
+    let (_client, events) =
+        pool_events_with_auth(&server, "minPoolSize=1&timeoutMS=100&appName=bgpool", 1).await;
+    // The client's monitor finds the server and the pool starts its population: no operation
+    // runs, so the only connection is the background one.
+    let seen = pool_events_after(&events, 2).await;
+    assert_eq!(
+        seen.get(..2),
+        Some(&["created", "closed"][..]),
+        "the held authentication ended the connection: {seen:?}"
+    );
+}
+
+/// CSOT prose test 4.2: the background pool's `timeoutMS` is refreshed for each handshake
+/// command: two authentication commands held 300 ms each, under `timeoutMS=500`, leave a ready
+/// connection (one deadline over the handshake would have closed it).
+#[tokio::test]
+async fn the_background_pools_timeout_ms_is_refreshed_for_each_handshake_command() {
+    let server = Server::standalone();
+    let (_client, events) =
+        pool_events_with_auth(&server, "minPoolSize=1&timeoutMS=500&appName=bgpool", 2).await;
+    let seen = pool_events_after(&events, 2).await;
+    assert_eq!(seen.first(), Some(&"created"), "{seen:?}");
+    assert!(seen.contains(&"ready"), "{seen:?}");
+    assert!(!seen.contains(&"closed"), "{seen:?}");
+}
