@@ -679,3 +679,155 @@ async fn a_retry_never_sent_is_neither_paid_for_nor_counted() {
     );
     holder.await.expect("task").expect("slow find");
 }
+
+// What an attempt's end tells the controller (`Attempt::finish`), branch by branch, through a
+// driver against the emulator: each test below fails when one branch is mapped wrongly.
+
+/// The throttle's sparse-client history (past its window) keeps rejecting while the server's
+/// latest answer was an overload error. A lost reply (a closed connection) is no answer and
+/// leaves it rejecting; a success is an answer and ends it.
+#[tokio::test(flavor = "current_thread")]
+async fn the_throttle_hears_an_answer_but_not_a_lost_reply() {
+    let server = Server::standalone();
+    let uri = server.uri_with(
+        "retryReads=false&connectTimeoutMS=0&maxAdaptiveRetries=0&adaptiveThrottle=true\
+         &adaptiveThrottleMinRequests=5&adaptiveThrottleWindowMS=10000",
+    );
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    coll.find_one(doc! {}).await.expect("warm up");
+    overload_finds(&server.uri).await;
+    let clock = Metronome::start();
+    tokio::time::advance(Duration::from_secs(131)).await;
+    for _ in 0..5 {
+        let error = with_pinned_jitter(0.0, coll.find_one(doc! {}))
+            .await
+            .expect_err("overloaded");
+        assert_eq!(server_code(&error), Some(462), "{error:?}");
+    }
+    tokio::time::advance(Duration::from_secs(11)).await;
+    drop(clock);
+    // A draw of 0.95 is above every rejection probability (at most 0.9): always sent.
+    fail_find(
+        &server.uri,
+        doc! { "times": 1 }.into(),
+        doc! { "closeConnection": true },
+    )
+    .await;
+    let before = attempts.count();
+    let lost = with_pinned_jitter(0.95, coll.find_one(doc! {}))
+        .await
+        .expect_err("connection closed");
+    assert!(matches!(*lost.kind, ErrorKind::Io(_)), "{lost:?}");
+    assert_eq!(attempts.count(), before + 1);
+    let error = with_pinned_jitter(0.0, coll.find_one(doc! {}))
+        .await
+        .expect_err("still rejected: a lost reply is no answer");
+    assert!(is_local_rejection(&error), "{error:?}");
+    with_pinned_jitter(0.95, coll.find_one(doc! {}))
+        .await
+        .expect("answered");
+    with_pinned_jitter(0.0, coll.find_one(doc! {}))
+        .await
+        .expect("the answer ended the history's rule");
+    assert_eq!(attempts.count(), before + 3);
+}
+
+/// The concurrency limit learns from replies only: overload errors lower it, a reply the
+/// deadline cut (no reply) is no latency sample, and sixteen answers make its baseline.
+#[tokio::test]
+async fn the_concurrency_limit_falls_on_overload_and_samples_only_replies() {
+    let server = Server::standalone();
+    let uri = server.uri_with("adaptiveConcurrency=true&maxPoolSize=10&maxAdaptiveRetries=0");
+    let (client, _) = client_counting_finds(&uri).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    let snapshot = || {
+        let limits = client.overload_stats().concurrency_limits;
+        assert_eq!(limits.len(), 1, "{limits:?}");
+        limits.into_values().next().expect("one server")
+    };
+    // Sixteen finds cut by their deadline before the reply: no samples.
+    fail_find(
+        &server.uri,
+        doc! { "times": 16 }.into(),
+        doc! { "blockConnection": true, "blockTimeMS": 200 },
+    )
+    .await;
+    for _ in 0..16 {
+        let error = coll
+            .find_one(doc! {})
+            .timeout(Duration::from_millis(30))
+            .await
+            .expect_err("cut by the deadline");
+        assert!(is_timeout(&error), "{error:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(snapshot().baseline, None, "{:?}", snapshot());
+    assert_eq!(snapshot().limit, 10);
+    // Overload errors lower the limit.
+    overload_finds(&server.uri).await;
+    for _ in 0..8 {
+        let error = coll.find_one(doc! {}).await.expect_err("overloaded");
+        assert_eq!(server_code(&error), Some(462), "{error:?}");
+    }
+    fail_command_off(&server.uri).await;
+    let lowered = snapshot();
+    assert!(lowered.limit < 10, "{lowered:?}");
+    assert_eq!(lowered.baseline, None, "an overload error is no sample");
+    // Answers are samples.
+    for _ in 0..16 {
+        coll.find_one(doc! {}).await.expect("answered");
+    }
+    assert!(snapshot().baseline.is_some(), "{:?}", snapshot());
+}
+
+/// Under `timeoutMS`, successes are the server's typical service time: after three finds that
+/// took 300 ms, an overload error with about 450 ms left is not retried (its 200 ms backoff plus
+/// 300 ms cannot finish), and its own error is returned.
+#[tokio::test]
+async fn successes_under_a_deadline_are_the_servers_service_time() {
+    let (error, attempts) = service_time_after(doc! {}).await;
+    let error = error.expect("declined: the retry cannot finish");
+    assert_eq!(server_code(&error), Some(462), "{error:?}");
+    assert_eq!(attempts, 1, "not retried");
+}
+
+/// Under `timeoutMS`, errors other than overload errors are no service time: after three finds
+/// that failed after 300 ms, the same overload error is retried (nothing recent says the retry
+/// cannot finish) and the retry succeeds.
+#[tokio::test]
+async fn ordinary_errors_under_a_deadline_are_no_service_time() {
+    let (error, attempts) = service_time_after(doc! { "errorCode": 2 }).await;
+    assert!(error.is_none(), "retried and answered: {error:?}");
+    assert_eq!(attempts, 2, "retried once");
+}
+
+/// Three finds held 300 ms by the server, ending as `ending` says (`errorCode`, or nothing:
+/// success), each under a 2 s `timeoutMS`; then one overload error on a find under 450 ms,
+/// jitter pinned to 1 (a 200 ms backoff). Returns that find's error, if any, and its attempts.
+async fn service_time_after(ending: Document) -> (Option<Error>, usize) {
+    let server = Server::standalone();
+    let uri = server.uri_with("retryReads=true");
+    let (client, attempts) = client_counting_finds(&uri).await;
+    let coll: Collection<Document> = client.database("t").collection("c");
+    let mut slow = doc! { "blockConnection": true, "blockTimeMS": 300 };
+    slow.extend(ending);
+    fail_find(&server.uri, doc! { "times": 3 }.into(), slow).await;
+    for _ in 0..3 {
+        let _ = coll.find_one(doc! {}).timeout(Duration::from_secs(2)).await;
+    }
+    let labels = vec!["SystemOverloadedError", "RetryableError"];
+    fail_find(
+        &server.uri,
+        doc! { "times": 1 }.into(),
+        doc! { "errorCode": 462, "errorLabels": labels },
+    )
+    .await;
+    let before = attempts.count();
+    let result = with_pinned_jitter(
+        1.0,
+        coll.find_one(doc! {}).timeout(Duration::from_millis(450)),
+    )
+    .await;
+    (result.err(), attempts.count() - before)
+}

@@ -291,6 +291,135 @@ pub const MUTANTS: &[Mutant] = &[
             replace: ".target\n            .or(timeouts.operation)",
         }],
     },
+    Mutant {
+        name: "slot-wait-in-checkout-bound",
+        defect: "issue 53, defect 1: a checkout after a slot wait is bounded by \
+                 serverSelectionTimeoutMS counted from selection, the wait included",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/mod.rs",
+            find: "timeout => timeout.saturating_add(slot_wait),",
+            replace: "timeout => timeout.saturating_add(slot_wait - slot_wait),",
+        }],
+    },
+    Mutant {
+        name: "failed-checkout-accepted",
+        defect: "issue 53, defect 2: the throttle counts a first attempt whose checkout failed \
+                 as a request the server accepted",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "(_, None) => throttle.withdraw(request, now),",
+            replace: "(_, None) => throttle.record_accept(now),",
+        }],
+    },
+    Mutant {
+        name: "retry-paid-before-sent",
+        defect: "issue 53, defect 3: a retry is charged to the budget and counted before its \
+                 selection, slot wait and checkout",
+        drop_patches: &[],
+        edits: &[
+            Edit {
+                path: "driver/src/client/executor.rs",
+                find: "            crate::fork::control::send_retry(self, op.name(), &mut retry)?;\n\n\
+                       \x20           let txn_number",
+                replace: "\n            let txn_number",
+            },
+            Edit {
+                path: "driver/src/client/executor.rs",
+                find: "                None => {}\n            }\n\n            let selection_criteria",
+                replace: "                None => {}\n            }\n            \
+                          crate::fork::control::send_retry(self, op.name(), &mut retry)?;\n\n\
+                          \x20           let selection_criteria",
+            },
+        ],
+    },
+    Mutant {
+        name: "batch-time-as-own-in-transaction",
+        defect: "issue 53, defect 4: insert_many and bulk_write batches inside a convenient \
+                 transaction get their batch time as their own timeoutMS, which it refuses",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/mod.rs",
+            find: "if convenient.is_some_and(ConvenientLimit::is_timeout_ms) {",
+            replace: "if convenient.is_some_and(ConvenientLimit::is_timeout_ms) && false {",
+        }],
+    },
+    Mutant {
+        name: "lost-reply-accepted",
+        defect: "an attempt that got no reply tells the throttle the server answered it",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "(AttemptEnd::Failed { replied: false, .. }, _) => {}",
+            replace: "(AttemptEnd::Failed { replied: false, .. }, _) => throttle.record_accept(now),",
+        }],
+    },
+    Mutant {
+        name: "answer-not-heard",
+        defect: "an answered first attempt does not tell the throttle, so a sparse client's \
+                 history keeps rejecting after the server recovered",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "                        throttle.record_accept(now)\n",
+            replace: "                        drop(now)\n",
+        }],
+    },
+    Mutant {
+        name: "overload-not-lowering-limit",
+        defect: "an overload error releases its concurrency slot as abandoned, so the limit \
+                 never falls",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "_ if overloaded => Outcome::Overloaded,",
+            replace: "_ if overloaded => Outcome::Abandoned,",
+        }],
+    },
+    Mutant {
+        name: "lost-reply-sampled",
+        defect: "an attempt sent but never answered (a timeout, a network error) releases its \
+                 slot as an answer, a latency sample",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "(AttemptEnd::Failed { replied: false, .. }, _) | (_, None) => Outcome::Abandoned,",
+            replace: "(_, None) => Outcome::Abandoned,",
+        }],
+    },
+    Mutant {
+        name: "success-not-sampled",
+        defect: "a success under a deadline is no service-time sample, so the retry gate reads \
+                 only rejections",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "AttemptEnd::Succeeded => service_times.record_success(key, latency, now),",
+            replace: "AttemptEnd::Succeeded => {}",
+        }],
+    },
+    Mutant {
+        name: "ordinary-error-sampled",
+        defect: "an ordinary error under a deadline counts as a success's service time",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "                AttemptEnd::Failed { .. } => {}\n",
+            replace: "                AttemptEnd::Failed { .. } => service_times.record_success(key, latency, now),\n",
+        }],
+    },
+    Mutant {
+        name: "rejection-not-sampled",
+        defect: "an overload rejection under a deadline is no service-time sample, so a client \
+                 that has seen only rejections retries what cannot finish",
+        drop_patches: &[],
+        edits: &[Edit {
+            path: "overload/src/control/admission.rs",
+            find: "_ if overloaded => service_times.record_rejection(key, latency, now),",
+            replace: "_ if overloaded => {}",
+        }],
+    },
 ];
 
 /// The test targets of `spec-tests` a mutant runs against, in order.
@@ -302,6 +431,7 @@ pub const SUITES: &[&str] = &[
     "admission",
     "budget",
     "timeouts",
+    "session_timeouts",
 ];
 
 /// The longest one suite may run against one build; the control took about 80 s for the first
