@@ -17,6 +17,7 @@ pub mod drive;
 mod emulator_thread;
 mod failpoint_limiter;
 pub mod instructions;
+mod members;
 pub mod metrics;
 pub mod publish;
 pub mod report;

@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::client::ForkStats;
-use super::config::Driver;
+use super::config::{Driver, CONTROLS, RECOMMENDED};
 use super::runner::LabRun;
 use super::summary::{RunSummary, Spread};
 
@@ -27,12 +27,6 @@ pub const VERDICT_SCHEMA: u32 = 2;
 
 /// The variant whose throughput the `throughputRatio` figures divide by.
 pub const RATIO_BASE: &str = "upstream-default";
-
-/// The fork's recommended settings.
-pub const RECOMMENDED: &str = "fork-recommended";
-
-/// Every control of the fork together.
-pub const CONTROLS: &str = "fork-controls";
 
 /// Valid runs a variant needs in a scenario to be judged there.
 pub const MIN_VALID_RUNS: usize = 2;
