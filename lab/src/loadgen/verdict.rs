@@ -1237,7 +1237,7 @@ pub fn write(v: &Verdict, dir: &Path) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn one_rep(pairs: Vec<(u64, u64)>) -> Vec<Vec<(u64, u64)>> {
@@ -1294,7 +1294,7 @@ mod tests {
 
     /// A run of `scenario` where each `(variant, goodput, valid)` is one repetition's run
     /// (repetitions numbered per variant), at capacity 1 so that goodput is the share.
-    fn lab_run(scenario: &str, runs: &[(&str, f64, bool)]) -> LabRun {
+    pub(crate) fn lab_run(scenario: &str, runs: &[(&str, f64, bool)]) -> LabRun {
         use super::super::config::{LabConfig, Scenario, Variant};
         use super::super::metrics::Second;
         use super::super::runner::VariantRun;
