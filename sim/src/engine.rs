@@ -18,15 +18,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::clock::{self, Nanos};
+use crate::event::{Event, Reply, Request, Tag};
+use crate::limits::MAX_CLIENTS;
 use crate::queue::{Handle, Queue, Slab};
 use crate::replay::Replay;
 use crate::report::{Outcome, Report};
 use crate::scenario::{Cluster, Scenario};
-use crate::server::{keyed_unit, OpKind, Reply, Request, Server, ServerConfig, ServerStats, Tag};
+use crate::server::{keyed_unit, OpKind, Server, ServerConfig, ServerStats};
 use crate::variant::{MaxTime, OnDeadline, Overrides, Variant};
-
-/// The most clients a run may have.
-pub const MAX_CLIENTS: u32 = 100_000;
 
 /// The driver's default `maxPoolSize`, which the lab's variants keep.
 pub const POOL_SIZE: u32 = 100;
@@ -264,40 +263,6 @@ impl RunConfig {
     }
 }
 
-/// The events of the loop.
-#[derive(Debug)]
-pub enum Event {
-    /// The next arrival of the open-loop schedule.
-    Arrival,
-    /// The schedule ended: the server's counters are read for the utilisation.
-    ScheduleEnd,
-    /// The application's deadline of an operation.
-    AppDeadline { op: Handle },
-    /// An operation waiting for a concurrency slot looks again (`wait` names the wait).
-    SlotPoll { op: Handle, wait: u32 },
-    /// An operation's backoff ended: send the retry.
-    RetryDue { op: Handle, wait: u32 },
-    /// An attempt reaches the server.
-    ServerArrive(Request),
-    /// A slice of a job of server `server` ended.
-    SliceEnd { server: u32, job: Handle },
-    /// A ticket wait reached its request's deadline.
-    TicketTimeout { server: u32, job: Handle, wait: u32 },
-    /// A ticket waiter woken by a release comes for the ticket.
-    TicketWake { server: u32, job: Handle, wait: u32 },
-    /// A server's reply reaches the client, or on a cluster its router.
-    Reply { server: u32, tag: Tag, reply: Reply },
-    /// A router's backoff before retrying `shard` for `call` ended; `expire`: the call's
-    /// `maxTimeMS` ended it first.
-    RouterRetry {
-        call: Handle,
-        shard: u32,
-        expire: bool,
-    },
-    /// A router's answer reaches the client.
-    RoutedReply { tag: Tag, reply: Reply },
-}
-
 /// One attempt at a router, forwarded to its shards (mongos's `AsyncRequestsSender`). It
 /// outlives the client's operation: a router goes on when its client stops waiting, as the
 /// lab's routers do (they have no model of their own to watch the connection).
@@ -442,7 +407,7 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         checkout_waiters: (0..cfg.clients).map(|_| VecDeque::new()).collect(),
         phase_ends,
         rates,
-        report: Report::new(cfg, capacity),
+        report: Report::new(&cfg.scenario, cfg.variant, cfg.clients, cfg.seed, capacity),
         latency,
         max_time: cfg.variant.max_time(),
         on_deadline: cfg.variant.on_deadline(),

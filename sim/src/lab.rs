@@ -1,10 +1,11 @@
 //! The lab's published four-instance figures the simulator is compared with, and the
 //! comparison (`sim --compare-lab`).
 //!
-//! Each figure is the median of a suite's valid runs as `docs/results/` prints it (two
-//! significant digits for goodput), from the suite `docs/results/current.md` links
-//! (2026-12-03-1829) or, where that suite left a variant not judged, the one before it
-//! (2026-12-03-1801). Each lab run calibrated its own capacity; the simulator runs each
+//! Each figure is the median of a suite's valid runs as its results file prints it (two
+//! significant digits for goodput), from the suite of 2026-12-03 18:29 or, where that suite
+//! left a variant not judged, the one before it (18:01). Their files,
+//! `docs/results/2026-12-03-1829-suite.md` and `-1801-suite.md`, are in the git history of
+//! `docs/results/` (`git show 78af4c2:docs/results/2026-12-03-1829-suite.md`). Each lab run calibrated its own capacity; the simulator runs each
 //! comparison twice: at that capacity (load and limiter in the lab's ops/s, the model's cores
 //! as modelled: their costs and the hand-off per slice) and at the model's nominal capacity
 //! (every rate relative to what the model's cores complete).

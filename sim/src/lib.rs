@@ -13,7 +13,9 @@
 
 pub mod clock;
 pub mod engine;
+pub mod event;
 pub mod lab;
+pub mod limits;
 pub mod plot;
 pub mod queue;
 pub mod replay;

@@ -13,6 +13,7 @@ use arrivals::{Arrivals, OpMix, Phase, ScheduleSpec};
 use serde_json::Value;
 
 use crate::clock::{self, Nanos};
+use crate::limits::MAX_CLIENTS;
 use crate::server::{OpKind, ServerConfig, ServerStats, DELAY_NAMES, TIMER_TICK_MS};
 
 /// One request of a replayed schedule.
@@ -471,11 +472,10 @@ impl LabSchedule {
                 schedule.capacity
             ));
         }
-        if !(1..=crate::engine::MAX_CLIENTS as usize).contains(&schedule.instances) {
+        if !(1..=MAX_CLIENTS as usize).contains(&schedule.instances) {
             return Err(format!(
                 "{source}: {} instances is not from 1 to {}",
-                schedule.instances,
-                crate::engine::MAX_CLIENTS
+                schedule.instances, MAX_CLIENTS
             ));
         }
         Ok(schedule)

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::engine::RunConfig;
+use crate::scenario::Scenario;
 use crate::server::ServerStats;
 use crate::variant::Variant;
 
@@ -83,9 +83,9 @@ pub struct Report {
     /// Real time of the run (s), and of building its controllers.
     pub real_secs: f64,
     pub setup_secs: f64,
-    /// With [`RunConfig::series`]: the counters at the start of every second of virtual time
-    /// after the first, and at the end of the run (cumulative; [`series_csv`] prints each
-    /// second's differences, the last second's up to the end).
+    /// With [`crate::engine::RunConfig::series`]: the counters at the start of every second of
+    /// virtual time after the first, and at the end of the run (cumulative; [`series_csv`]
+    /// prints each second's differences, the last second's up to the end).
     pub seconds: Vec<SecondCounters>,
 }
 
@@ -170,17 +170,25 @@ pub fn series_csv(report: &Report) -> String {
 }
 
 impl Report {
-    pub(crate) fn new(cfg: &RunConfig, capacity: f64) -> Self {
-        let phases = cfg.scenario.phases.len();
+    /// The empty report of a run of `scenario` and `variant` with `clients` clients from
+    /// `seed`, at `capacity` ops/s.
+    pub(crate) fn new(
+        scenario: &Scenario,
+        variant: Variant,
+        clients: u32,
+        seed: u64,
+        capacity: f64,
+    ) -> Self {
+        let phases = scenario.phases.len();
         Self {
-            scenario: cfg.scenario.name.name().to_owned(),
-            variant: cfg.variant,
-            clients: cfg.clients,
-            seed: cfg.seed,
+            scenario: scenario.name.name().to_owned(),
+            variant,
+            clients,
+            seed,
             capacity,
-            cores: cfg.scenario.cores * cfg.scenario.cluster.as_ref().map_or(1, |c| c.shards),
-            phase_secs: cfg.scenario.phases.iter().map(|p| p.secs).collect(),
-            burst: cfg.scenario.burst,
+            cores: scenario.cores * scenario.cluster.as_ref().map_or(1, |c| c.shards),
+            phase_secs: scenario.phases.iter().map(|p| p.secs).collect(),
+            burst: scenario.burst,
             requests: 0,
             success: 0,
             rejected: 0,

@@ -33,7 +33,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use crate::clock::{self, Nanos};
-use crate::engine::Event;
+use crate::event::{Event, Reply, Request, Tag};
 use crate::queue::{Handle, Queue, Slab};
 
 /// The kind of one operation: the lab's own (a point or range read takes a read ticket and
@@ -267,45 +267,6 @@ impl ServerConfig {
 /// safety limit of requests without `maxTimeMS`) re-arm it, so the event heap holds no stale
 /// timeout for longer than this.
 const TIMEOUT_HORIZON: Nanos = 1_000_000_000;
-
-/// Which attempt of which operation a request is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tag {
-    pub op: Handle,
-    pub attempt: u32,
-}
-
-/// One attempt as it reaches the server.
-#[derive(Clone, Copy, Debug)]
-pub struct Request {
-    pub tag: Tag,
-    pub kind: OpKind,
-    /// Its document key, which a router targets by (a server ignores it).
-    pub key: i64,
-    /// `maxTimeMS`, counted from arrival at the server.
-    pub max_time: Option<Nanos>,
-    /// When the application stops waiting (the lab's `labDeadlineMs` oracle): work completed
-    /// later is wasted.
-    pub client_deadline: Nanos,
-    /// A uniform draw in `[0, 1)` keyed by the request and attempt, not by the run's random
-    /// streams, so that every variant meets the same random rejections: the attempt is
-    /// rejected at random when it is below [`ServerConfig::random_rejection`].
-    pub rejection_draw: f64,
-}
-
-/// The server's answer to one attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reply {
-    /// The command succeeded.
-    Ok,
-    /// 462 with `SystemOverloadedError` and `RetryableError`.
-    Overloaded,
-    /// 50 `MaxTimeMSExpired`.
-    Expired,
-    /// An overload error with `SystemOverloadedError` alone: what a router answers when it
-    /// gives up on a shard's overload error (mongos's label rule). No server model answers it.
-    RouterOverloaded,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stage {

@@ -163,6 +163,13 @@ struct RunArgs {
     /// sensitivity.md.
     #[arg(long, conflicts_with_all = ["suite", "phases", "soak", "audit"])]
     sensitivity: bool,
+    /// With --suite: the judged verdict (issue 55). Every scenario runs a number of
+    /// repetitions declared here (`--repeats`, default and at least 10); each fork variant is
+    /// compared with the scenario's best upstream configuration by ratios paired by
+    /// repetition, with a 95 % interval and its outcome (lead, tie, loss), written to
+    /// judged.md and judged.json beside the verdict. Up to 90 minutes: not for CI.
+    #[arg(long, requires = "suite", conflicts_with = "publish")]
+    judge: bool,
     /// With --suite: include instructions per operation from this `instructions.json`
     /// (written by `lab instructions`) in the verdict.
     #[arg(long, requires = "suite")]
@@ -251,10 +258,18 @@ fn config_with(
     if a.instances.is_some_and(|n| n == 0 || n > 256) {
         return Err("--instances must be in 1..=256".into());
     }
+    let min_judged = lab::loadgen::judge::MIN_REPETITIONS;
+    if a.judge && a.repeats.is_some_and(|n| n < min_judged) {
+        return Err(format!(
+            "--judge declares at least {min_judged} repetitions (--repeats)"
+        ));
+    }
     let mut cfg = LabConfig {
         repeats: a
             .repeats
-            .unwrap_or(if a.full || a.suite || a.sensitivity {
+            .unwrap_or(if a.judge {
+                lab::loadgen::judge::MIN_REPETITIONS
+            } else if a.full || a.suite || a.sensitivity {
                 3
             } else {
                 1
@@ -639,6 +654,15 @@ async fn suite(a: RunArgs) -> Result<bool, String> {
     bar.finish_and_clear();
     let v = verdict::verdict(&runs, wall.elapsed().as_secs_f64(), instructions);
     verdict::write(&v, &out)?;
+    if a.judge {
+        let judged = runs
+            .iter()
+            .map(lab::loadgen::judge::judge_scenario)
+            .collect::<Result<Vec<_>, _>>()?;
+        lab::loadgen::judge::write(&judged, &out)?;
+        println!("\n{}", lab::loadgen::judge::markdown(&judged));
+        println!("judged verdict: {}", out.join("judged.md").display());
+    }
     println!("\n{}", verdict::markdown(&v));
     println!("verdict: {}", out.join("verdict.md").display());
     if let Some(dir) = &a.publish {

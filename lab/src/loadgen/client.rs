@@ -17,7 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::config::{Driver, OpKind};
+use super::config::{with_options, Driver, LabConfig, OpKind, Variant};
+use super::control::{COLL, DB};
 use super::metrics::{AttemptReport, ErrorClass, Recorder};
 
 /// A boxed, sendable future.
@@ -539,4 +540,43 @@ pub async fn connect(
             Arc::new(upstream::Client::connect(uri, app_name, db, coll, sink).await?)
         }
     })
+}
+
+/// Connects `cfg.instances` clients of `variant`, booking into `recorder` and counting their
+/// commands in `attempts`, and warms them up.
+pub(crate) async fn connect_instances(
+    cfg: &LabConfig,
+    uri: &str,
+    variant: &Variant,
+    recorder: &Arc<Recorder>,
+    attempts: &Arc<AtomicU64>,
+) -> Result<Vec<Arc<dyn LabClient>>, String> {
+    let client_uri = with_options(uri, &cfg.uri_options(variant));
+    let mut clients: Vec<Arc<dyn LabClient>> = Vec::new();
+    for i in 0..cfg.instances.max(1) {
+        let sink = Arc::new(Sink::new(recorder.clone(), attempts.clone()));
+        let c = connect(
+            variant.driver,
+            &client_uri,
+            &format!("lab-{}-{i}", variant.name),
+            DB,
+            COLL,
+            sink,
+        )
+        .await?;
+        c.warm_up()
+            .await
+            .map_err(|e| format!("{}: instance {i}: {e}", variant.name))?;
+        clients.push(c);
+    }
+    Ok(clients)
+}
+
+/// The overload statistics of `clients` added up (`None` where the driver keeps none).
+pub(crate) fn overload_stats_of(clients: &[Arc<dyn LabClient>]) -> Option<ForkStats> {
+    let mut all: Option<ForkStats> = None;
+    for stats in clients.iter().filter_map(|c| c.overload_stats()) {
+        all.get_or_insert_with(ForkStats::default).add(&stats);
+    }
+    all
 }

@@ -285,6 +285,13 @@ const NO_RETRIES: &str = "maxAdaptiveRetries=0";
 /// Overload retargeting switched on.
 const RETARGETING: &str = "enableOverloadRetargeting=true";
 
+/// The fork's recommended settings: the built-in variant the verdict judges first, the soak
+/// runs and the sensitivity grid reports (named here, with the other built-in variants).
+pub const RECOMMENDED: &str = "fork-recommended";
+
+/// Every control of the fork together.
+pub const CONTROLS: &str = "fork-controls";
+
 impl Variant {
     /// A variant with the default application.
     pub fn new(name: &str, driver: Driver, uri_options: &str) -> Variant {
@@ -329,14 +336,14 @@ impl Variant {
             // a server rejects more than half of a client's requests: a flood, not the 30 %
             // random rejections of `transient-30`).
             Variant::new(
-                "fork-recommended",
+                RECOMMENDED,
                 Fork,
                 &format!("retryBudget=true&{TIMEOUT_AT_DEADLINE}&adaptiveThrottle=true"),
             ),
             Variant::new("fork-throttle", Fork, "adaptiveThrottle=true"),
             Variant::new("fork-concurrency", Fork, "adaptiveConcurrency=true"),
             Variant::new(
-                "fork-controls",
+                CONTROLS,
                 Fork,
                 &format!(
                     "retryBudget=true&{TIMEOUT_AT_DEADLINE}&adaptiveThrottle=true\
@@ -1209,7 +1216,7 @@ mod tests {
             cfg.uri_options(&v),
             "maxPoolSize=100&minPoolSize=0&retryBudget=true&timeoutMS=250"
         );
-        let recommended = Variant::parse(super::super::verdict::RECOMMENDED).unwrap();
+        let recommended = Variant::parse(RECOMMENDED).unwrap();
         assert_eq!(
             cfg.uri_options(&recommended),
             "maxPoolSize=100&minPoolSize=0&retryBudget=true&timeoutMS=250&adaptiveThrottle=true"

@@ -117,7 +117,7 @@ pub(crate) async fn set_router_parameters(uri: &str, layout: &ShardLayout) -> Re
     if wanted.is_empty() {
         return Ok(());
     }
-    for host in super::soak::member_hosts(uri) {
+    for host in super::members::member_hosts(uri) {
         let client = mongodb::Client::with_uri_str(format!(
             "mongodb://{host}/?directConnection=true&appName=lab-control"
         ))

@@ -17,6 +17,8 @@ pub mod drive;
 mod emulator_thread;
 mod failpoint_limiter;
 pub mod instructions;
+pub mod judge;
+mod members;
 pub mod metrics;
 pub mod publish;
 pub mod report;

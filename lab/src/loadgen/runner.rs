@@ -17,18 +17,18 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::calibrate::calibrate;
-use super::client::{self, ForkStats, LabClient, Sink};
-use super::config::{with_options, Faults, LabConfig, Load, Persona, ServerMode, Variant};
+use super::client::{connect_instances, overload_stats_of, ForkStats, LabClient};
+use super::config::{Faults, LabConfig, Load, Persona, ServerMode, Variant};
 use super::control::{
-    counter_deltas, member_documents, model_document, set_router_parameters, Control, COLL, DB,
+    counter_deltas, member_documents, model_document, set_router_parameters, Control,
 };
 use super::drive::{drive_all, drive_closed_from, ClosedLoop, DriveStats, RequestOpts};
 use super::emulator_thread::EmulatorThread;
 use super::failpoint_limiter::failpoint_controller;
+use super::members::{Drops, Members};
 use super::metrics::{Recorder, Second};
 use super::sampler::sampler;
 use super::schedule::{self, Arrival, ScheduleSpec};
-use super::soak::{Drops, Members};
 use super::summary::{summarize, ColdShards, RunSummary};
 use emulator::{EmulatorConfig, Topology};
 
@@ -406,15 +406,6 @@ async fn start_faults(
     Ok((members, stepper))
 }
 
-/// The overload statistics of `clients` added up (`None` where the driver keeps none).
-pub(crate) fn overload_stats_of(clients: &[Arc<dyn LabClient>]) -> Option<ForkStats> {
-    let mut all: Option<ForkStats> = None;
-    for stats in clients.iter().filter_map(|c| c.overload_stats()) {
-        all.get_or_insert_with(ForkStats::default).add(&stats);
-    }
-    all
-}
-
 /// How the generator treats each request of `variant` under `cfg`: the deadline, and what the
 /// variant's application does with it ([`LabConfig::application`]).
 fn request_opts(cfg: &LabConfig, variant: &Variant) -> RequestOpts {
@@ -451,36 +442,6 @@ struct Turn<'a> {
     second_wall: Duration,
     /// The machine's ticks over the variant's counted slices, summed: all, and stolen.
     ticks: super::sys::MachineTicks,
-}
-
-/// Connects `cfg.instances` clients of `variant`, booking into `recorder` and counting their
-/// commands in `attempts`, and warms them up.
-pub(crate) async fn connect_instances(
-    cfg: &LabConfig,
-    uri: &str,
-    variant: &Variant,
-    recorder: &Arc<Recorder>,
-    attempts: &Arc<AtomicU64>,
-) -> Result<Vec<Arc<dyn LabClient>>, String> {
-    let client_uri = with_options(uri, &cfg.uri_options(variant));
-    let mut clients: Vec<Arc<dyn LabClient>> = Vec::new();
-    for i in 0..cfg.instances.max(1) {
-        let sink = Arc::new(Sink::new(recorder.clone(), attempts.clone()));
-        let c = client::connect(
-            variant.driver,
-            &client_uri,
-            &format!("lab-{}-{i}", variant.name),
-            DB,
-            COLL,
-            sink,
-        )
-        .await?;
-        c.warm_up()
-            .await
-            .map_err(|e| format!("{}: instance {i}: {e}", variant.name))?;
-        clients.push(c);
-    }
-    Ok(clients)
 }
 
 /// One repetition of a closed-loop scenario (`fast-path`). Every variant's clients connect

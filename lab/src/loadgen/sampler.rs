@@ -8,10 +8,9 @@ use std::time::Duration;
 use indicatif::ProgressBar;
 use tokio::time::Instant;
 
-use super::client::LabClient;
+use super::client::{overload_stats_of, LabClient};
 use super::control::{counter_deltas, Control};
 use super::metrics::Recorder;
-use super::runner::overload_stats_of;
 use super::sys::CpuMeter;
 
 /// Samples CPU, the server's counters and `clients`' concurrency limits once a second, and

@@ -8,8 +8,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use super::config::{CONTROLS, RECOMMENDED};
 use super::scenarios::{ScenarioName, FLOOD_REJECTION_MS};
-use super::verdict::{ScenarioVerdict, CONTROLS, RECOMMENDED};
+use super::verdict::ScenarioVerdict;
 
 /// The model's default expiry cost (ms, `costs.expiryMs`), the ×1 of the table: read from the
 /// emulator, so that the table follows the model's default when it changes.

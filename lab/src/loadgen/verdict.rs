@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::client::ForkStats;
-use super::config::Driver;
+use super::config::{Driver, CONTROLS, RECOMMENDED};
 use super::runner::LabRun;
 use super::summary::{RunSummary, Spread};
 
@@ -27,12 +27,6 @@ pub const VERDICT_SCHEMA: u32 = 2;
 
 /// The variant whose throughput the `throughputRatio` figures divide by.
 pub const RATIO_BASE: &str = "upstream-default";
-
-/// The fork's recommended settings.
-pub const RECOMMENDED: &str = "fork-recommended";
-
-/// Every control of the fork together.
-pub const CONTROLS: &str = "fork-controls";
 
 /// Valid runs a variant needs in a scenario to be judged there.
 pub const MIN_VALID_RUNS: usize = 2;
@@ -1243,7 +1237,7 @@ pub fn write(v: &Verdict, dir: &Path) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn one_rep(pairs: Vec<(u64, u64)>) -> Vec<Vec<(u64, u64)>> {
@@ -1300,7 +1294,7 @@ mod tests {
 
     /// A run of `scenario` where each `(variant, goodput, valid)` is one repetition's run
     /// (repetitions numbered per variant), at capacity 1 so that goodput is the share.
-    fn lab_run(scenario: &str, runs: &[(&str, f64, bool)]) -> LabRun {
+    pub(crate) fn lab_run(scenario: &str, runs: &[(&str, f64, bool)]) -> LabRun {
         use super::super::config::{LabConfig, Scenario, Variant};
         use super::super::metrics::Second;
         use super::super::runner::VariantRun;

@@ -155,11 +155,11 @@ fn parse_clients(list: &str) -> Result<Vec<u32>, String> {
             .ok()
             .and_then(|n| n.checked_mul(factor))
             .and_then(|n| u32::try_from(n).ok())
-            .filter(|n| (1..=sim::engine::MAX_CLIENTS).contains(n))
+            .filter(|n| (1..=sim::limits::MAX_CLIENTS).contains(n))
             .ok_or_else(|| {
                 format!(
                     "--clients: {entry:?} is not a count from 1 to {}",
-                    sim::engine::MAX_CLIENTS
+                    sim::limits::MAX_CLIENTS
                 )
             })?;
         out.push(n);
