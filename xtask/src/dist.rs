@@ -64,7 +64,7 @@ pub fn branch_name(upstream: &str) -> String {
 }
 
 /// Replaces every path that starts with `root` (e.g. `overload::`) by `replacement`, where `root`
-/// begins a path: not right after an identifier character, `::` or a `$`. Comments and doc links
+/// begins a path: not right after an identifier character, `:`, `$` or `.`. Comments and doc links
 /// are rewritten too, so that they keep pointing at the same item.
 pub fn rewrite_path_root(text: &str, root: &str, replacement: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -72,7 +72,7 @@ pub fn rewrite_path_root(text: &str, root: &str, replacement: &str) -> String {
     while let Some(at) = rest.find(root) {
         let before = rest[..at].chars().next_back().or(out.chars().next_back());
         let starts_path =
-            !matches!(before, Some(c) if c.is_alphanumeric() || c == '_' || c == ':' || c == '$');
+            !matches!(before, Some(c) if c.is_alphanumeric() || matches!(c, '_' | ':' | '$' | '.'));
         out.push_str(&rest[..at]);
         out.push_str(if starts_path { replacement } else { root });
         rest = &rest[at + root.len()..];
@@ -86,7 +86,10 @@ pub fn rewrite_path_root(text: &str, root: &str, replacement: &str) -> String {
 /// that enable them (`feature = "metrics"` becomes `feature = "overload-metrics"`).
 pub fn vendor_overload_source(text: &str, features: &BTreeMap<String, String>) -> String {
     let mut text = rewrite_path_root(text, "crate::", VENDORED_PATH);
-    text = text.replace("$crate::", &format!("$crate::{}", &VENDORED_PATH["crate::".len()..]));
+    text = text.replace(
+        "$crate::",
+        &format!("$crate::{}", &VENDORED_PATH["crate::".len()..]),
+    );
     for (own, driver) in features {
         text = text.replace(
             &format!("feature = \"{own}\""),
@@ -94,6 +97,19 @@ pub fn vendor_overload_source(text: &str, features: &BTreeMap<String, String>) -
         );
     }
     text
+}
+
+/// The version of the project's `overload` crate: the fork's version in builds from the
+/// repository (`mongodb::fork::FORK_VERSION`), where the driver is upstream's version exactly.
+pub fn overload_version(project: &crate::project::Project) -> Result<String> {
+    let path = project.root().join("overload/Cargo.toml");
+    let doc: DocumentMut = fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .parse()?;
+    Ok(doc["package"]["version"]
+        .as_str()
+        .context("overload/Cargo.toml has no version")?
+        .to_owned())
 }
 
 /// The release's manifest and how the `overload` crate's features map onto the driver's.
@@ -221,9 +237,9 @@ fn dependency_table(name: &str, spec: &Item) -> Result<Table> {
             table.insert("version", toml_edit::value(req.value().as_str()));
         }
         other => {
-            let like = other
-                .as_table_like()
-                .with_context(|| format!("overload dependency `{name}` is neither a string nor a table"))?;
+            let like = other.as_table_like().with_context(|| {
+                format!("overload dependency `{name}` is neither a string nor a table")
+            })?;
             ensure!(
                 like.get("path").is_none() && like.get("git").is_none(),
                 "overload dependency `{name}` is not from crates.io; a release cannot carry it"
@@ -254,14 +270,23 @@ fn same_compatible_range(a: &str, b: &str) -> bool {
         let mut parts = req.split('.').map(|p| p.parse::<u64>().ok());
         let major = parts.next()??;
         let minor = parts.next().flatten();
-        Some(if major == 0 { (0, minor) } else { (major, None) })
+        Some(if major == 0 {
+            (0, minor)
+        } else {
+            (major, None)
+        })
     }
     range(a).is_some() && range(a) == range(b)
 }
 
 fn string_array(item: &Item) -> Vec<String> {
     item.as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -335,7 +360,9 @@ impl Workspace {
     pub fn write_release_tree(&self, dest: &Path, version: &str) -> Result<()> {
         let root = self.project.root();
         let driver = self.project.driver_dir();
-        let archive = self.git.output(&driver, ["archive", "--format=tar", "HEAD"])?;
+        let archive = self
+            .git
+            .output(&driver, ["archive", "--format=tar", "HEAD"])?;
         ensure!(
             archive.status.success(),
             "git archive of driver/ failed: {}",
@@ -503,7 +530,10 @@ pub fn release_readme(version: &str, upstream: &str, patches: &[String], options
 /// What `cargo xtask dist` prints.
 pub fn print(release: &Release) {
     if release.new_commit {
-        println!("released {} as {} on {}", release.version, release.commit, release.branch);
+        println!(
+            "released {} as {} on {}",
+            release.version, release.commit, release.branch
+        );
     } else {
         println!(
             "sources unchanged: {} ({} on {}) is the release",
@@ -535,19 +565,38 @@ pub fn publish(
 ) -> Result<Published> {
     let repo_arg = repo.as_os_str().to_owned();
     git.run(tree, ["init", "--quiet", "--initial-branch=release"])?;
-    let parent = [format!("refs/heads/{branch}"), format!("refs/remotes/origin/{branch}")]
-        .into_iter()
-        .find(|r| {
-            git.output(repo, ["rev-parse", "--verify", "--quiet", &format!("{r}^{{commit}}")])
-                .is_ok_and(|o| o.status.success())
-        });
+    let parent = [
+        format!("refs/heads/{branch}"),
+        format!("refs/remotes/origin/{branch}"),
+    ]
+    .into_iter()
+    .find(|r| {
+        git.output(
+            repo,
+            [
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                &format!("{r}^{{commit}}"),
+            ],
+        )
+        .is_ok_and(|o| o.status.success())
+    });
     let tip = match &parent {
         Some(reference) => {
             git.run(
                 tree,
-                [OsString::from("fetch"), "--quiet".into(), repo_arg.clone(), reference.into()],
+                [
+                    OsString::from("fetch"),
+                    "--quiet".into(),
+                    repo_arg.clone(),
+                    reference.into(),
+                ],
             )?;
-            let commit = git.run(tree, ["rev-parse", "FETCH_HEAD^{commit}"])?.trim().to_owned();
+            let commit = git
+                .run(tree, ["rev-parse", "FETCH_HEAD^{commit}"])?
+                .trim()
+                .to_owned();
             let manifest = git.run(tree, ["show", &format!("{commit}:Cargo.toml")])?;
             let doc: DocumentMut = manifest.parse().context("the branch tip's Cargo.toml")?;
             let version = doc["package"]["version"].as_str().unwrap_or_default();
@@ -603,12 +652,27 @@ pub fn publish(
     // The branch (made or moved) and the tag, in one push; a tag on another commit is an error.
     let tag = tag_name(&version);
     let mut refspecs = Vec::new();
-    let local_tip = git
-        .output(repo, ["rev-parse", "--verify", "--quiet", &format!("refs/heads/{branch}")])?;
+    let local_tip = git.output(
+        repo,
+        [
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("refs/heads/{branch}"),
+        ],
+    )?;
     if String::from_utf8_lossy(&local_tip.stdout).trim() != commit {
         refspecs.push(format!("{commit}:refs/heads/{branch}"));
     }
-    let tagged = git.output(repo, ["rev-parse", "--verify", "--quiet", &format!("refs/tags/{tag}^{{commit}}")])?;
+    let tagged = git.output(
+        repo,
+        [
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("refs/tags/{tag}^{{commit}}"),
+        ],
+    )?;
     let tagged = String::from_utf8_lossy(&tagged.stdout).trim().to_owned();
     if tagged.is_empty() {
         refspecs.push(format!("{commit}:refs/tags/{tag}"));
@@ -676,4 +740,201 @@ pub fn package(
     let copy = out_dir.join(&name);
     fs::copy(&made, &copy).with_context(|| format!("cargo package made no {}", made.display()))?;
     Ok(copy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[test]
+    fn release_versions_round_trip() {
+        let version = release_version("3.9.1", 4);
+        assert_eq!(version, "3.9.1+overload.4");
+        assert_eq!(release_number(&version), Some(4));
+        assert_eq!(tag_name(&version), "v3.9.1+overload.4");
+        assert_eq!(branch_name("3.9.1"), "dist/3.9.1");
+        for other in [
+            "3.9.1",
+            "3.9.1+overload.",
+            "3.9.1+overload.0",
+            "3.9.1+other.2",
+        ] {
+            assert_eq!(release_number(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn rewrites_only_paths_that_start_with_the_root() {
+        let driver = "use overload::retry::RetryState;\n\
+                      fn f() -> Option<overload::cursor::CursorRequest> { None }\n\
+                      // see `overload::control::MAX`\n\
+                      let t = \"mongodb::overload::retry\"; x.overload::y; my_overload::z;";
+        assert_eq!(
+            rewrite_path_root(driver, "overload::", VENDORED_PATH),
+            "use crate::fork::overload::retry::RetryState;\n\
+             fn f() -> Option<crate::fork::overload::cursor::CursorRequest> { None }\n\
+             // see `crate::fork::overload::control::MAX`\n\
+             let t = \"mongodb::overload::retry\"; x.overload::y; my_overload::z;"
+        );
+        let own = "use crate::deadline::Deadline;\npub(crate) fn f() {}\npub(in crate::budget) g;\n\
+                   macro_rules! m { () => { $crate::trace::TARGET } }\n#[cfg(feature = \"metrics\")]";
+        let features = BTreeMap::from([("metrics".to_owned(), "overload-metrics".to_owned())]);
+        assert_eq!(
+            vendor_overload_source(own, &features),
+            "use crate::fork::overload::deadline::Deadline;\npub(crate) fn f() {}\n\
+             pub(in crate::fork::overload::budget) g;\n\
+             macro_rules! m { () => { $crate::fork::overload::trace::TARGET } }\n\
+             #[cfg(feature = \"overload-metrics\")]"
+        );
+    }
+
+    const DRIVER: &str = r#"[package]
+name = "mongodb"
+version = "3.9.1"
+
+[features]
+overload-metrics = ["overload/metrics"]
+tracing-unstable = ["dep:tracing", "log"]
+
+[dependencies.overload]
+path = "../overload"
+version = "0.1.0"
+
+[dependencies.rand]
+version = "0.9"
+features = ["small_rng"]
+
+[dependencies.tracing]
+version = "0.1.36"
+optional = true
+"#;
+
+    const OVERLOAD: &str = r#"[package]
+name = "overload"
+version = "0.1.0"
+
+[dependencies]
+metrics = { version = "0.24", optional = true }
+rand = "0.9"
+tracing = "0.1"
+
+[features]
+metrics = ["dep:metrics"]
+"#;
+
+    #[test]
+    fn the_release_manifest_carries_overloads_dependencies() {
+        let manifest = release_manifest(DRIVER, OVERLOAD, "3.9.1+overload.2").unwrap();
+        let doc: DocumentMut = manifest.text.parse().unwrap();
+        assert_eq!(doc["package"]["version"].as_str(), Some("3.9.1+overload.2"));
+        let deps = doc["dependencies"].as_table().unwrap();
+        assert!(deps.get("overload").is_none());
+        assert_eq!(deps["metrics"]["optional"].as_bool(), Some(true));
+        assert!(
+            deps["tracing"].get("optional").is_none(),
+            "{}",
+            manifest.text
+        );
+        assert_eq!(deps["rand"]["features"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            string_array(&doc["features"]["overload-metrics"]),
+            ["dep:metrics"]
+        );
+        assert_eq!(string_array(&doc["features"]["tracing-unstable"]), ["log"]);
+        assert_eq!(manifest.features["metrics"], "overload-metrics");
+
+        let clash = OVERLOAD.replace("rand = \"0.9\"", "rand = \"0.8\"");
+        let err = release_manifest(DRIVER, &clash, "3.9.1+overload.2").unwrap_err();
+        assert!(err.to_string().contains("overload needs rand 0.8"), "{err}");
+        let err = release_manifest(&DRIVER.replace("overload/metrics", "log"), OVERLOAD, "v")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("no driver feature enables overload/metrics"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn readme_sections_end_at_the_next_heading() {
+        let md = "# T\n## Options\n\n| a |\n### Sub\nx\n## Layout\ny\n";
+        assert_eq!(
+            readme_section(md, "## Options").unwrap(),
+            "| a |\n### Sub\nx"
+        );
+        assert_eq!(readme_section(md, "## Missing"), None);
+    }
+
+    /// A release tree with the version `cargo xtask dist` gives it and one file of content.
+    fn fake_tree<'a>(content: &'a RefCell<&'static str>) -> impl Fn(&Path, u64) -> Result<()> + 'a {
+        move |dir, number| {
+            fs::write(
+                dir.join("Cargo.toml"),
+                format!(
+                    "[package]\nname = \"mongodb\"\nversion = \"{}\"\n",
+                    release_version("3.9.1", number)
+                ),
+            )?;
+            fs::write(dir.join("lib.rs"), *content.borrow())?;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_release_is_committed_once_per_change_and_tagged() {
+        let git = Git::default();
+        let scratch = tempfile::tempdir().unwrap();
+        let repo = scratch.path().join("repo.git");
+        fs::create_dir(&repo).unwrap();
+        git.run(&repo, ["init", "--quiet", "--bare"]).unwrap();
+        let content = RefCell::new("one");
+        let run = |name: &str| {
+            let tree = scratch.path().join(name);
+            fs::create_dir(&tree).unwrap();
+            publish(&git, &repo, "dist/3.9.1", &tree, fake_tree(&content))
+        };
+
+        let first = run("a").unwrap();
+        assert_eq!(
+            (first.version.as_str(), first.new_commit),
+            ("3.9.1+overload.1", true)
+        );
+        let same = run("b").unwrap();
+        assert!(!same.new_commit);
+        assert_eq!(same.commit, first.commit);
+
+        *content.borrow_mut() = "two";
+        let second = run("c").unwrap();
+        assert_eq!(
+            (second.version.as_str(), second.new_commit),
+            ("3.9.1+overload.2", true)
+        );
+        let log = git
+            .run(&repo, ["log", "--format=%H", "dist/3.9.1"])
+            .unwrap();
+        assert_eq!(
+            log.lines().collect::<Vec<_>>(),
+            [&second.commit, &first.commit]
+        );
+        for (tag, commit) in [
+            ("v3.9.1+overload.1", &first.commit),
+            ("v3.9.1+overload.2", &second.commit),
+        ] {
+            let tagged = git
+                .run(&repo, ["rev-parse", &format!("{tag}^{{commit}}")])
+                .unwrap();
+            assert_eq!(tagged.trim(), commit.as_str());
+        }
+
+        // A tag that names another commit is never moved.
+        git.run(
+            &repo,
+            ["update-ref", "refs/heads/dist/3.9.1", &first.commit],
+        )
+        .unwrap();
+        *content.borrow_mut() = "three";
+        let err = run("d").unwrap_err().to_string();
+        assert!(err.contains("tag v3.9.1+overload.2 already names"), "{err}");
+    }
 }
