@@ -209,13 +209,14 @@ impl Workspace {
         let app = root.join("examples/patch-app");
         fs::copy(root.join("Cargo.lock"), app.join("Cargo.lock"))
             .context("cannot seed the patch-app lock file")?;
+        let target = root.join("target");
         let mut tally = Tally::default();
         let path_identity = format!(
             "linked against mongodb-overload {} (upstream mongodb {})",
             crate::dist::overload_version(&self.project)?,
             upstream.version
         );
-        tally += patch_app_way("path to driver/", &app, &[&path_identity], false)?;
+        tally += patch_app_way("path to driver/", &app, &target, &[&path_identity], false)?;
 
         let started = Instant::now();
         let proof = self.project.scratch_dir().join("dist-proof");
@@ -272,6 +273,7 @@ impl Workspace {
         tally += patch_app_way(
             "git = file://… with the release tag",
             &git_app,
+            &target,
             &expected,
             true,
         )?;
@@ -289,7 +291,13 @@ impl Workspace {
             &format!("mongodb = {{ path = \"{}\" }}", unpacked.display()),
             root,
         )?;
-        tally += patch_app_way("the .crate file, vendored", &crate_app, &expected, true)?;
+        tally += patch_app_way(
+            "the .crate file, vendored",
+            &crate_app,
+            &target,
+            &expected,
+            true,
+        )?;
         println!(
             "patch-app through all three ways took {:.1} s",
             started.elapsed().as_secs_f64()
@@ -359,18 +367,27 @@ fn copy_app(app: &Path, dest: &Path, patch_line: &str, root: &Path) -> Result<Pa
 /// With `moves_lock`, the app first does what an application does on taking a release: `cargo
 /// fetch` (the only step that may use the network), then `cargo update -p mongodb` to move the
 /// lock from upstream's version to the release's; the run itself is `--offline`.
-fn patch_app_way(title: &str, app: &Path, expected: &[&str], moves_lock: bool) -> Result<Tally> {
+fn patch_app_way(
+    title: &str,
+    app: &Path,
+    target: &Path,
+    expected: &[&str],
+    moves_lock: bool,
+) -> Result<Tally> {
     println!("==> patch-app through {title}");
     let started = Instant::now();
     let manifest = app.join("Cargo.toml");
-    let target = Project::from_build().root().join("target");
     let cargo = |args: &[&str]| {
         let mut command = crate::project::cargo_command();
         command
             .args(args)
             .arg("--manifest-path")
             .arg(&manifest)
-            .env("CARGO_TARGET_DIR", &target)
+            .env("CARGO_TARGET_DIR", target)
+            // The workspace's dev profile, which an app's own manifest does not inherit: with
+            // the same debuginfo setting the dependencies `cargo test --workspace` just built
+            // are reused, and only the driver compiles again.
+            .env("CARGO_PROFILE_DEV_DEBUG", "line-tables-only")
             .stderr(Stdio::inherit());
         command
     };
