@@ -378,8 +378,8 @@ impl Workspace {
                 fs::remove_file(&path)?;
             }
         }
-        fs::rename(dest.join("README.md"), dest.join("README.upstream.md"))
-            .context("driver/ has no README.md")?;
+        let upstream_readme =
+            fs::read_to_string(dest.join("README.md")).context("driver/ has no README.md")?;
 
         let manifest = release_manifest(
             &fs::read_to_string(driver.join("Cargo.toml"))?,
@@ -435,9 +435,15 @@ impl Workspace {
             .collect();
         let options = readme_section(&fs::read_to_string(root.join("README.md"))?, "## Options")
             .unwrap_or_default();
+        // Upstream's `src/lib.rs` makes README.md the crate's top-level documentation, so the
+        // release's README comes first and upstream's follows whole: docs.rs then shows what the
+        // release is, its options, and everything upstream documents there.
         fs::write(
             dest.join("README.md"),
-            release_readme(version, &upstream.version, &patches, &options),
+            format!(
+                "{}\n---\n\n# Upstream's README\n\n{upstream_readme}",
+                release_readme(version, &upstream.version, &patches, &options)
+            ),
         )?;
         Ok(())
     }
@@ -522,7 +528,7 @@ pub fn release_readme(version: &str, upstream: &str, patches: &[String], options
          release carries it as the private module `mongodb::fork::overload`\n\
          (`{VENDORED_DIR}/`), so the package builds alone. The repository's `README.md`,\n\
          `docs/` and `patches/` explain each change; `CHANGELOG.md` here is the fork's changelog\n\
-         at this release, and upstream's README is `README.upstream.md`. Licensed under\n\
+         at this release, and upstream's README follows below. Licensed under\n\
          Apache-2.0 like upstream: see `LICENSE` and `NOTICE`.\n"
     )
 }
