@@ -434,6 +434,7 @@ impl Workspace {
             .map(|p| p.file)
             .collect();
         let options = readme_section(&fs::read_to_string(root.join("README.md"))?, "## Options")
+            .map(|section| unlink_relative(&section))
             .unwrap_or_default();
         // Upstream's `src/lib.rs` makes README.md the crate's top-level documentation, so the
         // release's README comes first and upstream's follows whole: docs.rs then shows what the
@@ -480,6 +481,40 @@ pub fn readme_section(markdown: &str, heading: &str) -> Option<String> {
     Some(lines.join("\n").trim().to_owned())
 }
 
+/// Markdown links to files of the repository (`[text](docs/x.md)`) with their text kept and the
+/// link dropped: the release does not carry `docs/`, so on a registry or docs.rs they would lead
+/// nowhere. Links with a scheme (`https://…`) stay.
+pub fn unlink_relative(markdown: &str) -> String {
+    let mut out = String::with_capacity(markdown.len());
+    let mut rest = markdown;
+    while let Some(open) = rest.find('[') {
+        let after = &rest[open + 1..];
+        let link = after.find("](").and_then(|close| {
+            let target_start = close + 2;
+            let end = after[target_start..].find(')')? + target_start;
+            let text = &after[..close];
+            let target = &after[target_start..end];
+            (!text.contains('[')
+                && !target.contains("://")
+                && !target.contains(char::is_whitespace))
+            .then_some((text, end))
+        });
+        match link {
+            Some((text, end)) => {
+                out.push_str(&rest[..open]);
+                out.push_str(text);
+                rest = &after[end + 1..];
+            }
+            None => {
+                out.push_str(&rest[..open + 1]);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The release's README: what it is, how to take it, the options it adds, where it comes from.
 pub fn release_readme(version: &str, upstream: &str, patches: &[String], options: &str) -> String {
     let tag = tag_name(version);
@@ -491,8 +526,8 @@ pub fn release_readme(version: &str, upstream: &str, patches: &[String], options
         "# mongodb {version}: the mongodb-overload fork of the MongoDB Rust driver\n\
          \n\
          This is upstream `mongodb` {upstream} (crates.io) with the patch series of\n\
-         **mongodb-overload**, an overload-aware fork: Client Backpressure retries with backoff,\n\
-         `timeoutMS`, a client-wide retry budget and adaptive admission control, all opt-in.\n\
+         **mongodb-overload**, an overload-aware fork: Client Backpressure retries with backoff, and,\n\
+         opt-in, `timeoutMS`, a client-wide retry budget and adaptive admission control.\n\
          It keeps upstream's crate name and API, so an application takes it with one line:\n\
          \n\
          ```toml\n\
@@ -512,6 +547,21 @@ pub fn release_readme(version: &str, upstream: &str, patches: &[String], options
          At run time `mongodb::fork::IDENTITY` prints `mongodb-overload {version} (upstream\n\
          mongodb {upstream})`, and every connection handshake adds `mongodb-overload` and\n\
          `{version}` to the driver metadata that server logs show.\n\
+         \n\
+         ## Overload handling and `timeoutMS`\n\
+         \n\
+         Every command is retried on a retryable overload error (labels `SystemOverloadedError`\n\
+         and `RetryableError`) at most `maxAdaptiveRetries` times (default 2), with full-jitter\n\
+         exponential backoff (base 100 ms, or the `baseBackoffMS` the server's error carries).\n\
+         A client-wide retry budget\n\
+         (`retryBudget=true`) caps retries at a share of first attempts, and\n\
+         `Client::overload_stats()` reports what was retried, refused and rejected (also\n\
+         through the `metrics` facade with the `overload-metrics` feature). Admission control\n\
+         per server (`adaptiveThrottle`, `adaptiveConcurrency`) rejects or queues work locally\n\
+         while a server sheds load. `timeoutMS` gives each operation one deadline that bounds\n\
+         server selection, checkout, the command (sent with `maxTimeMS`) and every retry;\n\
+         cursors follow `timeoutMode`, and sessions, transactions and GridFS calls are bounded\n\
+         too. Everything beyond the overload retries is opt-in.\n\
          \n\
          ## Options\n\
          \n\
@@ -859,6 +909,17 @@ metrics = ["dep:metrics"]
             err.to_string()
                 .contains("no driver feature enables overload/metrics"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn repository_links_lose_their_target_only() {
+        assert_eq!(
+            unlink_relative(
+                "see [`docs/options.md`](docs/options.md), [a](docs/a.md#x) and \
+                 [site](https://example.com/) or [x] y"
+            ),
+            "see `docs/options.md`, a and [site](https://example.com/) or [x] y"
         );
     }
 
