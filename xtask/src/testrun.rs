@@ -281,7 +281,11 @@ impl Workspace {
         let vendor = proof.join("vendor");
         fs::create_dir_all(&vendor)?;
         let archive = fs::File::open(&release.crate_file)?;
-        tar::Archive::new(flate2::read::GzDecoder::new(archive))
+        let mut unpacker = tar::Archive::new(flate2::read::GzDecoder::new(archive));
+        // Fresh modification times: cargo fingerprints a path dependency by them, and the
+        // archive's times could make an earlier run's build of another release look current.
+        unpacker.set_preserve_mtime(false);
+        unpacker
             .unpack(&vendor)
             .context("cannot unpack the release's .crate")?;
         let unpacked = vendor.join(format!("mongodb-{}", release.version));
