@@ -994,6 +994,31 @@ metrics = ["dep:metrics"]
             assert_eq!(tagged.trim(), commit.as_str());
         }
 
+        // A fresh clone has the published releases only as origin's: it continues from them.
+        let clone = scratch.path().join("clone.git");
+        fs::create_dir(&clone).unwrap();
+        git.run(&clone, ["init", "--quiet", "--bare"]).unwrap();
+        git.run(
+            &clone,
+            [
+                "fetch",
+                "--quiet",
+                repo.to_str().unwrap(),
+                "refs/heads/dist/3.9.1:refs/remotes/origin/dist/3.9.1",
+                "refs/tags/*:refs/tags/*",
+            ],
+        )
+        .unwrap();
+        let tree = scratch.path().join("from-clone");
+        fs::create_dir(&tree).unwrap();
+        let continued = publish(&git, &clone, "dist/3.9.1", &tree, fake_tree(&content)).unwrap();
+        assert!(!continued.new_commit);
+        assert_eq!(continued.commit, second.commit);
+        let local = git
+            .run(&clone, ["rev-parse", "refs/heads/dist/3.9.1"])
+            .unwrap();
+        assert_eq!(local.trim(), second.commit.as_str());
+
         // A tag that names another commit is never moved.
         git.run(
             &repo,
