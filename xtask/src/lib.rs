@@ -1,6 +1,7 @@
 //! Fork tooling for mongodb-overload. The binary (`cargo xtask ...`) is a thin CLI over this
 //! library so the workflow can be tested against temporary projects.
 
+pub mod dist;
 pub mod fork;
 pub mod git;
 pub mod lab;

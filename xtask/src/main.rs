@@ -65,6 +65,19 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Make a release: commit the fork as a standalone crate to the branch `dist/<upstream>`, tag
+    /// it `v<upstream>+overload.<N>`, and package it as a `.crate` (docs/patch-workflow.md).
+    Dist {
+        /// The git repository that gets the branch and the tag (default: this project's).
+        #[arg(long, value_name = "DIR")]
+        repo: Option<PathBuf>,
+        /// Where the `.crate` file goes (default: target/dist).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Skip `cargo package`'s build of the package from the archive alone.
+        #[arg(long)]
+        no_verify: bool,
+    },
     /// Copy the spec suites the project runs from a specifications checkout into spec-tests/data.
     SyncSpec {
         /// A checkout of the specifications repository (it has a `source/` directory).
@@ -178,6 +191,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Mutants { names, list, check } => {
             return mutants::command(&ws, &names, list, check);
         }
+        Cmd::Dist {
+            repo,
+            out,
+            no_verify,
+        } => xtask::dist::print(&ws.dist(&xtask::dist::DistOptions {
+            repo: repo.unwrap_or_else(|| ws.project.root().to_owned()),
+            out_dir: out.unwrap_or_else(|| ws.project.root().join("target/dist")),
+            verify: !no_verify,
+        })?),
         Cmd::SyncSpec { dir } => {
             let copied = sync_spec::sync_spec(&ws.project, &dir)?;
             println!("copied {copied} spec files into spec-tests/data");

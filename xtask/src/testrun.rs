@@ -11,9 +11,11 @@ use std::io::{BufRead, BufReader};
 use std::ops::AddAssign;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use crate::dist::DistOptions;
 use crate::fork::{DriverOutcome, Workspace};
 use crate::project::Project;
 use crate::spec_fetch::{self, Fetcher};
@@ -194,38 +196,117 @@ impl Workspace {
         Ok(total)
     }
 
-    /// Builds the example application that swaps the fork in with `[patch.crates-io]` and checks
-    /// that it reports the fork's identity. It shares the workspace's target directory and starts
-    /// from the workspace's lock file, so it reuses the driver build instead of compiling it again.
-    fn run_patch_app(&self) -> Result<Tally> {
+    /// Builds and runs the example application that swaps the fork in with `[patch.crates-io]`,
+    /// through each way an application can take the fork: the path to `driver/` (as in
+    /// examples/patch-app), and a release made by `cargo xtask dist` into a scratch repository,
+    /// once by `git` and tag and once from its `.crate` file unpacked as a vendored directory.
+    /// Each run must print the identity of the build it was given. Every app shares the
+    /// workspace's target directory and starts from its lock file, so only the driver itself
+    /// compiles again for each release form.
+    pub fn run_patch_app(&self) -> Result<Tally> {
         let root = self.project.root();
+        let upstream = self.project.upstream()?;
         let app = root.join("examples/patch-app");
         fs::copy(root.join("Cargo.lock"), app.join("Cargo.lock"))
             .context("cannot seed the patch-app lock file")?;
-        println!("==> patch-app (mongodb = \"3\" with [patch.crates-io] to the fork)");
-        let out = crate::project::cargo_command()
-            .args(["run", "--quiet", "--manifest-path"])
-            .arg(app.join("Cargo.toml"))
-            .env("CARGO_TARGET_DIR", root.join("target"))
-            .stderr(Stdio::inherit())
-            .output()
-            .context("cannot run cargo for the patch-app")?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        print!("{stdout}");
-        let identified = out.status.success() && stdout.contains("mongodb-overload");
-        if identified {
-            println!("patch-app: ok");
-            Ok(Tally {
-                passed: 1,
-                ..Tally::default()
-            })
-        } else {
-            println!("patch-app: FAILED (it must exit 0 and print the fork identity)");
-            Ok(Tally {
-                failed: 1,
-                ..Tally::default()
-            })
-        }
+        let target = root.join("target");
+        let mut tally = Tally::default();
+        let path_identity = format!(
+            "linked against mongodb-overload {} (upstream mongodb {})",
+            crate::dist::overload_version(&self.project)?,
+            upstream.version
+        );
+        tally += patch_app_way("path to driver/", &app, &target, &[&path_identity], false)?;
+
+        let started = Instant::now();
+        let proof = self.project.scratch_dir().join("dist-proof");
+        crate::fork::remove_dir_if_exists(&proof)?;
+        let repo = proof.join("releases.git");
+        fs::create_dir_all(&repo)?;
+        self.git.run(&repo, ["init", "--quiet", "--bare"])?;
+        let options = DistOptions {
+            repo: repo.clone(),
+            out_dir: proof.join("crates"),
+            verify: false,
+        };
+        let release = self.dist(&options)?;
+        println!(
+            "==> dist: {} on {} ({}), {}",
+            release.tag,
+            release.branch,
+            release.commit,
+            release.crate_file.display()
+        );
+        let again = self.dist(&options)?;
+        let idempotent = !again.new_commit && again.commit == release.commit;
+        println!(
+            "dist again on unchanged sources: {}",
+            if idempotent {
+                "no new commit (ok)".to_owned()
+            } else {
+                format!("FAILED: made {}", again.commit)
+            }
+        );
+        tally += Tally {
+            passed: u64::from(idempotent),
+            failed: u64::from(!idempotent),
+            ..Tally::default()
+        };
+        println!("dist took {:.1} s", started.elapsed().as_secs_f64());
+
+        let identity = format!(
+            "linked against mongodb-overload {} (upstream mongodb {})",
+            release.version, upstream.version
+        );
+        let handshake = format!("handshake fork version {}", release.version);
+        let expected = [identity.as_str(), handshake.as_str()];
+        let git_app = copy_app(
+            &app,
+            &proof.join("app-git"),
+            &format!(
+                "mongodb = {{ git = \"file://{}\", tag = \"{}\" }}",
+                repo.display(),
+                release.tag
+            ),
+            root,
+        )?;
+        tally += patch_app_way(
+            "git = file://… with the release tag",
+            &git_app,
+            &target,
+            &expected,
+            true,
+        )?;
+
+        let vendor = proof.join("vendor");
+        fs::create_dir_all(&vendor)?;
+        let archive = fs::File::open(&release.crate_file)?;
+        let mut unpacker = tar::Archive::new(flate2::read::GzDecoder::new(archive));
+        // Fresh modification times: cargo fingerprints a path dependency by them, and the
+        // archive's times could make an earlier run's build of another release look current.
+        unpacker.set_preserve_mtime(false);
+        unpacker
+            .unpack(&vendor)
+            .context("cannot unpack the release's .crate")?;
+        let unpacked = vendor.join(format!("mongodb-{}", release.version));
+        let crate_app = copy_app(
+            &app,
+            &proof.join("app-crate"),
+            &format!("mongodb = {{ path = \"{}\" }}", unpacked.display()),
+            root,
+        )?;
+        tally += patch_app_way(
+            "the .crate file, vendored",
+            &crate_app,
+            &target,
+            &expected,
+            true,
+        )?;
+        println!(
+            "patch-app through all three ways took {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        Ok(tally)
     }
 
     /// Type-checks the fork with upstream's public `bson-3` feature, which swaps the bson major
@@ -257,6 +338,105 @@ impl Workspace {
             ..Tally::default()
         })
     }
+}
+
+/// A copy of examples/patch-app whose `[patch.crates-io]` entry is `patch_line`, with the
+/// workspace's lock file to start from.
+fn copy_app(app: &Path, dest: &Path, patch_line: &str, root: &Path) -> Result<PathBuf> {
+    let manifest = fs::read_to_string(app.join("Cargo.toml"))?;
+    let (head, patch) = manifest
+        .split_once("[patch.crates-io]")
+        .context("examples/patch-app/Cargo.toml has no [patch.crates-io] section")?;
+    let patch: Vec<&str> = patch
+        .lines()
+        .map(|line| {
+            if line.trim_start().starts_with("mongodb =") {
+                patch_line
+            } else {
+                line
+            }
+        })
+        .collect();
+    fs::create_dir_all(dest.join("src"))?;
+    fs::write(
+        dest.join("Cargo.toml"),
+        format!("{head}[patch.crates-io]{}\n", patch.join("\n")),
+    )?;
+    fs::copy(app.join("src/main.rs"), dest.join("src/main.rs"))?;
+    fs::copy(root.join("Cargo.lock"), dest.join("Cargo.lock"))?;
+    Ok(dest.to_owned())
+}
+
+/// Builds and runs one patch-app; it passes when it exits 0 and prints every `expected` line.
+/// With `moves_lock`, the app first does what an application does on taking a release: `cargo
+/// fetch` (the only step that may use the network), then `cargo update -p mongodb` to move the
+/// lock from upstream's version to the release's; the run itself is `--offline`.
+fn patch_app_way(
+    title: &str,
+    app: &Path,
+    target: &Path,
+    expected: &[&str],
+    moves_lock: bool,
+) -> Result<Tally> {
+    println!("==> patch-app through {title}");
+    let started = Instant::now();
+    let manifest = app.join("Cargo.toml");
+    let cargo = |args: &[&str]| {
+        let mut command = crate::project::cargo_command();
+        command
+            .args(args)
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", target)
+            // The workspace's dev profile, which an app's own manifest does not inherit: with
+            // the same debuginfo setting the dependencies `cargo test --workspace` just built
+            // are reused, and only the driver compiles again.
+            .env("CARGO_PROFILE_DEV_DEBUG", "line-tables-only")
+            .stderr(Stdio::inherit());
+        command
+    };
+    if moves_lock {
+        for args in [
+            &["fetch", "--quiet"][..],
+            &["update", "--quiet", "--offline", "-p", "mongodb"],
+        ] {
+            let status = cargo(args).status().context("cannot run cargo")?;
+            if !status.success() {
+                println!("patch-app ({title}): FAILED at `cargo {}`", args.join(" "));
+                return Ok(Tally {
+                    failed: 1,
+                    ..Tally::default()
+                });
+            }
+        }
+    }
+    let out = cargo(&["run", "--quiet", "--offline"])
+        .output()
+        .context("cannot run cargo for the patch-app")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    let missing: Vec<&&str> = expected
+        .iter()
+        .chain(&["maxAdaptiveRetries=Some(3)"])
+        .filter(|line| !stdout.lines().any(|l| l.contains(**line)))
+        .collect();
+    let ok = out.status.success() && missing.is_empty();
+    if ok {
+        println!(
+            "patch-app ({title}): ok in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    } else {
+        println!(
+            "patch-app ({title}): FAILED (exit {}, missing {missing:?})",
+            out.status
+        );
+    }
+    Ok(Tally {
+        passed: u64::from(ok),
+        failed: u64::from(!ok),
+        ..Tally::default()
+    })
 }
 
 /// Runs one cargo command, echoing its output and adding up the summaries it prints.
