@@ -12,3 +12,4 @@ pub mod series;
 pub mod spec_fetch;
 pub mod sync_spec;
 pub mod testrun;
+pub mod upstream_tests;

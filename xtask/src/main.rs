@@ -65,6 +65,20 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Run upstream's own test suite on pristine 3.9.1 and on the fork against labd, per
+    /// topology, and write the comparison to docs/results/ (docs/upstream-tests.md). Tests:
+    /// UPSTREAM_TESTS_DIR, else the commit pinned in upstream-tests/UPSTREAM_COMMIT.
+    UpstreamTests {
+        /// Topologies to run (standalone, replicaset, sharded); all when none is named.
+        #[arg(long = "topology")]
+        topologies: Vec<String>,
+        /// Run only the fork's copy (CI), or only pristine; both by default.
+        #[arg(long, value_parser = ["pristine", "fork"])]
+        only: Option<String>,
+        /// nextest filters after `--` (a filtered run is printed, not stored).
+        #[arg(last = true)]
+        filters: Vec<String>,
+    },
     /// Copy the spec suites the project runs from a specifications checkout into spec-tests/data.
     SyncSpec {
         /// A checkout of the specifications repository (it has a `source/` directory).
@@ -178,10 +192,57 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Mutants { names, list, check } => {
             return mutants::command(&ws, &names, list, check);
         }
+        Cmd::UpstreamTests {
+            topologies,
+            only,
+            filters,
+        } => return upstream_tests_command(&ws, &topologies, only.as_deref(), filters),
         Cmd::SyncSpec { dir } => {
             let copied = sync_spec::sync_spec(&ws.project, &dir)?;
             println!("copied {copied} spec files into spec-tests/data");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn upstream_tests_command(
+    ws: &Workspace,
+    topologies: &[String],
+    only: Option<&str>,
+    filters: Vec<String>,
+) -> Result<ExitCode> {
+    use xtask::upstream_tests::{self, prepare::Variant, report, run::Topology};
+    let topologies = if topologies.is_empty() {
+        Topology::ALL.to_vec()
+    } else {
+        topologies
+            .iter()
+            .map(|t| Topology::parse(t))
+            .collect::<Result<_>>()?
+    };
+    let variants = match only {
+        Some("pristine") => vec![Variant::Pristine],
+        Some(_) => vec![Variant::Fork],
+        None => vec![Variant::Pristine, Variant::Fork],
+    };
+    let write_results = filters.is_empty();
+    let options = upstream_tests::Options {
+        topologies,
+        variants,
+        filters,
+        write_results,
+    };
+    let results = upstream_tests::command(ws, &options)?;
+    let mut regressions = 0;
+    for topology in &results {
+        regressions += topology.regressions().len();
+        for line in report::summary_lines(topology) {
+            println!("{line}");
+        }
+    }
+    Ok(if regressions > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
