@@ -20,7 +20,9 @@ use super::mangle;
 use super::routing::{self, Routed};
 use super::session::{SessionKey, Transaction, TxnState};
 use super::sharding::Sharding;
-use super::{cluster_time_doc, db_stats, hello, lock, repl, snapshot, Member, Role, Shared, State};
+use super::{
+    cluster_time_doc, db_stats, explain, hello, lock, repl, snapshot, Member, Role, Shared, State,
+};
 use crate::engine::Store;
 use crate::model::{CommandInfo, Rejection};
 use crate::wire::OpMsg;
@@ -633,6 +635,8 @@ const ADMIN_COMMANDS: &[&str] = &[
     "getLog",
     "replSetStepDown",
     "replSetFreeze",
+    "replSetGetStatus",
+    "explain",
     "createSearchIndexes",
     "updateSearchIndex",
     "dropSearchIndex",
@@ -766,6 +770,23 @@ fn execute(
         "replSetFreeze" => {
             admin_only(name)?;
             repl::freeze_command(shared, member, body)
+        }
+        "explain" => {
+            // Explain is a read: a secondary answers it only with secondaryOk, as a find.
+            check_role(shared, member, "find", body, g)?;
+            let st = shared.state();
+            explain::explain(
+                &st.store,
+                db,
+                body,
+                &member.host,
+                &shared.config.server_version,
+            )
+        }
+        // A router has no replica-set state: mongos does not know the command (59 below).
+        "replSetGetStatus" if member.role != Role::Mongos => {
+            admin_only(name)?;
+            repl::status_command(shared, member)
         }
         "dbStats" => {
             let st = shared.state();

@@ -50,6 +50,7 @@ mod cursor;
 mod data;
 mod db_stats;
 pub mod error;
+mod explain;
 pub mod failpoint;
 mod hello;
 mod legacy;
