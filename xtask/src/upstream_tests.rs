@@ -153,13 +153,30 @@ fn stored_path(project: &Project, variant: Variant, topology: Topology) -> PathB
         .join(format!("{}-{}.json", variant.name(), topology.name()))
 }
 
+/// Pristine's outcomes as last committed: a run of the fork alone (CI) is judged against them
+/// when `target/` holds no pristine run of its own.
+fn baseline_path(project: &Project, topology: Topology) -> PathBuf {
+    project
+        .root()
+        .join("upstream-tests")
+        .join("pristine")
+        .join(format!("{}.json", topology.name()))
+}
+
 fn store(
     project: &Project,
     variant: Variant,
     topology: Topology,
     outcomes: &RunOutcomes,
 ) -> Result<()> {
-    let path = stored_path(project, variant, topology);
+    write_outcomes(&stored_path(project, variant, topology), outcomes)?;
+    if variant == Variant::Pristine {
+        write_outcomes(&baseline_path(project, topology), outcomes)?;
+    }
+    Ok(())
+}
+
+fn write_outcomes(path: &Path, outcomes: &RunOutcomes) -> Result<()> {
     fs::create_dir_all(path.parent().context("no parent")?)?;
     let map: serde_json::Map<String, serde_json::Value> = outcomes
         .iter()
@@ -172,13 +189,32 @@ fn store(
             (name.clone(), v)
         })
         .collect();
-    fs::write(&path, serde_json::to_string_pretty(&map)?)?;
+    let mut text = serde_json::to_string_pretty(&map)?;
+    text.push('\n');
+    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 
+/// A copy's last outcomes in a topology: the run in `target/`, else (pristine only) the
+/// committed baseline.
 fn load(project: &Project, variant: Variant, topology: Topology) -> Result<Option<RunOutcomes>> {
-    let path = stored_path(project, variant, topology);
-    let text = match fs::read_to_string(&path) {
+    let stored = read_outcomes(&stored_path(project, variant, topology))?;
+    if stored.is_some() || variant == Variant::Fork {
+        return Ok(stored);
+    }
+    let baseline = read_outcomes(&baseline_path(project, topology))?;
+    if baseline.is_some() {
+        println!(
+            "pristine ({}): the committed baseline {}",
+            topology.name(),
+            baseline_path(project, topology).display()
+        );
+    }
+    Ok(baseline)
+}
+
+fn read_outcomes(path: &Path) -> Result<Option<RunOutcomes>> {
+    let text = match fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
@@ -232,7 +268,14 @@ pub fn command(ws: &Workspace, options: &Options) -> Result<Vec<TopologyResults>
                 server.uri
             );
             let log = work_dir(project).join(format!("{}-{}.log", variant.name(), topology.name()));
-            let ran = run::run(&krate, &target_dir, &server.uri, &options.filters, &log)?;
+            let ran = run::run(
+                variant,
+                &krate,
+                &target_dir,
+                &server.uri,
+                &options.filters,
+                &log,
+            )?;
             drop(server);
             let mut outcomes = RunOutcomes::new();
             for (name, reason) in &listed {

@@ -34,6 +34,12 @@ impl Variant {
 /// The profile the command adds to the copy's nextest configuration; see [`labd_profile`].
 pub const NEXTEST_PROFILE: &str = "labd";
 
+/// The JUnit report of that profile, under `<target dir>/nextest/<profile>/`: one per copy, so
+/// that the two copies can run at once.
+pub fn junit_file(variant: Variant) -> String {
+    format!("junit-{}.xml", variant.name())
+}
+
 /// Where upstream's tests are: a directory with `driver/src/test.rs`, `driver/src/test/`,
 /// `spec/` and `.config/nextest.toml`.
 pub fn check_tests_dir(dir: &Path) -> Result<()> {
@@ -110,9 +116,6 @@ pub fn prepare_copy(
     for path in &adaptations {
         hasher.update(fs::read(path)?);
     }
-    hasher.update(labd_profile(&fs::read_to_string(
-        tests_dir.join(".config/nextest.toml"),
-    )?)?);
     let stamp_text: String = hasher
         .finalize()
         .iter()
@@ -121,6 +124,7 @@ pub fn prepare_copy(
     let stamp = dest.join("STAMP");
     let krate = dest.join("driver");
     if fs::read_to_string(&stamp).ok().as_deref() == Some(stamp_text.as_str()) && krate.is_dir() {
+        write_nextest_config(tests_dir, &krate, variant)?;
         return Ok(krate);
     }
 
@@ -156,12 +160,7 @@ pub fn prepare_copy(
         krate.join("src/test.rs"),
     )?;
     copy_tree(&tests_dir.join("spec"), &dest.join("spec"))?;
-    let upstream_nextest = fs::read_to_string(tests_dir.join(".config/nextest.toml"))?;
-    fs::create_dir_all(krate.join(".config"))?;
-    fs::write(
-        krate.join(".config/nextest.toml"),
-        format!("{upstream_nextest}\n{}", labd_profile(&upstream_nextest)?),
-    )?;
+    write_nextest_config(tests_dir, &krate, variant)?;
     // Commit the laid-over tests so each adaptation's effect is its own diff in the copy.
     ws.git.run(&krate, ["add", "--all", "--force"])?;
     ws.git.run(
@@ -185,6 +184,21 @@ pub fn prepare_copy(
     }
     fs::write(&stamp, stamp_text)?;
     Ok(krate)
+}
+
+/// Upstream's nextest configuration plus the command's profile. Written on every run (nextest
+/// reads it at run time; it is no input of the build, so it is not part of the stamp).
+fn write_nextest_config(tests_dir: &Path, krate: &Path, variant: Variant) -> Result<()> {
+    let upstream_nextest = fs::read_to_string(tests_dir.join(".config/nextest.toml"))?;
+    fs::create_dir_all(krate.join(".config"))?;
+    fs::write(
+        krate.join(".config/nextest.toml"),
+        format!(
+            "{upstream_nextest}\n{}",
+            labd_profile(&upstream_nextest, variant)?
+        ),
+    )?;
+    Ok(())
 }
 
 /// The pristine release's `Cargo.toml`, read from a fresh unpack.
@@ -258,7 +272,8 @@ fn dev_dependency_sections(manifest: &str) -> String {
 /// The profile the command runs: upstream's default filter (its `skip_local` and `skip_ci`
 /// exclusions) and its one test thread, plus a deadline per test so a test waiting on something
 /// labd never sends ends as a failure instead of stopping the run.
-pub fn labd_profile(upstream_nextest: &str) -> Result<String> {
+pub fn labd_profile(upstream_nextest: &str, variant: Variant) -> Result<String> {
+    let junit = junit_file(variant);
     let mut in_default = false;
     let mut filter = None;
     for line in upstream_nextest.lines().map(str::trim) {
@@ -278,12 +293,18 @@ pub fn labd_profile(upstream_nextest: &str) -> Result<String> {
     };
     Ok(format!(
         "# Added by `cargo xtask upstream-tests`: upstream's default filter and thread count, no\n\
-         # fail-fast, and a deadline per test (3 x 60 s) so a hang is a failure, not a stalled run.\n\
+         # fail-fast, and a deadline per test (2 x 60 s) so a hang is a failure, not a stalled run.\n\
          [profile.{NEXTEST_PROFILE}]\n\
          default-filter = {filter}\n\
          test-threads = 1\n\
          fail-fast = false\n\
-         slow-timeout = {{ period = \"60s\", terminate-after = 3 }}\n"
+         slow-timeout = {{ period = \"60s\", terminate-after = 2 }}\n\
+         # Every test's output, passing ones too: a test that only printed why it skipped is\n\
+         # counted as skipped, not passed.\n\
+         [profile.{NEXTEST_PROFILE}.junit]\n\
+         path = \"{junit}\"\n\
+         store-success-output = true\n\
+         store-failure-output = true\n"
     ))
 }
 
@@ -315,13 +336,14 @@ mod tests {
     #[test]
     fn the_profile_keeps_upstreams_filter_and_adds_a_deadline() {
         let upstream = "[profile.default]\ntest-threads = 1\ndefault-filter = 'not test(skip_local) and not test(skip_ci)'\n\n[profile.ci]\ndefault-filter = 'not test(skip_ci)'\n";
-        let profile = labd_profile(upstream).unwrap();
+        let profile = labd_profile(upstream, Variant::Fork).unwrap();
         assert!(
             profile.contains("default-filter = 'not test(skip_local) and not test(skip_ci)'\n"),
             "{profile}"
         );
-        assert!(profile.contains("terminate-after = 3"));
-        assert!(labd_profile("[profile.ci]\ndefault-filter = 'x'\n").is_err());
+        assert!(profile.contains("terminate-after = 2"));
+        assert!(profile.contains("path = \"junit-fork.xml\""), "{profile}");
+        assert!(labd_profile("[profile.ci]\ndefault-filter = 'x'\n", Variant::Fork).is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use super::prepare::NEXTEST_PROFILE;
+use super::prepare::{junit_file, Variant, NEXTEST_PROFILE};
 use super::report::{Outcome, RunOutcomes};
 
 /// The deployments upstream's CI runs that `labd` can be.
@@ -227,6 +227,7 @@ fn skip_reason(name: &str, nextest_reason: Option<&str>) -> String {
 
 /// Runs the selected tests against `uri`; outcomes by test name for the tests that ran.
 pub fn run(
+    variant: Variant,
     krate: &Path,
     target_dir: &Path,
     uri: &str,
@@ -274,7 +275,116 @@ pub fn run(
     }
     // Failing tests make nextest exit non-zero; that is a result, not an error of the run.
     let _ = child.wait();
+    // libtest events carry no output for passing tests; the JUnit report does.
+    let junit = target_dir
+        .join("nextest")
+        .join(NEXTEST_PROFILE)
+        .join(junit_file(variant));
+    let outputs = match std::fs::read_to_string(&junit) {
+        Ok(xml) => junit_outputs(&xml),
+        Err(err) => bail!(
+            "nextest wrote no JUnit report at {} ({err}); cannot tell run-time skips from passes",
+            junit.display()
+        ),
+    };
+    for (name, outcome) in outcomes.iter_mut() {
+        if *outcome == Outcome::Passed {
+            if let Some(reason) = outputs.get(name).and_then(|o| run_time_skip(o)) {
+                *outcome = Outcome::Skipped(reason);
+            }
+        }
+    }
     Ok(outcomes)
+}
+
+/// Each test case's captured output (stdout and stderr) from nextest's JUnit report.
+pub fn junit_outputs(xml: &str) -> BTreeMap<String, String> {
+    let mut outputs = BTreeMap::new();
+    let mut rest = xml;
+    while let Some(start) = rest.find("<testcase ") {
+        rest = &rest[start..];
+        let tag_end = rest.find('>').unwrap_or(rest.len());
+        let tag = &rest[..tag_end];
+        let name = attribute(tag, "name").map(|n| unescape(&n));
+        let (body, next) = if tag.ends_with('/') {
+            ("", &rest[tag_end..])
+        } else {
+            match rest.find("</testcase>") {
+                Some(end) => (&rest[tag_end..end], &rest[end..]),
+                None => (&rest[tag_end..], ""),
+            }
+        };
+        if let Some(name) = name {
+            let mut text = String::new();
+            for element in ["system-out", "system-err"] {
+                if let Some(content) = element_text(body, element) {
+                    text.push_str(&content);
+                    text.push('\n');
+                }
+            }
+            outputs.insert(name, text);
+        }
+        rest = next.get(1..).unwrap_or("");
+    }
+    outputs
+}
+
+fn attribute(tag: &str, name: &str) -> Option<String> {
+    let key = format!(" {name}=\"");
+    let start = tag.find(&key)? + key.len();
+    let len = tag[start..].find('"')?;
+    Some(tag[start..start + len].to_owned())
+}
+
+fn element_text(body: &str, element: &str) -> Option<String> {
+    let open = format!("<{element}>");
+    let close = format!("</{element}>");
+    let start = body.find(&open)? + open.len();
+    let len = body[start..].find(&close)?;
+    let raw = &body[start..start + len];
+    let text = raw
+        .strip_prefix("<![CDATA[")
+        .and_then(|r| r.strip_suffix("]]>"))
+        .map_or_else(|| unescape(raw), str::to_owned);
+    Some(text)
+}
+
+/// XML's five named entities and numeric character references.
+fn unescape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(amp) = rest.find('&') {
+        out.push_str(&rest[..amp]);
+        rest = &rest[amp..];
+        let decoded = rest.find(';').filter(|&i| i <= 10).and_then(|semi| {
+            let entity = &rest[1..semi];
+            let c = match entity {
+                "lt" => Some('<'),
+                "gt" => Some('>'),
+                "amp" => Some('&'),
+                "quot" => Some('"'),
+                "apos" => Some('\''),
+                _ => entity
+                    .strip_prefix("#x")
+                    .and_then(|h| u32::from_str_radix(h, 16).ok())
+                    .or_else(|| entity.strip_prefix('#').and_then(|d| d.parse().ok()))
+                    .and_then(char::from_u32),
+            };
+            c.map(|c| (c, semi))
+        });
+        match decoded {
+            Some((c, semi)) => {
+                out.push(c);
+                rest = &rest[semi + 1..];
+            }
+            None => {
+                out.push('&');
+                rest = &rest[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// One libtest-json event: the test's name and outcome when it is a finished test.
@@ -288,12 +398,9 @@ pub fn parse_event(line: &str) -> Option<(String, Outcome)> {
     let name = raw.split_once('$').map_or(raw, |(_, n)| n).to_owned();
     let stdout = value["stdout"].as_str().unwrap_or("");
     let outcome = match value["event"].as_str()? {
-        "ok" => match run_time_skip(stdout) {
-            Some(reason) => Outcome::Skipped(reason),
-            None => Outcome::Passed,
-        },
+        "ok" => Outcome::Passed,
         "failed" => Outcome::Failed(failure_reason(stdout)),
-        "timeout" => Outcome::Failed("timed out (3 x 60 s)".to_owned()),
+        "timeout" => Outcome::Failed("timed out (2 x 60 s)".to_owned()),
         "ignored" => Outcome::Skipped("#[ignore] upstream".to_owned()),
         _ => return None,
     };
@@ -367,24 +474,44 @@ mod tests {
                 Outcome::Failed("no such command: 'explain'".to_owned())
             ))
         );
-        let skipped = r#"{"type":"test","event":"ok","name":"m$test::b","stdout":"running 1 test\nSkipping test::b: requires a replica set\ntest test::b ... ok\n"}"#;
-        assert_eq!(
-            parse_event(skipped),
-            Some((
-                "test::b".to_owned(),
-                Outcome::Skipped(
-                    "skipped at run time: Skipping test::b: requires a replica set".to_owned()
-                )
-            ))
-        );
-        let mixed = r#"{"type":"test","event":"ok","name":"m$test::c","stdout":"Skipping one file\nran the rest\n"}"#;
-        assert_eq!(parse_event(mixed).unwrap().1, Outcome::Passed);
         assert_eq!(parse_event(r#"{"type":"suite","event":"started"}"#), None);
         assert_eq!(
             parse_event(r#"{"type":"test","event":"started","name":"m$x"}"#),
             None
         );
         assert_eq!(parse_event("not json"), None);
+    }
+
+    #[test]
+    fn a_pass_that_only_printed_skips_is_a_skip() {
+        assert_eq!(
+            run_time_skip("\nrunning 1 test\nSkipping test::b: requires a replica set\n"),
+            Some("skipped at run time: Skipping test::b: requires a replica set".to_owned())
+        );
+        assert_eq!(run_time_skip("Skipping one file\nran the rest\n"), None);
+        assert_eq!(run_time_skip(""), None);
+    }
+
+    #[test]
+    fn reads_each_test_cases_output_from_the_junit_report() {
+        let xml = r#"<?xml version="1.0" encoding="UTF-8"?>
+<testsuites name="nextest-run" tests="3"><testsuite name="mongodb" tests="3">
+<testcase name="test::a" classname="mongodb" time="0.1"><system-out>
+running 1 test
+</system-out><system-err>skipping a: needs &lt;sharded&gt; &amp; 4.4 &#x27;x&#39; &bogus x & y
+</system-err></testcase>
+<testcase name="test::b&amp;c" classname="mongodb" time="0.1"/>
+<testcase name="test::d" classname="mongodb"><failure message="x">boom</failure><system-out><![CDATA[raw <out>]]></system-out></testcase>
+</testsuite></testsuites>"#;
+        let outputs = junit_outputs(xml);
+        assert_eq!(outputs.len(), 3, "{outputs:?}");
+        assert!(
+            outputs["test::a"].contains("skipping a: needs <sharded> & 4.4 'x' &bogus x & y"),
+            "{outputs:?}"
+        );
+        assert_eq!(outputs["test::b&c"], "");
+        assert!(outputs["test::d"].contains("raw <out>"));
+        assert!(run_time_skip(&outputs["test::a"]).is_some());
     }
 
     #[test]
