@@ -75,6 +75,9 @@ enum Cmd {
         /// Run only the fork's copy (CI), or only pristine; both by default.
         #[arg(long, value_parser = ["pristine", "fork"])]
         only: Option<String>,
+        /// Run nothing: write the results file from the stored runs of both copies.
+        #[arg(long, conflicts_with = "only")]
+        report_only: bool,
         /// nextest filters after `--` (a filtered run is printed, not stored).
         #[arg(last = true)]
         filters: Vec<String>,
@@ -195,8 +198,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::UpstreamTests {
             topologies,
             only,
+            report_only,
             filters,
-        } => return upstream_tests_command(&ws, &topologies, only.as_deref(), filters),
+        } => {
+            let only = if report_only {
+                Some("none")
+            } else {
+                only.as_deref()
+            };
+            return upstream_tests_command(&ws, &topologies, only, filters);
+        }
         Cmd::SyncSpec { dir } => {
             let copied = sync_spec::sync_spec(&ws.project, &dir)?;
             println!("copied {copied} spec files into spec-tests/data");
@@ -222,7 +233,8 @@ fn upstream_tests_command(
     };
     let variants = match only {
         Some("pristine") => vec![Variant::Pristine],
-        Some(_) => vec![Variant::Fork],
+        Some("fork") => vec![Variant::Fork],
+        Some(_) => Vec::new(),
         None => vec![Variant::Pristine, Variant::Fork],
     };
     let write_results = filters.is_empty();

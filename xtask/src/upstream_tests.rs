@@ -238,12 +238,17 @@ fn read_outcomes(path: &Path) -> Result<Option<RunOutcomes>> {
 /// Runs what `options` asks and returns every topology's results (stored runs of the other copy
 /// included), in the order of [`Topology::ALL`].
 pub fn command(ws: &Workspace, options: &Options) -> Result<Vec<TopologyResults>> {
-    run::ensure_nextest()?;
     let project = &ws.project;
     let (tests_dir, tests_label) = resolve_tests_dir(project, std::env::var_os(TESTS_DIR_VAR))?;
     println!("upstream's tests: {tests_label}");
-    let labd = run::build_labd(project.root())?;
     let target_dir = work_dir(project).join("target");
+    // `--report-only` runs no copy and needs neither nextest nor labd.
+    let labd = if options.variants.is_empty() {
+        PathBuf::new()
+    } else {
+        run::ensure_nextest()?;
+        run::build_labd(project.root())?
+    };
 
     for &variant in &options.variants {
         let dest = work_dir(project).join(variant.name());
