@@ -78,6 +78,9 @@ enum Cmd {
         /// Run nothing: write the results file from the stored runs of both copies.
         #[arg(long, conflicts_with = "only")]
         report_only: bool,
+        /// Print the summary but write no file to docs/results/ (CI).
+        #[arg(long)]
+        no_results_file: bool,
         /// nextest filters after `--` (a filtered run is printed, not stored).
         #[arg(last = true)]
         filters: Vec<String>,
@@ -199,6 +202,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             topologies,
             only,
             report_only,
+            no_results_file,
             filters,
         } => {
             let only = if report_only {
@@ -206,7 +210,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             } else {
                 only.as_deref()
             };
-            return upstream_tests_command(&ws, &topologies, only, filters);
+            return upstream_tests_command(&ws, &topologies, only, filters, !no_results_file);
         }
         Cmd::SyncSpec { dir } => {
             let copied = sync_spec::sync_spec(&ws.project, &dir)?;
@@ -221,6 +225,7 @@ fn upstream_tests_command(
     topologies: &[String],
     only: Option<&str>,
     filters: Vec<String>,
+    results_file: bool,
 ) -> Result<ExitCode> {
     use xtask::upstream_tests::{self, prepare::Variant, report, run::Topology};
     let topologies = if topologies.is_empty() {
@@ -237,7 +242,7 @@ fn upstream_tests_command(
         Some(_) => Vec::new(),
         None => vec![Variant::Pristine, Variant::Fork],
     };
-    let write_results = filters.is_empty();
+    let write_results = results_file && filters.is_empty();
     let options = upstream_tests::Options {
         topologies,
         variants,
