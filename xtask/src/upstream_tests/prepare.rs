@@ -58,9 +58,19 @@ pub fn check_tests_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The adaptation patches, in order (`upstream-tests/adaptations/series`; none when absent).
-pub fn adaptations(project_root: &Path) -> Result<Vec<PathBuf>> {
-    let dir = project_root.join("upstream-tests").join("adaptations");
+/// The adaptation patches of a copy, in order: `upstream-tests/adaptations/series` (both
+/// copies), then for the fork `upstream-tests/adaptations-fork/series` (none when absent).
+pub fn adaptations(project_root: &Path, variant: Variant) -> Result<Vec<PathBuf>> {
+    let mut list = series_in(&project_root.join("upstream-tests").join("adaptations"))?;
+    if variant == Variant::Fork {
+        list.extend(series_in(
+            &project_root.join("upstream-tests").join("adaptations-fork"),
+        )?);
+    }
+    Ok(list)
+}
+
+fn series_in(dir: &Path) -> Result<Vec<PathBuf>> {
     let series = dir.join("series");
     let text = match fs::read_to_string(&series) {
         Ok(text) => text,
@@ -100,7 +110,7 @@ pub fn prepare_copy(
     check_tests_dir(tests_dir)?;
     let project = &ws.project;
     let upstream = project.upstream()?;
-    let adaptations = adaptations(project.root())?;
+    let adaptations = adaptations(project.root(), variant)?;
     let series = if variant == Variant::Fork {
         crate::series::read(project)?
     } else {
@@ -372,7 +382,9 @@ mod tests {
     #[test]
     fn adaptations_come_from_the_series_in_order() {
         let root = tempfile::tempdir().unwrap();
-        assert!(adaptations(root.path()).unwrap().is_empty());
+        assert!(adaptations(root.path(), Variant::Pristine)
+            .unwrap()
+            .is_empty());
         let dir = root.path().join("upstream-tests/adaptations");
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("0002-b.patch"), "").unwrap();
@@ -382,14 +394,22 @@ mod tests {
             "# comment\n0002-b.patch\n\n0001-a.patch\n",
         )
         .unwrap();
-        let list = adaptations(root.path()).unwrap();
+        let list = adaptations(root.path(), Variant::Pristine).unwrap();
         assert_eq!(
             list,
             vec![dir.join("0002-b.patch"), dir.join("0001-a.patch")]
         );
+        let fork_dir = root.path().join("upstream-tests/adaptations-fork");
+        fs::create_dir_all(&fork_dir).unwrap();
+        fs::write(fork_dir.join("0001-f.patch"), "").unwrap();
+        fs::write(fork_dir.join("series"), "0001-f.patch\n").unwrap();
+        assert_eq!(adaptations(root.path(), Variant::Pristine).unwrap(), list);
+        let fork = adaptations(root.path(), Variant::Fork).unwrap();
+        assert_eq!(fork.last(), Some(&fork_dir.join("0001-f.patch")));
+        assert_eq!(fork.len(), 3);
         fs::write(dir.join("series"), "0003-missing.patch\n").unwrap();
-        assert!(adaptations(root.path()).is_err());
+        assert!(adaptations(root.path(), Variant::Pristine).is_err());
         fs::write(dir.join("series"), "../escape.patch\n").unwrap();
-        assert!(adaptations(root.path()).is_err());
+        assert!(adaptations(root.path(), Variant::Pristine).is_err());
     }
 }
