@@ -44,15 +44,28 @@ async fn repl_set_get_status_reports_every_member_and_follows_elections() {
     let status = admin(addrs[1], doc! { "replSetGetStatus": 1 }).await;
     assert_eq!(status.get_f64("ok"), Ok(1.0), "{status}");
     assert_eq!(status.get_str("set"), Ok("rs0"));
-    assert_eq!(status.get_i32("myState"), Ok(2), "member 1 is a secondary: {status}");
+    assert_eq!(
+        status.get_i32("myState"),
+        Ok(2),
+        "member 1 is a secondary: {status}"
+    );
     assert_eq!(status.get_i64("term"), Ok(1));
-    assert!(matches!(status.get("date"), Some(Bson::DateTime(_))), "{status}");
+    assert!(
+        matches!(status.get("date"), Some(Bson::DateTime(_))),
+        "{status}"
+    );
     let members = states(&status);
     assert_eq!(members.len(), 3);
     assert_eq!(members[0].1, 1);
     assert_eq!(members[0].2, "PRIMARY");
-    assert_eq!((members[1].1, members[1].2.as_str(), members[1].3), (2, "SECONDARY", true));
-    assert!(!members[0].3 && !members[2].3, "only the answering member is self");
+    assert_eq!(
+        (members[1].1, members[1].2.as_str(), members[1].3),
+        (2, "SECONDARY", true)
+    );
+    assert!(
+        !members[0].3 && !members[2].3,
+        "only the answering member is self"
+    );
     let hello = admin(addrs[0], doc! { "hello": 1 }).await;
     let hosts: Vec<&str> = hello
         .get_array("hosts")
@@ -85,7 +98,11 @@ async fn repl_set_get_status_refuses_where_mongod_does() {
     let emu = common::start(Topology::Standalone).await;
     let reply = admin(emu.addresses()[0], doc! { "replSetGetStatus": 1 }).await;
     assert_eq!(reply.get_f64("ok"), Ok(0.0), "{reply}");
-    assert_eq!(reply.get_i32("code"), Ok(76), "NoReplicationEnabled: {reply}");
+    assert_eq!(
+        reply.get_i32("code"),
+        Ok(76),
+        "NoReplicationEnabled: {reply}"
+    );
     assert_eq!(reply.get_str("errmsg"), Ok("not running with --replSet"));
 
     let emu = common::start(common::rs(1)).await;
@@ -98,7 +115,11 @@ async fn repl_set_get_status_refuses_where_mongod_does() {
 
     let emu = common::start(Topology::Sharded { routers: 1 }).await;
     let reply = admin(emu.addresses()[0], doc! { "replSetGetStatus": 1 }).await;
-    assert_eq!(reply.get_i32("code"), Ok(59), "mongos has no such command: {reply}");
+    assert_eq!(
+        reply.get_i32("code"),
+        Ok(59),
+        "mongos has no such command: {reply}"
+    );
 }
 
 #[tokio::test]
@@ -133,7 +154,10 @@ async fn explain_reports_a_collection_scan_and_counts_what_the_find_returns() {
     let winning = planner.get_document("winningPlan").unwrap();
     assert_eq!(winning.get_str("stage"), Ok("COLLSCAN"));
     assert_eq!(winning.get_document("filter"), Ok(&doc! { "x": 2 }));
-    assert!(plan.get("executionStats").is_none(), "queryPlanner only: {plan}");
+    assert!(
+        plan.get("executionStats").is_none(),
+        "queryPlanner only: {plan}"
+    );
     assert_eq!(
         plan.get_document("command").unwrap().get_str("find"),
         Ok("c")
@@ -147,7 +171,9 @@ async fn explain_reports_a_collection_scan_and_counts_what_the_find_returns() {
         })
         .await
         .unwrap();
-    let stats = stats.get_document("executionStats").expect("executionStats");
+    let stats = stats
+        .get_document("executionStats")
+        .expect("executionStats");
     assert_eq!(stats.get_i64("nReturned"), Ok(2), "{stats}");
     assert_eq!(stats.get_i64("totalDocsExamined"), Ok(3), "{stats}");
 
@@ -164,7 +190,14 @@ async fn explain_reports_a_collection_scan_and_counts_what_the_find_returns() {
         .command(&doc! { "count": "c", "$db": "test" })
         .await
         .unwrap();
-    assert_eq!(count.get_i32("n").ok().map(i64::from).or(count.get_i64("n").ok()), Some(3));
+    assert_eq!(
+        count
+            .get_i32("n")
+            .ok()
+            .map(i64::from)
+            .or(count.get_i64("n").ok()),
+        Some(3)
+    );
 
     let unknown = c
         .command(&doc! { "explain": { "ping": 1 }, "$db": "test" })

@@ -892,9 +892,16 @@ fn run_command(
                 },
                 given => given,
             };
-            if limit.size.is_none() {
-                return Ok(reply);
-            }
+            // mongod answers with one cursor whose first batch holds the results that fit in a
+            // reply (16 MiB); the rest wait for getMore (bulk_write_exec.cpp). Small replies
+            // stay inline, as before.
+            let limit = match limit.size {
+                Some(_) => limit,
+                None if cursor::fits_in_one_batch(first_batch(&reply)) => return Ok(reply),
+                None => BatchLimit {
+                    size: Some(usize::MAX),
+                },
+            };
             // Serve the results through a real cursor so the rest needs getMore.
             let results = match reply.remove("cursor") {
                 Some(Bson::Document(mut c)) => match c.remove("firstBatch") {
@@ -929,6 +936,15 @@ fn run_command(
             format!("no such command: '{other}'"),
         )),
     }
+}
+
+/// The `cursor.firstBatch` of a reply (empty when it has none).
+fn first_batch(reply: &Document) -> &[Bson] {
+    reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .map_or(&[], Vec::as_slice)
 }
 
 fn aggregate(

@@ -139,7 +139,11 @@ pub(crate) fn explain(
     if verbosity != Verbosity::QueryPlanner {
         let examined = store.find(db, &coll, &FindSpec::default())?.len();
         let returned = match name {
-            "find" => Some(store.find(db, &coll, &FindSpec::from_command(inner)?)?.len()),
+            "find" => Some(
+                store
+                    .find(db, &coll, &FindSpec::from_command(inner)?)?
+                    .len(),
+            ),
             "count" => {
                 let spec = FindSpec {
                     filter: inner.get_document("query").cloned().unwrap_or_default(),
