@@ -172,3 +172,88 @@ async fn bulk_write_results_beyond_one_reply_wait_for_get_more() {
     let cursor = r.get_document("cursor").unwrap();
     assert_eq!(cursor.get_i64("id"), Ok(0), "{r}");
 }
+
+#[tokio::test]
+async fn current_op_lists_the_running_command_with_its_client_metadata() {
+    let emu = common::start(common::rs(1)).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    let hello = run(
+        &mut raw,
+        "admin",
+        doc! {
+            "hello": 1,
+            "client": {
+                "driver": { "name": "labtest", "version": "1.0" },
+                "application": { "name": "currentOpApp" },
+                "os": { "type": "linux" },
+            },
+        },
+    )
+    .await;
+    assert_eq!(hello.get_f64("ok"), Ok(1.0), "{hello}");
+
+    // What upstream's metadata test sends: the filter selects the currentOp command itself.
+    let r = run(
+        &mut raw,
+        "admin",
+        doc! { "currentOp": 1, "command.currentOp": { "$exists": true } },
+    )
+    .await;
+    let inprog = r.get_array("inprog").unwrap_or_else(|e| panic!("{e}: {r}"));
+    assert_eq!(inprog.len(), 1, "{r}");
+    let op = inprog[0].as_document().unwrap();
+    assert_eq!(
+        op.get_document("clientMetadata")
+            .unwrap()
+            .get_document("driver")
+            .unwrap()
+            .get_str("name"),
+        Ok("labtest")
+    );
+    assert_eq!(op.get_str("appName"), Ok("currentOpApp"));
+    assert_eq!(op.get_bool("active"), Ok(true));
+
+    let none = run(
+        &mut raw,
+        "admin",
+        doc! { "currentOp": 1, "command.find": { "$exists": true } },
+    )
+    .await;
+    assert!(none.get_array("inprog").unwrap().is_empty(), "{none}");
+    let elsewhere = run(&mut raw, "db", doc! { "currentOp": 1 }).await;
+    assert_eq!(elsewhere.get_i32("code"), Ok(13), "{elsewhere}");
+
+    // The aggregation stage, as upstream's db_aggregate test uses it.
+    let r = run(
+        &mut raw,
+        "admin",
+        doc! {
+            "aggregate": 1,
+            "pipeline": [
+                { "$currentOp": { "allUsers": false, "idleConnections": false } },
+                { "$match": { "active": true } },
+                { "$project": { "command": 1 } },
+            ],
+            "cursor": {},
+        },
+    )
+    .await;
+    let first = r
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .unwrap_or_else(|e| panic!("{e}: {r}"));
+    assert_eq!(first.len(), 1, "{r}");
+    assert!(first[0]
+        .as_document()
+        .unwrap()
+        .get_document("command")
+        .unwrap()
+        .contains_key("aggregate"));
+    let misplaced = run(
+        &mut raw,
+        "db",
+        doc! { "aggregate": "c", "pipeline": [{ "$currentOp": {} }], "cursor": {} },
+    )
+    .await;
+    assert_eq!(misplaced.get_i32("code"), Ok(73), "{misplaced}");
+}

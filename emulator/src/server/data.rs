@@ -141,6 +141,9 @@ pub(crate) struct DataCtx<'a> {
     pub(crate) replicated: bool,
     /// `$listLocalSessions` input, prepared by the caller when the pipeline asks for it.
     pub(crate) local_sessions: Option<Vec<Document>>,
+    /// `$currentOp` input (`current_op.rs`), prepared by the caller when the pipeline starts
+    /// with it.
+    pub(crate) current_ops: Option<Vec<Document>>,
     pub(crate) cursors: &'a mut Cursors,
     pub(crate) changes: &'a mut ChangeLog,
     /// Lab-only `labBulkWriteBatchSize`: the most results in a client bulkWrite's first batch
@@ -1078,7 +1081,10 @@ fn aggregate(
             format!("{stage} cannot be used with a 'linearizable' read concern level"),
         ));
     }
-    let docs = if first_stage == "$listLocalSessions" {
+    let docs = if first_stage == "$currentOp" {
+        let input = ctx.current_ops.take().unwrap_or_default();
+        store.run_pipeline(db, input, &pipeline[1..])?
+    } else if first_stage == "$listLocalSessions" {
         let input = ctx.local_sessions.take().unwrap_or_default();
         store.run_pipeline(db, input, &pipeline[1..])?
     } else if first_stage == "$collStats" {

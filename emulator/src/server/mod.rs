@@ -46,6 +46,7 @@ mod auth;
 mod changes;
 mod commands;
 mod conn;
+mod current_op;
 mod cursor;
 mod data;
 mod db_stats;
