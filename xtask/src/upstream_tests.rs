@@ -275,6 +275,7 @@ pub fn command(ws: &Workspace, options: &Options) -> Result<Vec<TopologyResults>
             let log = work_dir(project).join(format!("{}-{}.log", variant.name(), topology.name()));
             let ran = run::run(
                 variant,
+                topology,
                 &krate,
                 &target_dir,
                 &server.uri,

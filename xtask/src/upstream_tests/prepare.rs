@@ -34,6 +34,9 @@ impl Variant {
 /// The profile the command adds to the copy's nextest configuration; see [`labd_profile`].
 pub const NEXTEST_PROFILE: &str = "labd";
 
+/// The topologies that get a profile of their own (`run::Topology` names them the same).
+pub const TOPOLOGIES: [&str; 3] = ["standalone", "replicaset", "sharded"];
+
 /// The JUnit report of that profile, under `<target dir>/nextest/<profile>/`: one per copy, so
 /// that the two copies can run at once.
 pub fn junit_file(variant: Variant) -> String {
@@ -301,21 +304,38 @@ pub fn labd_profile(upstream_nextest: &str, variant: Variant) -> Result<String> 
     let Some(filter) = filter else {
         bail!("upstream's .config/nextest.toml has no default-filter in [profile.default]");
     };
-    Ok(format!(
+    let mut text = String::from(
         "# Added by `cargo xtask upstream-tests`: upstream's default filter and thread count, no\n\
          # fail-fast, and a deadline per test (2 x 60 s) so a hang is a failure, not a stalled run.\n\
-         [profile.{NEXTEST_PROFILE}]\n\
+         # One profile per topology, each with its own JUnit report, so runs can go at once.\n",
+    );
+    for name in
+        std::iter::once(NEXTEST_PROFILE.to_owned()).chain(TOPOLOGIES.iter().map(|t| profile_for(t)))
+    {
+        text.push_str(&profile_body(&name, &filter, &junit));
+    }
+    Ok(text)
+}
+
+/// The nextest profile of a run in `topology` (its JUnit report is its own).
+pub fn profile_for(topology: &str) -> String {
+    format!("{NEXTEST_PROFILE}-{topology}")
+}
+
+fn profile_body(name: &str, filter: &str, junit: &str) -> String {
+    format!(
+        "[profile.{name}]\n\
          default-filter = {filter}\n\
          test-threads = 1\n\
          fail-fast = false\n\
          slow-timeout = {{ period = \"60s\", terminate-after = 2 }}\n\
          # Every test's output, passing ones too: a test that only printed why it skipped is\n\
          # counted as skipped, not passed.\n\
-         [profile.{NEXTEST_PROFILE}.junit]\n\
+         [profile.{name}.junit]\n\
          path = \"{junit}\"\n\
          store-success-output = true\n\
          store-failure-output = true\n"
-    ))
+    )
 }
 
 /// Copies a directory tree (files and directories only), making every copy writable.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use super::prepare::{junit_file, Variant, NEXTEST_PROFILE};
+use super::prepare::{junit_file, profile_for, Variant, NEXTEST_PROFILE};
 use super::report::{Outcome, RunOutcomes};
 
 /// The deployments upstream's CI runs that `labd` can be.
@@ -228,6 +228,7 @@ fn skip_reason(name: &str, nextest_reason: Option<&str>) -> String {
 /// Runs the selected tests against `uri`; outcomes by test name for the tests that ran.
 pub fn run(
     variant: Variant,
+    topology: Topology,
     krate: &Path,
     target_dir: &Path,
     uri: &str,
@@ -236,13 +237,14 @@ pub fn run(
 ) -> Result<RunOutcomes> {
     let log_file =
         std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    let profile = profile_for(topology.name());
     let mut child = nextest(krate, target_dir)
         .args([
             "run",
             "--cargo-quiet",
             "--no-fail-fast",
             "--profile",
-            NEXTEST_PROFILE,
+            &profile,
         ])
         .args(["--message-format", "libtest-json-plus"])
         .args(["--success-output", "never", "--failure-output", "never"])
@@ -278,7 +280,7 @@ pub fn run(
     // libtest events carry no output for passing tests; the JUnit report does.
     let junit = target_dir
         .join("nextest")
-        .join(NEXTEST_PROFILE)
+        .join(&profile)
         .join(junit_file(variant));
     let outputs = match std::fs::read_to_string(&junit) {
         Ok(xml) => junit_outputs(&xml),
@@ -539,6 +541,7 @@ running 1 test
     fn topologies_parse_by_name() {
         for t in Topology::ALL {
             assert_eq!(Topology::parse(t.name()).unwrap(), t);
+            assert!(super::super::prepare::TOPOLOGIES.contains(&t.name()));
         }
         assert!(Topology::parse("loadbalanced").is_err());
     }
