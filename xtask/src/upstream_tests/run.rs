@@ -278,7 +278,10 @@ pub fn run(
     // Failing tests make nextest exit non-zero; that is a result, not an error of the run.
     let _ = child.wait();
     // libtest events carry no output for passing tests; the JUnit report does.
-    let junit = target_dir
+    // nextest keeps its reports under the workspace root (its `store.dir`, `target/nextest`),
+    // not under CARGO_TARGET_DIR.
+    let junit = krate
+        .join("target")
         .join("nextest")
         .join(&profile)
         .join(junit_file(variant));
