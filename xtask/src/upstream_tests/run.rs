@@ -277,14 +277,29 @@ pub fn run(
     }
     // Failing tests make nextest exit non-zero; that is a result, not an error of the run.
     let _ = child.wait();
-    // libtest events carry no output for passing tests; the JUnit report does.
-    // nextest keeps its reports under the workspace root (its `store.dir`, `target/nextest`),
-    // not under CARGO_TARGET_DIR.
-    let junit = krate
+    mark_run_time_skips(krate, variant, topology, &mut outcomes)?;
+    Ok(outcomes)
+}
+
+/// The JUnit report of a copy's run in a topology. nextest keeps its reports under the
+/// workspace root (its `store.dir`, `target/nextest`), not under CARGO_TARGET_DIR.
+pub fn junit_path(krate: &Path, variant: Variant, topology: Topology) -> PathBuf {
+    krate
         .join("target")
         .join("nextest")
-        .join(&profile)
-        .join(junit_file(variant));
+        .join(profile_for(topology.name()))
+        .join(junit_file(variant))
+}
+
+/// Turns each pass whose output says only that it skipped into a skip. libtest events carry no
+/// output for passing tests; the run's JUnit report does.
+pub fn mark_run_time_skips(
+    krate: &Path,
+    variant: Variant,
+    topology: Topology,
+    outcomes: &mut RunOutcomes,
+) -> Result<()> {
+    let junit = junit_path(krate, variant, topology);
     let outputs = match std::fs::read_to_string(&junit) {
         Ok(xml) => junit_outputs(&xml),
         Err(err) => bail!(
@@ -294,12 +309,12 @@ pub fn run(
     };
     for (name, outcome) in outcomes.iter_mut() {
         if *outcome == Outcome::Passed {
-            if let Some(reason) = outputs.get(name).and_then(|o| run_time_skip(o)) {
+            if let Some(reason) = outputs.get(name).and_then(|o| run_time_skip(name, o)) {
                 *outcome = Outcome::Skipped(reason);
             }
         }
     }
-    Ok(outcomes)
+    Ok(())
 }
 
 /// Each test case's captured output (stdout and stderr) from nextest's JUnit report.
@@ -413,19 +428,24 @@ pub fn parse_event(line: &str) -> Option<(String, Outcome)> {
 }
 
 /// A passing test that only printed a skip: upstream tests check the deployment first and return
-/// early, saying so (`Skipping <test>: <why>`), when it lacks what they need.
-fn run_time_skip(output: &str) -> Option<String> {
+/// early, saying so (`skipping <test> due to <why>`, `Skipping <test>: <why>`), when it lacks
+/// what they need. Only a skip naming the test itself counts: a runner that skips one file of
+/// many (`Skipping deserializing <file>`) still ran the rest.
+fn run_time_skip(name: &str, output: &str) -> Option<String> {
+    let own = name.rsplit("::").next().unwrap_or(name);
     let lines: Vec<&str> = output
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with("running ") && !l.starts_with("test "))
         .filter(|l| !l.starts_with("test result:") && !l.starts_with("------------"))
+        .filter(|l| *l != "(stdout and stderr are combined)")
         .collect();
     let first = lines.first()?;
     let all_skips = lines
         .iter()
         .all(|l| l.to_ascii_lowercase().starts_with("skipping"));
-    all_skips.then(|| format!("skipped at run time: {first}"))
+    let names_itself = lines.iter().any(|l| l.contains(own));
+    (all_skips && names_itself).then(|| format!("skipped at run time: {first}"))
 }
 
 /// The line of a failure's output that says why: the panic message when there is one.
@@ -490,11 +510,22 @@ mod tests {
     #[test]
     fn a_pass_that_only_printed_skips_is_a_skip() {
         assert_eq!(
-            run_time_skip("\nrunning 1 test\nSkipping test::b: requires a replica set\n"),
-            Some("skipped at run time: Skipping test::b: requires a replica set".to_owned())
+            run_time_skip(
+                "test::b",
+                "\nrunning 1 test\nskipping b due to unsupported topology\n\n(stdout and stderr are combined)"
+            ),
+            Some("skipped at run time: skipping b due to unsupported topology".to_owned())
         );
-        assert_eq!(run_time_skip("Skipping one file\nran the rest\n"), None);
-        assert_eq!(run_time_skip(""), None);
+        assert_eq!(
+            run_time_skip("x::b", "Skipping one file\nran the rest\n"),
+            None
+        );
+        assert_eq!(
+            run_time_skip("x::run_tests", "Skipping deserializing \"spec/a.json\"\n"),
+            None,
+            "a runner that skipped one file ran the others"
+        );
+        assert_eq!(run_time_skip("x::b", ""), None);
     }
 
     #[test]
@@ -516,7 +547,7 @@ running 1 test
         );
         assert_eq!(outputs["test::b&c"], "");
         assert!(outputs["test::d"].contains("raw <out>"));
-        assert!(run_time_skip(&outputs["test::a"]).is_some());
+        assert!(run_time_skip("test::a", &outputs["test::a"]).is_some());
     }
 
     #[test]
