@@ -257,3 +257,24 @@ async fn current_op_lists_the_running_command_with_its_client_metadata() {
     .await;
     assert_eq!(misplaced.get_i32("code"), Ok(73), "{misplaced}");
 }
+
+#[tokio::test]
+async fn coll_stats_the_command_reports_the_storage_statistics() {
+    let emu = common::start(common::rs(1)).await;
+    let mut raw = common::RawClient::connect(emu.addresses()[0]).await;
+    let w = run(
+        &mut raw,
+        "db",
+        doc! { "insert": "c", "documents": [{ "_id": 1 }, { "_id": 2 }] },
+    )
+    .await;
+    assert_eq!(w.get_i32("n"), Ok(2), "{w}");
+    let r = run(&mut raw, "db", doc! { "collStats": "c" }).await;
+    assert_eq!(r.get_f64("ok"), Ok(1.0), "{r}");
+    assert_eq!(r.get_str("ns"), Ok("db.c"));
+    assert_eq!(r.get_i64("count"), Ok(2), "{r}");
+    assert!(r.get_i64("size").unwrap() > 0, "{r}");
+    assert_eq!(r.get_i32("nindexes"), Ok(1), "{r}");
+    let missing = run(&mut raw, "db", doc! { "collStats": "nope" }).await;
+    assert_eq!(missing.get_i32("code"), Ok(26), "{missing}");
+}

@@ -76,6 +76,7 @@ pub(crate) fn is_read(name: &str) -> bool {
             | "listCollections"
             | "listIndexes"
             | "listDatabases"
+            | "collStats"
     )
 }
 
@@ -818,6 +819,20 @@ fn run_command(
         "dropDatabase" => {
             store.drop_database(db);
             Ok(doc! { "dropped": db, "ok": 1.0 })
+        }
+        // The command form of `$collStats: {storageStats: {}}`: the storage statistics at the
+        // top level with `ns` (https://www.mongodb.com/docs/manual/reference/command/collStats/).
+        "collStats" => {
+            let coll = coll_arg(body, name)?;
+            let stage = doc! { "$collStats": { "storageStats": {} } };
+            let stats = coll_stats(store, db, coll, &stage)?;
+            let mut r = doc! { "ns": format!("{db}.{coll}") };
+            if let Ok(storage) = stats.get_document("storageStats") {
+                r.extend(storage.clone());
+            }
+            r.insert("indexSizes", Document::new());
+            r.insert("ok", 1.0);
+            Ok(r)
         }
         "listDatabases" => {
             let name_only = bool_arg(body, "nameOnly", false);
