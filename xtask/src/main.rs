@@ -250,9 +250,24 @@ fn upstream_tests_command(
         write_results,
     };
     let results = upstream_tests::command(ws, &options)?;
+    let known = upstream_tests::known_regressions(&ws.project)?;
     let mut regressions = 0;
     for topology in &results {
-        regressions += topology.regressions().len();
+        let (listed, new): (Vec<_>, Vec<_>) = topology
+            .regressions()
+            .into_iter()
+            .partition(|(name, _)| known.contains(&(topology.topology.clone(), name.to_string())));
+        for (name, _) in &new {
+            println!("new regression ({}): {name}", topology.topology);
+        }
+        if !listed.is_empty() {
+            println!(
+                "{} of {}'s regressions are listed in upstream-tests/known-regressions",
+                listed.len(),
+                topology.topology
+            );
+        }
+        regressions += new.len();
         for line in report::summary_lines(topology) {
             println!("{line}");
         }

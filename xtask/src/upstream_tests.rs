@@ -146,6 +146,41 @@ fn fetch_pinned(dir: &Path, commit: &str) -> Result<()> {
     prepare::check_tests_dir(dir)
 }
 
+/// The regressions already triaged (`upstream-tests/known-regressions`: `<topology> <test>`
+/// per line, `#` comments; each line's comment says why): the exit code counts only the others,
+/// so CI fails on a new regression while the listed ones wait for their fix.
+pub fn known_regressions(
+    project: &Project,
+) -> Result<std::collections::BTreeSet<(String, String)>> {
+    let path = project
+        .root()
+        .join("upstream-tests")
+        .join("known-regressions");
+    let text = match fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    parse_known_regressions(&text).with_context(|| format!("in {}", path.display()))
+}
+
+fn parse_known_regressions(text: &str) -> Result<std::collections::BTreeSet<(String, String)>> {
+    let mut known = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let (Some(topology), Some(test), None) = (words.next(), words.next(), words.next()) else {
+            bail!("`{line}` is not `<topology> <test>`");
+        };
+        Topology::parse(topology)?;
+        known.insert((topology.to_owned(), test.to_owned()));
+    }
+    Ok(known)
+}
+
 /// One stored run: a copy's outcomes in one topology, with when and on what it ran.
 fn stored_path(project: &Project, variant: Variant, topology: Topology) -> PathBuf {
     work_dir(project)
@@ -397,6 +432,19 @@ mod tests {
         let (dir, label) = resolve_tests_dir(&project, Some(tests.clone().into())).unwrap();
         assert_eq!(dir, tests);
         assert!(label.contains("upstream f050afa"), "{label}");
+    }
+
+    #[test]
+    fn known_regressions_are_topology_and_test_per_line() {
+        let known =
+            parse_known_regressions("# why\nreplicaset test::a # the reason\n\nsharded test::b\n")
+                .unwrap();
+        assert!(known.contains(&("replicaset".to_owned(), "test::a".to_owned())));
+        assert!(known.contains(&("sharded".to_owned(), "test::b".to_owned())));
+        assert_eq!(known.len(), 2);
+        assert!(parse_known_regressions("replicaset\n").is_err());
+        assert!(parse_known_regressions("replicaset a b\n").is_err());
+        assert!(parse_known_regressions("loadbalanced test::a\n").is_err());
     }
 
     #[test]
