@@ -13,3 +13,4 @@ pub mod series;
 pub mod spec_fetch;
 pub mod sync_spec;
 pub mod testrun;
+pub mod upstream_tests;

@@ -78,6 +78,26 @@ enum Cmd {
         #[arg(long)]
         no_verify: bool,
     },
+    /// Run upstream's own test suite on pristine 3.9.1 and on the fork against labd, per
+    /// topology, and write the comparison to docs/results/ (docs/upstream-tests.md). Tests:
+    /// UPSTREAM_TESTS_DIR, else the commit pinned in upstream-tests/UPSTREAM_COMMIT.
+    UpstreamTests {
+        /// Topologies to run (standalone, replicaset, sharded); all when none is named.
+        #[arg(long = "topology")]
+        topologies: Vec<String>,
+        /// Run only the fork's copy (CI), or only pristine; both by default.
+        #[arg(long, value_parser = ["pristine", "fork"])]
+        only: Option<String>,
+        /// Run nothing: write the results file from the stored runs of both copies.
+        #[arg(long, conflicts_with = "only")]
+        report_only: bool,
+        /// Print the summary but write no file to docs/results/ (CI).
+        #[arg(long)]
+        no_results_file: bool,
+        /// nextest filters after `--` (a filtered run is printed, not stored).
+        #[arg(last = true)]
+        filters: Vec<String>,
+    },
     /// Copy the spec suites the project runs from a specifications checkout into spec-tests/data.
     SyncSpec {
         /// A checkout of the specifications repository (it has a `source/` directory).
@@ -200,10 +220,83 @@ fn run(cli: Cli) -> Result<ExitCode> {
             out_dir: out.unwrap_or_else(|| ws.project.root().join("target/dist")),
             verify: !no_verify,
         })?),
+        Cmd::UpstreamTests {
+            topologies,
+            only,
+            report_only,
+            no_results_file,
+            filters,
+        } => {
+            let only = if report_only {
+                Some("none")
+            } else {
+                only.as_deref()
+            };
+            return upstream_tests_command(&ws, &topologies, only, filters, !no_results_file);
+        }
         Cmd::SyncSpec { dir } => {
             let copied = sync_spec::sync_spec(&ws.project, &dir)?;
             println!("copied {copied} spec files into spec-tests/data");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn upstream_tests_command(
+    ws: &Workspace,
+    topologies: &[String],
+    only: Option<&str>,
+    filters: Vec<String>,
+    results_file: bool,
+) -> Result<ExitCode> {
+    use xtask::upstream_tests::{self, prepare::Variant, report, run::Topology};
+    let topologies = if topologies.is_empty() {
+        Topology::ALL.to_vec()
+    } else {
+        topologies
+            .iter()
+            .map(|t| Topology::parse(t))
+            .collect::<Result<_>>()?
+    };
+    let variants = match only {
+        Some("pristine") => vec![Variant::Pristine],
+        Some("fork") => vec![Variant::Fork],
+        Some(_) => Vec::new(),
+        None => vec![Variant::Pristine, Variant::Fork],
+    };
+    let write_results = results_file && filters.is_empty();
+    let options = upstream_tests::Options {
+        topologies,
+        variants,
+        filters,
+        write_results,
+    };
+    let results = upstream_tests::command(ws, &options)?;
+    let known = upstream_tests::known_regressions(&ws.project)?;
+    let mut regressions = 0;
+    for topology in &results {
+        let (listed, new): (Vec<_>, Vec<_>) = topology
+            .regressions()
+            .into_iter()
+            .partition(|(name, _)| known.contains(&(topology.topology.clone(), name.to_string())));
+        for (name, _) in &new {
+            println!("new regression ({}): {name}", topology.topology);
+        }
+        if !listed.is_empty() {
+            println!(
+                "{} of {}'s regressions are listed in upstream-tests/known-regressions",
+                listed.len(),
+                topology.topology
+            );
+        }
+        regressions += new.len();
+        for line in report::summary_lines(topology) {
+            println!("{line}");
+        }
+    }
+    Ok(if regressions > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
-use bson::{oid::ObjectId, Bson, Document};
+use bson::{doc, oid::ObjectId, Bson, Document};
 
 use super::compare::{bson_eq, id_key, IdKey};
 use super::limits::{bson_size, check_depth, check_size};
@@ -11,6 +11,9 @@ use super::path::get_exact;
 use super::query::matches;
 use super::value::bson_type_name;
 use super::{CreateIndexesOutcome, DropIndexesOutcome, EngineError, EngineResult};
+
+/// Databases every mongod has from its start (see `Store::list_databases`).
+const SYSTEM_DATABASES: [&str; 2] = ["admin", "config"];
 
 /// The whole in-memory deployment: databases → collections → documents in insertion order.
 ///
@@ -650,6 +653,23 @@ impl Store {
         name_only: bool,
     ) -> EngineResult<Vec<Document>> {
         let mut out = Vec::new();
+        // mongod always has `admin` (system.version) and `config` (system.sessions, created at
+        // start), so listDatabases names them even before anything is written there
+        // (https://www.mongodb.com/docs/manual/reference/command/listDatabases/). The store
+        // holds neither until a command writes to it; list them as mongod does.
+        for system in SYSTEM_DATABASES {
+            if self.databases.contains_key(system) {
+                continue;
+            }
+            let mut d = doc! { "name": system };
+            if !name_only {
+                d.insert("sizeOnDisk", 0i64);
+                d.insert("empty", false);
+            }
+            if filter.map_or(Ok(true), |f| matches(f, &d))? {
+                out.push(d);
+            }
+        }
         for (name, database) in &self.databases {
             let mut d = Document::new();
             d.insert("name", name.clone());
@@ -670,6 +690,7 @@ impl Store {
             }
             out.push(d);
         }
+        out.sort_by(|a, b| a.get_str("name").ok().cmp(&b.get_str("name").ok()));
         Ok(out)
     }
 
@@ -1114,10 +1135,13 @@ mod tests {
         s.insert("a", "c", vec![doc! {"_id": 1}], true);
         s.create_collection("b", "c", &doc! {}).expect("created");
         let dbs = s.list_databases(None, false).expect("ok");
-        assert_eq!(dbs.len(), 2);
+        let names: Vec<&str> = dbs.iter().filter_map(|d| d.get_str("name").ok()).collect();
+        // admin and config, as on every mongod, in name order with the rest.
+        assert_eq!(names, vec!["a", "admin", "b", "config"]);
         assert_eq!(dbs[0].get_bool("empty"), Ok(false));
         assert!(dbs[0].get_i64("sizeOnDisk").is_ok_and(|n| n > 0));
-        assert_eq!(dbs[1].get_bool("empty"), Ok(true));
+        assert_eq!(dbs[2].get_bool("empty"), Ok(true));
+        assert_eq!(dbs[1].get_bool("empty"), Ok(false));
         assert_eq!(
             s.list_databases(Some(&doc! {"name": "b"}), true)
                 .expect("ok"),

@@ -20,7 +20,10 @@ use super::mangle;
 use super::routing::{self, Routed};
 use super::session::{SessionKey, Transaction, TxnState};
 use super::sharding::Sharding;
-use super::{cluster_time_doc, db_stats, hello, lock, repl, snapshot, Member, Role, Shared, State};
+use super::{
+    cluster_time_doc, current_op, db_stats, explain, hello, lock, repl, snapshot, Member, Role,
+    Shared, State,
+};
 use crate::engine::Store;
 use crate::model::{CommandInfo, Rejection};
 use crate::wire::OpMsg;
@@ -48,6 +51,8 @@ pub(crate) struct ConnCtx {
     pub(crate) connection_id: i64,
     /// `client.application.name` of the handshake.
     pub(crate) app_name: Option<String>,
+    /// The handshake's `client` document (`currentOp` reports it as `clientMetadata`).
+    pub(crate) client_metadata: Option<Document>,
     /// Whether the first hello was seen.
     pub(crate) handshaken: bool,
     /// Peer address (for logs and metadata records).
@@ -181,6 +186,7 @@ pub(crate) async fn handle(
                 .ok()
                 .and_then(|a| a.get_str("name").ok())
                 .map(str::to_string);
+            conn.client_metadata = Some(client.clone());
             let mut record = client.clone();
             if let Some(bp) = body.get("backpressure") {
                 record.insert("backpressure", bp.clone());
@@ -633,6 +639,9 @@ const ADMIN_COMMANDS: &[&str] = &[
     "getLog",
     "replSetStepDown",
     "replSetFreeze",
+    "replSetGetStatus",
+    "explain",
+    "currentOp",
     "createSearchIndexes",
     "updateSearchIndex",
     "dropSearchIndex",
@@ -766,6 +775,24 @@ fn execute(
         "replSetFreeze" => {
             admin_only(name)?;
             repl::freeze_command(shared, member, body)
+        }
+        "currentOp" => current_op::command(&member.host, conn, db, body),
+        "explain" => {
+            // Explain is a read: a secondary answers it only with secondaryOk, as a find.
+            check_role(shared, member, "find", body, g)?;
+            let st = shared.state();
+            explain::explain(
+                &st.store,
+                db,
+                body,
+                &member.host,
+                &shared.config.server_version,
+            )
+        }
+        // A router has no replica-set state: mongos does not know the command (59 below).
+        "replSetGetStatus" if member.role != Role::Mongos => {
+            admin_only(name)?;
+            repl::status_command(shared, member)
         }
         "dbStats" => {
             let st = shared.state();
@@ -922,6 +949,11 @@ fn run_data_command(
         guard.sessions.touch(key, lsid, cfg.max_sessions);
     }
     // After the touch: like mongod's session cache, the list holds the command's own session.
+    let current_ops = if name == "aggregate" {
+        current_op::stage_input(&member.host, conn, db, body)?
+    } else {
+        None
+    };
     let local = if wants_local_sessions(name, body) {
         Some(local_sessions(&guard))
     } else {
@@ -969,6 +1001,7 @@ fn run_data_command(
         max_cursors: cfg.max_cursors,
         replicated,
         local_sessions: local,
+        current_ops,
         cursors: &mut st.cursors,
         changes: &mut st.changes,
         bulk_write_batch_size,
@@ -1551,6 +1584,7 @@ fn end_transaction(shared: &Shared, name: &str, g: &Generic) -> Result<Document,
                             max_cursors: 0,
                             replicated: true,
                             local_sessions: None,
+                            current_ops: None,
                             cursors: &mut scratch,
                             changes: &mut scratch_log,
                             bulk_write_batch_size: None,

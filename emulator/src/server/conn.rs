@@ -59,6 +59,7 @@ pub(crate) async fn serve(
         serial,
         connection_id,
         app_name: None,
+        client_metadata: None,
         handshaken: false,
         peer,
         auth: Default::default(),

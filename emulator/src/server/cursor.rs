@@ -97,6 +97,22 @@ pub(crate) struct BatchLimit {
     pub(crate) size: Option<usize>,
 }
 
+/// Whether these documents fit in one batch's byte budget, as [`take_batch`] counts it.
+pub(crate) fn fits_in_one_batch(docs: &[Bson]) -> bool {
+    let mut bytes = 0usize;
+    for d in docs {
+        let size = match d {
+            Bson::Document(d) => bson::to_vec(d).map(|v| v.len()).unwrap_or(0),
+            _ => 0,
+        };
+        bytes += size;
+        if bytes > BATCH_BYTES {
+            return false;
+        }
+    }
+    true
+}
+
 /// Takes up to `limit` documents (and the byte budget) off the front of `docs`.
 fn take_batch(docs: &mut VecDeque<Document>, limit: usize) -> Vec<Bson> {
     let mut out = Vec::new();

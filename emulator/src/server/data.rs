@@ -76,6 +76,7 @@ pub(crate) fn is_read(name: &str) -> bool {
             | "listCollections"
             | "listIndexes"
             | "listDatabases"
+            | "collStats"
     )
 }
 
@@ -141,6 +142,9 @@ pub(crate) struct DataCtx<'a> {
     pub(crate) replicated: bool,
     /// `$listLocalSessions` input, prepared by the caller when the pipeline asks for it.
     pub(crate) local_sessions: Option<Vec<Document>>,
+    /// `$currentOp` input (`current_op.rs`), prepared by the caller when the pipeline starts
+    /// with it.
+    pub(crate) current_ops: Option<Vec<Document>>,
     pub(crate) cursors: &'a mut Cursors,
     pub(crate) changes: &'a mut ChangeLog,
     /// Lab-only `labBulkWriteBatchSize`: the most results in a client bulkWrite's first batch
@@ -816,6 +820,20 @@ fn run_command(
             store.drop_database(db);
             Ok(doc! { "dropped": db, "ok": 1.0 })
         }
+        // The command form of `$collStats: {storageStats: {}}`: the storage statistics at the
+        // top level with `ns` (https://www.mongodb.com/docs/manual/reference/command/collStats/).
+        "collStats" => {
+            let coll = coll_arg(body, name)?;
+            let stage = doc! { "$collStats": { "storageStats": {} } };
+            let stats = coll_stats(store, db, coll, &stage)?;
+            let mut r = doc! { "ns": format!("{db}.{coll}") };
+            if let Ok(storage) = stats.get_document("storageStats") {
+                r.extend(storage.clone());
+            }
+            r.insert("indexSizes", Document::new());
+            r.insert("ok", 1.0);
+            Ok(r)
+        }
         "listDatabases" => {
             let name_only = bool_arg(body, "nameOnly", false);
             let dbs = store.list_databases(opt_doc(body, "filter")?, name_only)?;
@@ -892,9 +910,16 @@ fn run_command(
                 },
                 given => given,
             };
-            if limit.size.is_none() {
-                return Ok(reply);
-            }
+            // mongod answers with one cursor whose first batch holds the results that fit in a
+            // reply (16 MiB); the rest wait for getMore (bulk_write_exec.cpp). Small replies
+            // stay inline, as before.
+            let limit = match limit.size {
+                Some(_) => limit,
+                None if cursor::fits_in_one_batch(first_batch(&reply)) => return Ok(reply),
+                None => BatchLimit {
+                    size: Some(usize::MAX),
+                },
+            };
             // Serve the results through a real cursor so the rest needs getMore.
             let results = match reply.remove("cursor") {
                 Some(Bson::Document(mut c)) => match c.remove("firstBatch") {
@@ -929,6 +954,15 @@ fn run_command(
             format!("no such command: '{other}'"),
         )),
     }
+}
+
+/// The `cursor.firstBatch` of a reply (empty when it has none).
+fn first_batch(reply: &Document) -> &[Bson] {
+    reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .map_or(&[], Vec::as_slice)
 }
 
 fn aggregate(
@@ -1062,7 +1096,10 @@ fn aggregate(
             format!("{stage} cannot be used with a 'linearizable' read concern level"),
         ));
     }
-    let docs = if first_stage == "$listLocalSessions" {
+    let docs = if first_stage == "$currentOp" {
+        let input = ctx.current_ops.take().unwrap_or_default();
+        store.run_pipeline(db, input, &pipeline[1..])?
+    } else if first_stage == "$listLocalSessions" {
         let input = ctx.local_sessions.take().unwrap_or_default();
         store.run_pipeline(db, input, &pipeline[1..])?
     } else if first_stage == "$collStats" {

@@ -282,6 +282,63 @@ pub(crate) fn step_down_command(
     Ok(doc! { "ok": 1.0 })
 }
 
+/// `{replSetGetStatus: 1}` (mongosh's `rs.status()`): the set as `member` sees it. The fields
+/// are those of mongod's reply that a client reads (<https://www.mongodb.com/docs/manual/reference/command/replSetGetStatus/>):
+/// `set`, `date`, `myState`, `term`, `heartbeatIntervalMillis` and one `members` entry per member
+/// with `_id`, `name`, `health`, `state`, `stateStr`, `uptime`, `optime` and `optimeDate`, `self`
+/// on the answering member. Every member shares one store, so every optime is the current cluster
+/// time (all caught up). A standalone answers 76 NoReplicationEnabled as mongod does.
+pub(crate) fn status_command(shared: &Shared, member: &Member) -> Result<Document, CommandError> {
+    let Some(set_name) = shared.set_name() else {
+        return Err(not_replica_set());
+    };
+    let (primary, term) = {
+        let repl = lock(&shared.repl);
+        (repl.primary, repl.term)
+    };
+    let optime = shared.state().tick();
+    let optime_date = bson::DateTime::from_millis(i64::from(optime.time) * 1000);
+    let uptime = shared.started.elapsed().as_secs() as i64;
+    // mongod's MemberState numbers: 1 PRIMARY, 2 SECONDARY.
+    let state_of = |index: usize| -> (i32, &'static str) {
+        if primary == Some(index) {
+            (1, "PRIMARY")
+        } else {
+            (2, "SECONDARY")
+        }
+    };
+    let members: Vec<Bson> = shared
+        .members
+        .iter()
+        .map(|m| {
+            let (state, state_str) = state_of(m.index);
+            let mut entry = doc! {
+                "_id": m.index as i32,
+                "name": m.host.clone(),
+                "health": 1.0,
+                "state": state,
+                "stateStr": state_str,
+                "uptime": uptime,
+                "optime": { "ts": optime, "t": term },
+                "optimeDate": optime_date,
+            };
+            if m.index == member.index {
+                entry.insert("self", true);
+            }
+            Bson::Document(entry)
+        })
+        .collect();
+    Ok(doc! {
+        "set": set_name,
+        "date": bson::DateTime::now(),
+        "myState": state_of(member.index).0,
+        "term": term,
+        "heartbeatIntervalMillis": 2000i64,
+        "members": members,
+        "ok": 1.0,
+    })
+}
+
 /// `{replSetFreeze: <secs>}`: a secondary does not stand for election for `secs` (0 ends it).
 pub(crate) fn freeze_command(
     shared: &Arc<Shared>,

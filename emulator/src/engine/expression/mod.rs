@@ -312,9 +312,9 @@ impl Ctx<'_> {
                 self.comparison_operator(op, arg)
             }
             "$cond" | "$ifNull" | "$switch" => self.conditional_operator(op, arg),
-            "$concat" | "$toUpper" | "$toLower" | "$strLenCP" | "$toString" | "$split"
-            | "$substrCP" | "$substr" | "$substrBytes" | "$strcasecmp" | "$regexMatch"
-            | "$trim" | "$ltrim" | "$rtrim" => self.string_operator(op, arg),
+            "$concat" | "$toUpper" | "$toLower" | "$strLenCP" | "$strLenBytes" | "$toString"
+            | "$split" | "$substrCP" | "$substr" | "$substrBytes" | "$strcasecmp"
+            | "$regexMatch" | "$trim" | "$ltrim" | "$rtrim" => self.string_operator(op, arg),
             "$size" | "$arrayElemAt" | "$first" | "$last" | "$in" | "$concatArrays"
             | "$isArray" | "$reverseArray" | "$slice" | "$range" | "$indexOfArray" | "$map"
             | "$filter" | "$reduce" => self.array_operator(op, arg),

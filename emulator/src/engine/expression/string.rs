@@ -72,6 +72,25 @@ impl Ctx<'_> {
                     _ => Bson::String(text),
                 }
             }
+            // UTF-8 bytes of a string; anything else is mongod's 34473 (expression_string.cpp,
+            // ExpressionStrLenBytes::evaluate: "$strLenBytes requires a string argument").
+            "$strLenBytes" => {
+                let args = self.exact_args(op, arg, 1)?;
+                match args.into_iter().next().flatten() {
+                    Some(Bson::String(s)) => {
+                        Bson::Int32(i32::try_from(s.len()).unwrap_or(i32::MAX))
+                    }
+                    other => {
+                        return Err(EngineError::location(
+                            34473,
+                            format!(
+                                "$strLenBytes requires a string argument, found: {}",
+                                other.as_ref().map_or("missing", bson_type_name)
+                            ),
+                        ))
+                    }
+                }
+            }
             "$split" => {
                 let args = self.exact_args(op, arg, 2)?;
                 match (&args[0], &args[1]) {
