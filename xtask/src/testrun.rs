@@ -1,7 +1,8 @@
 //! `cargo xtask test`: every test of the project, one final tally.
 //!
 //! Runs xtask's own tests, `cargo test --workspace` (which includes the spec suites, given the
-//! directory [`resolve_spec_dir`] chose as `SPEC_DIR`), and the patch-app example, then prints
+//! directory [`resolve_spec_dir`] chose as `SPEC_DIR`; the driver's doctests left out), the fork's
+//! doc examples in the driver ([`FORK_DOCTEST_FILTERS`]), and the patch-app example, then prints
 //! `N passed, N failed, N skipped`.
 
 use std::ffi::OsString;
