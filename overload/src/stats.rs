@@ -74,8 +74,8 @@ const CODE_SLOTS: usize = 16;
 /// Marks a free slot in the code table: no server code (an `i32`) can equal it.
 const FREE: i64 = i64::MIN;
 
-/// One client's overload counters at one moment. Take one with
-/// [`OverloadStatsRecorder::snapshot`] (or `Client::overload_stats()`).
+/// One client's overload counters at one moment. Take one with `Client::overload_stats()` (or
+/// `OverloadStatsRecorder::snapshot` in this crate).
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct OverloadStats {

@@ -37,8 +37,8 @@ impl RetryOrigin {
 /// a share of credit too: with share `r`, application and driver retries together stay below
 /// `r / (1 − r)` of the application's requests (9.9 % at the default 9 %), plus the floor.
 ///
-/// Every decision is counted in the [`OverloadStatsRecorder`] given at construction and logged
-/// at DEBUG on the `mongodb::overload` target (see [`budget_decisions_enabled`]).
+/// Every decision is counted in the client's overload statistics (`OverloadStatsRecorder`) and
+/// logged at DEBUG on the `mongodb::overload` target (see `budget_decisions_enabled`).
 #[derive(Clone)]
 pub struct RetryBudgetHandle {
     inner: Arc<Shared>,
@@ -177,7 +177,7 @@ impl RetryBudgetHandle {
         self.inner.stats.record_budget_refund(retries);
     }
 
-    /// Retries the budget would admit now (see [`Budget::level`]).
+    /// Retries the budget would admit now (the budget's `level`).
     pub fn level(&self) -> f64 {
         self.level_at((self.inner.clock)())
     }
