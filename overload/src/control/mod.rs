@@ -125,7 +125,8 @@
 //!   this controller answered `RetryAfter(d)` (the same draw, `d`), and sleeps nothing after an
 //!   ordinary error, for which `d` is zero. So the delay is this controller's; the executor
 //!   reads it through upstream's call rather than from the answer, which would rewrite
-//!   upstream's loop for no change in behaviour. It stays.
+//!   upstream's loop for no change in behaviour. It stays, and [`Controller::may_retry`] counts
+//!   the backoff it answers (the caller sleeps it whatever follows).
 //! - **Upstream's `max_retries_reached`** reads [`crate::retry::RetryState::exhausted`], this
 //!   controller's cap, after [`Controller::may_retry`] has already answered it: never true
 //!   there, left as upstream's line.
@@ -629,6 +630,10 @@ where
         let answer = self.retry_gates(state, question, now, jitter);
         let remaining = question.deadline.and_then(|d| d.remaining(now));
         match answer {
+            // The caller sleeps what it is answered, sent or not after it.
+            RetryAnswer::RetryAfter(backoff) if !backoff.is_zero() => {
+                self.stats.record_backoff(backoff)
+            }
             RetryAnswer::RetryAfter(_) => {}
             RetryAnswer::ReturnLastError(reason) => self.publish(Decision::RetryRefused {
                 operation: question.operation,
@@ -742,18 +747,8 @@ where
     /// rejected locally, timed out waiting for a slot or failed its checkout never reached a
     /// server, and must neither cost the budget nor count. `false`: the budget ran dry since
     /// the answer (other operations spent the credit it had been answered with); the
-    /// operation returns its last error instead, and the refusal is published. `backoff`: what
-    /// the retry slept (`None`: an ordinary retry, which sleeps none), for the statistics.
-    pub fn send_retry(
-        &self,
-        state: &mut RetryState,
-        operation: &str,
-        backoff: Option<Duration>,
-        now: Instant,
-    ) -> bool {
-        if let Some(backoff) = backoff {
-            self.stats.record_backoff(backoff);
-        }
+    /// operation returns its last error instead, and the refusal is published.
+    pub fn send_retry(&self, state: &mut RetryState, operation: &str, now: Instant) -> bool {
         if let (Some(budget), true) = (&self.budget, state.last_failure().overload.is_overload()) {
             if !budget.withdraw_at(RetryOrigin::Driver, Some(operation), now) {
                 self.publish(Decision::RetryRefused {
