@@ -110,35 +110,6 @@
 //!   overload rejections of operations under a deadline (the only ones that read it), and the
 //!   retry gate reads it: the successes' median, or the rejections' while no success is recent.
 //!
-//! # What stays outside, and why
-//!
-//! Issue 53 listed the decisions still taken in the driver. Where each stands:
-//!
-//! - **"Never retry a timeout"**: the executor returns the timeout error at once where it meets
-//!   one (selection, checkout, the failed attempt, a slot wait). That is this controller's
-//!   answer, taken without the question: a timeout error means the deadline has passed, and
-//!   [`Controller::may_retry`]'s first gate answers "time out" to every retry question asked
-//!   after it. What the four returns add is upstream's error plumbing (the timeout error takes
-//!   the last attempt's error as its cause), which has no decision in it. They stay.
-//! - **Whether the executor sleeps** (`Retry.overloaded`) and **how long**: upstream's loop
-//!   sleeps `calculate_backoff`, which reads the delay [`crate::retry::RetryState`] kept when
-//!   this controller answered `RetryAfter(d)` (the same draw, `d`), and sleeps nothing after an
-//!   ordinary error, for which `d` is zero. So the delay is this controller's; the executor
-//!   reads it through upstream's call rather than from the answer, which would rewrite
-//!   upstream's loop for no change in behaviour. It stays, and [`Controller::may_retry`] counts
-//!   the backoff it answers (the caller sleeps it whatever follows).
-//! - **Upstream's `max_retries_reached`** reads [`crate::retry::RetryState::exhausted`], this
-//!   controller's cap, after [`Controller::may_retry`] has already answered it: never true
-//!   there, left as upstream's line.
-//! - **The precedence of timeouts in `insert_many`, client `bulk_write` and GridFS** (the call's
-//!   own `timeoutMS`, else the collection's, client's or bucket's): still computed in those
-//!   actions for the call's one deadline. It is the same rule as [`Controller::timeout`]'s
-//!   without the exempt commands (none of those actions is one); not yet moved (issue 53 ran
-//!   out of time); the mutant `timeout-precedence-reversed` covers only this controller's copy.
-//! - **The pinned getMore retry** returns the last error where this controller answers
-//!   [`RetryAnswer::TimedOut`], while the executor returns the timeout error caused by it: one
-//!   answer, two errors. Not yet aligned (issue 53 ran out of time).
-//!
 //! # Events
 //!
 //! Every decision is one [`Decision`], published once ([`event`]): on the `mongodb::overload`
