@@ -9,13 +9,11 @@
 pub mod admission;
 pub mod backoff;
 pub mod budget;
-pub mod commands;
 pub mod control;
 pub mod cursor;
 pub mod deadline;
 pub mod identity;
 pub mod labels;
-pub mod origin;
 pub mod retry;
 pub mod stats;
 mod tally;

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::admission::ConcurrencySnapshot;
-use crate::origin::RetryOrigin;
+use crate::budget::RetryOrigin;
 
 /// Counter: overload errors received, labelled by server `code` (`none` for errors without one,
 /// such as connection-establishment failures the driver labels itself).
@@ -279,15 +279,6 @@ impl OverloadStatsRecorder {
         let _ = level;
     }
 
-    /// Counts one decision of the overload controller (`metrics` feature only): its `kind` and,
-    /// for a refused retry, the `reason` (else empty).
-    pub fn record_decision(&self, kind: &'static str, reason: &'static str) {
-        #[cfg(feature = "metrics")]
-        metrics::counter!(METRIC_DECISIONS, "decision" => kind, "reason" => reason).increment(1);
-        #[cfg(not(feature = "metrics"))]
-        let _ = (kind, reason);
-    }
-
     /// Counts one first attempt the adaptive throttle rejected locally.
     pub fn record_local_rejection(&self) {
         self.local_rejections.fetch_add(1, Ordering::Relaxed);
@@ -425,7 +416,7 @@ pub fn describe_metrics() {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -532,7 +523,7 @@ pub(crate) mod tests {
     /// The `metrics` feature publishes the same events: checked with a recorder that keeps
     /// every value under its name and labels.
     #[cfg(feature = "metrics")]
-    pub(crate) mod metrics_feature {
+    mod metrics_feature {
         use std::sync::{Arc, Mutex};
 
         use metrics::{
@@ -580,7 +571,7 @@ pub(crate) mod tests {
         }
 
         #[derive(Default)]
-        pub(crate) struct KeepingRecorder {
+        struct KeepingRecorder {
             values: Values,
             described: Mutex<Vec<String>>,
         }
@@ -596,7 +587,7 @@ pub(crate) mod tests {
                     key: name,
                 })
             }
-            pub(crate) fn value(&self, key: &str) -> Option<f64> {
+            fn value(&self, key: &str) -> Option<f64> {
                 self.values.lock().unwrap().get(key).copied()
             }
         }
@@ -642,7 +633,12 @@ pub(crate) mod tests {
                 stats.record_concurrency_wait(false);
                 stats.record_concurrency_wait(true);
                 stats.record_concurrency_wait(true);
-                stats.record_decision("retry_refused", "retry budget exhausted");
+                let refused = crate::control::Decision::RetryRefused {
+                    operation: "find",
+                    reason: crate::control::Refusal::Budget,
+                    remaining: None,
+                };
+                crate::control::event::publish(&refused, &stats);
                 stats.record_concurrency_limit(
                     "db1:27017",
                     &ConcurrencySnapshot {
@@ -709,6 +705,28 @@ pub(crate) mod tests {
             ];
             every_metric.sort_unstable();
             assert_eq!(described, every_metric, "every metric is described once");
+        }
+
+        #[test]
+        fn budget_decisions_through_a_handle_publish_the_level() {
+            use crate::budget::{RetryBudget, RetryBudgetConfig, RetryBudgetHandle};
+            use std::time::Instant;
+
+            let recorder = KeepingRecorder::default();
+            let budget = RetryBudget::new(RetryBudgetConfig::default()).unwrap();
+            let handle = RetryBudgetHandle::new(
+                budget,
+                Arc::new(OverloadStatsRecorder::new()),
+                Instant::now,
+            );
+            metrics::with_local_recorder(&recorder, || {
+                assert!(handle.try_withdraw());
+            });
+            let level = recorder.value(METRIC_BUDGET_LEVEL).unwrap();
+            assert!(
+                (9.0..9.1).contains(&level),
+                "one of the 10 reserve retries spent: {level}"
+            );
         }
     }
 }

@@ -174,7 +174,7 @@ pub fn statement_deadline(
     own: Option<Duration>,
 ) -> Result<Option<Deadline>, TimeoutOverriddenInTransaction> {
     match convenient {
-        Some(limit) if !crate::commands::is_exempt(command) => limit.statement(own),
+        Some(limit) if !crate::control::is_exempt(command) => limit.statement(own),
         _ => Ok(None),
     }
 }

@@ -94,10 +94,10 @@ pub use throttle::{
 
 /// Whether the adaptive throttle decides first attempts of the command `name`: every command
 /// that starts new work; not the continuations of admitted work
-/// ([`crate::commands::EXEMPT_COMMANDS`], the same list `timeoutMS` leaves out). (The driver also
+/// ([`crate::control::EXEMPT_COMMANDS`], the same list `timeoutMS` leaves out). (The driver also
 /// exempts operations inside a transaction, for the same reason.)
 pub fn throttles_command(name: &str) -> bool {
-    !crate::commands::is_exempt(name)
+    !crate::control::is_exempt(name)
 }
 
 /// An admission-control option out of its range. Its message names the connection-string

@@ -8,7 +8,24 @@ use super::{Acceptance, Budget};
 use crate::stats::{OverloadStats, OverloadStatsRecorder};
 use crate::trace::TARGET;
 
-pub use crate::origin::RetryOrigin;
+/// Who asks the budget for a retry: counted and logged separately, drawn from one budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RetryOrigin {
+    /// The driver's retry loop, retrying one attempt of an operation.
+    Driver,
+    /// An application retry loop, running a failed operation again.
+    Application,
+}
+
+impl RetryOrigin {
+    /// The name in logs and metric labels: `driver` or `application`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Driver => "driver",
+            Self::Application => "application",
+        }
+    }
+}
 
 /// A cloneable handle on one client's retry budget. Clones share the budget and the client's
 /// statistics; they are cheap (one reference count) and can be moved into any task.
@@ -328,29 +345,5 @@ mod tests {
         let (handle, _) = handle_with_reserve(2);
         assert_eq!(handle.snapshot().budget_level, Some(2.0));
         assert!(format!("{handle:?}").contains("level: 2.0"));
-    }
-
-    /// With the `metrics` feature, a decision through a handle publishes the budget's level.
-    #[cfg(feature = "metrics")]
-    #[test]
-    fn budget_decisions_through_a_handle_publish_the_level() {
-        use std::sync::Arc;
-        use std::time::Instant;
-
-        use crate::stats::tests::metrics_feature::KeepingRecorder;
-        use crate::stats::{OverloadStatsRecorder, METRIC_BUDGET_LEVEL};
-
-        let recorder = KeepingRecorder::default();
-        let budget = RetryBudget::new(RetryBudgetConfig::default()).unwrap();
-        let handle =
-            RetryBudgetHandle::new(budget, Arc::new(OverloadStatsRecorder::new()), Instant::now);
-        metrics::with_local_recorder(&recorder, || {
-            assert!(handle.try_withdraw());
-        });
-        let level = recorder.value(METRIC_BUDGET_LEVEL).unwrap();
-        assert!(
-            (9.0..9.1).contains(&level),
-            "one of the 10 reserve retries spent: {level}"
-        );
     }
 }

@@ -104,11 +104,19 @@ impl Decision<'_> {
 /// Publishes `decision` to the log, to `stats`, and (with the `metrics` feature) to the
 /// decision counter.
 pub(crate) fn publish(decision: &Decision<'_>, stats: &OverloadStatsRecorder) {
-    let reason = match *decision {
-        Decision::RetryRefused { reason, .. } => reason.as_str(),
-        _ => "",
-    };
-    stats.record_decision(decision.kind(), reason);
+    #[cfg(feature = "metrics")]
+    {
+        let reason = match *decision {
+            Decision::RetryRefused { reason, .. } => reason.as_str(),
+            _ => "",
+        };
+        metrics::counter!(
+            crate::stats::METRIC_DECISIONS,
+            "decision" => decision.kind(),
+            "reason" => reason
+        )
+        .increment(1);
+    }
     match *decision {
         Decision::Retry(ref attempt) => crate::trace::retry_attempt(attempt),
         Decision::RetryRefused {

@@ -138,7 +138,22 @@ use crate::retry::{Failure, RetryState};
 use crate::stats::OverloadStatsRecorder;
 use crate::transaction::ConvenientLimit;
 
-pub use crate::commands::{is_exempt, EXEMPT_COMMANDS};
+/// Commands outside `timeoutMS` and outside the throttle: a cursor's later batches and
+/// cleanup, a transaction's outcome, and the end of sessions. They continue or end work the
+/// server already admitted; rejecting or cutting one would not spare the server that work, and
+/// could strand it (an open cursor, a transaction holding its locks until it times out).
+pub const EXEMPT_COMMANDS: [&str; 5] = [
+    "getMore",
+    "killCursors",
+    "commitTransaction",
+    "abortTransaction",
+    "endSessions",
+];
+
+/// Whether the command `name` continues or ends admitted work ([`EXEMPT_COMMANDS`]).
+pub fn is_exempt(name: &str) -> bool {
+    EXEMPT_COMMANDS.contains(&name)
+}
 
 /// The servers a client keeps state for beyond which idle entries are dropped: addresses leave
 /// the topology and new ones come, and the map must stay a bounded multiple of what is in use.
