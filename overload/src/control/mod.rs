@@ -282,26 +282,17 @@ pub fn next_batch_in(
     next_batch(deadline, now)
 }
 
-/// The time limit of `command`, sent to establish a pool connection, on a client whose
-/// `timeoutMS` is `client_timeout`: for the authentication conversation, that `timeoutMS`,
-/// afresh for each command, sent as its `maxTimeMS` too. The CSOT specification asks this of
-/// the background population of `minPoolSize` ("Background connection pooling"; prose test 4
-/// holds `saslContinue`), where no operation's deadline applies, and the connection is closed
-/// when a command outlasts it. The connection's first `hello` keeps upstream's bound
-/// (`connectTimeoutMS` for the connect, none for the reply): the specification's own
-/// `command-execution` tests hold that `hello` 50 ms under `timeoutMS=10` and expect the pool
-/// to fill. A connection a checkout asked for is established by the same pool worker, apart
-/// from the operation that asked (which may have gone by then), so it gets the same limit; the
-/// operation's own deadline bounds its wait for the checkout
-/// ([`Controller::checkout_deadline`]). `None`: unlimited, as upstream (also without
-/// `timeoutMS` or with `timeoutMS=0`).
-pub fn establishment_command_limit(
-    client_timeout: Option<Duration>,
-    command: &str,
-) -> Option<Duration> {
-    if matches!(command, "hello" | "isMaster" | "ismaster") {
-        return None;
-    }
+/// The time limit of each command that establishes a pool connection (the handshake's `hello`
+/// and the authentication conversation) on a client whose `timeoutMS` is `client_timeout`:
+/// that `timeoutMS`, afresh for each command, sent as its `maxTimeMS` too. The CSOT
+/// specification asks this of the background population of `minPoolSize` ("Background
+/// connection pooling"; prose test 4), where no operation's deadline applies, and the
+/// connection is closed when a command outlasts it. A connection a checkout asked for is
+/// established by the same pool worker, apart from the operation that asked (which may have
+/// gone by then), so it gets the same limit; the operation's own deadline bounds its wait for
+/// the checkout ([`Controller::checkout_deadline`]). `None` without `timeoutMS` or with
+/// `timeoutMS=0`: unlimited, as upstream.
+pub fn establishment_command_limit(client_timeout: Option<Duration>) -> Option<Duration> {
     client_timeout.filter(|timeout| !timeout.is_zero())
 }
 
