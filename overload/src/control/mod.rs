@@ -282,20 +282,6 @@ pub fn next_batch_in(
     next_batch(deadline, now)
 }
 
-/// The time limit of each command that establishes a pool connection (the handshake's `hello`
-/// and the authentication conversation) on a client whose `timeoutMS` is `client_timeout`:
-/// that `timeoutMS`, afresh for each command, sent as its `maxTimeMS` too. The CSOT
-/// specification asks this of the background population of `minPoolSize` ("Background
-/// connection pooling"; prose test 4), where no operation's deadline applies, and the
-/// connection is closed when a command outlasts it. A connection a checkout asked for is
-/// established by the same pool worker, apart from the operation that asked (which may have
-/// gone by then), so it gets the same limit; the operation's own deadline bounds its wait for
-/// the checkout ([`Controller::checkout_deadline`]). `None` without `timeoutMS` or with
-/// `timeoutMS=0`: unlimited, as upstream.
-pub fn establishment_command_limit(client_timeout: Option<Duration>) -> Option<Duration> {
-    client_timeout.filter(|timeout| !timeout.is_zero())
-}
-
 /// Which attempt of an operation wants to start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttemptKind {

@@ -170,13 +170,6 @@ fn each_batch_gets_what_remains_of_the_one_deadline() {
 }
 
 #[test]
-fn each_establishment_command_is_limited_to_the_clients_timeout_ms() {
-    assert_eq!(establishment_command_limit(Some(ms(100))), Some(ms(100)));
-    assert_eq!(establishment_command_limit(Some(Duration::ZERO)), None);
-    assert_eq!(establishment_command_limit(None), None);
-}
-
-#[test]
 fn a_batch_inside_a_convenient_transaction_under_timeout_ms_runs_as_given() {
     let deadline = Some(Deadline::at(at(1_000)));
     let timed = ConvenientLimit::start(Some(ms(2_000)), at(0));
