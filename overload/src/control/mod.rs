@@ -136,7 +136,6 @@ use crate::cursor::ServerTimeLimit;
 use crate::deadline::{Admission, Deadline, Declined};
 use crate::retry::{Failure, RetryState};
 use crate::stats::OverloadStatsRecorder;
-use crate::transaction::ConvenientLimit;
 
 /// Commands outside `timeoutMS` and outside the throttle: a cursor's later batches and
 /// cleanup, a transaction's outcome, and the end of sessions. They continue or end work the
@@ -262,24 +261,6 @@ pub fn next_batch(deadline: Option<Deadline>, now: Instant) -> BatchTime {
         Some(remaining) if remaining.is_zero() => BatchTime::Expired,
         Some(remaining) => BatchTime::Remaining(remaining),
     }
-}
-
-/// [`next_batch`] for an action that may run as a statement of a convenient transaction
-/// (`convenient`: that transaction's limit, while it runs). Under `timeoutMS` such a
-/// transaction gives every statement of its callback its one deadline and refuses a timeout a
-/// statement sets itself ([`crate::transaction::ConvenientLimit::statement`]): a batch time
-/// passed as the batch's own `timeoutMS` would be refused, and is not needed, since the
-/// transaction's deadline already bounds each batch. So the batch runs as given; a timeout the
-/// application itself set on the action is still refused there.
-pub fn next_batch_in(
-    deadline: Option<Deadline>,
-    convenient: Option<&ConvenientLimit>,
-    now: Instant,
-) -> BatchTime {
-    if convenient.is_some_and(ConvenientLimit::is_timeout_ms) {
-        return BatchTime::AsGiven;
-    }
-    next_batch(deadline, now)
 }
 
 /// Which attempt of an operation wants to start.

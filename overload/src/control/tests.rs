@@ -170,25 +170,6 @@ fn each_batch_gets_what_remains_of_the_one_deadline() {
 }
 
 #[test]
-fn a_batch_inside_a_convenient_transaction_under_timeout_ms_runs_as_given() {
-    let deadline = Some(Deadline::at(at(1_000)));
-    let timed = ConvenientLimit::start(Some(ms(2_000)), at(0));
-    let fixed = ConvenientLimit::start(None, at(0));
-    assert_eq!(
-        next_batch_in(deadline, Some(&timed), at(400)),
-        BatchTime::AsGiven
-    );
-    assert_eq!(
-        next_batch_in(deadline, Some(&fixed), at(400)),
-        BatchTime::Remaining(ms(600))
-    );
-    assert_eq!(
-        next_batch_in(deadline, None, at(400)),
-        BatchTime::Remaining(ms(600))
-    );
-}
-
-#[test]
 fn max_time_leaves_the_round_trip_and_refuses_to_send_without_a_millisecond() {
     let ctl = controller(settings());
     let deadline = Deadline::at(at(1_000));
