@@ -58,17 +58,6 @@ impl<const N: usize> Tally<N> {
         self.refused[index] = self.refused[index].saturating_add(1);
     }
 
-    /// Takes back one event counted in slot `slot` (an event that turned out not to be one),
-    /// if the ring still holds that slot and the slot has an event left; a slot time has moved
-    /// past was cleared with its events already.
-    pub(crate) fn remove_event(&mut self, slot: u64) {
-        if slot > self.newest || self.newest - slot >= N as u64 {
-            return;
-        }
-        let index = self.index(slot);
-        self.events[index] = self.events[index].saturating_sub(1);
-    }
-
     /// The events and the refused events over every slot. A refusal counted in a later slot
     /// than its event can outlive it by a slot, so refusals may exceed events at the ring's
     /// edge.
@@ -100,31 +89,6 @@ mod tests {
         assert_eq!(t.newest(), 3, "an earlier slot changes nothing");
         t.advance_to(u64::MAX);
         assert_eq!(t.sums(), (0, 0));
-    }
-
-    #[test]
-    fn an_event_is_taken_back_only_from_a_slot_still_held() {
-        let mut t = Tally::<3>::new();
-        t.add_event();
-        t.advance_to(1);
-        t.add_event();
-        t.remove_event(0);
-        assert_eq!(t.sums(), (1, 0), "slot 0 still held");
-        t.remove_event(0);
-        assert_eq!(t.sums(), (1, 0), "slot 0 has no event left");
-        t.remove_event(2);
-        assert_eq!(t.sums(), (1, 0), "a slot not reached yet");
-        t.advance_to(3);
-        t.remove_event(1);
-        assert_eq!(t.sums(), (0, 0), "slot 1 is still in the ring");
-        t.add_event();
-        t.advance_to(4);
-        t.remove_event(1);
-        assert_eq!(
-            t.sums(),
-            (1, 0),
-            "slot 1 is out of the ring: slot 3 keeps its event"
-        );
     }
 
     #[test]

@@ -88,9 +88,7 @@ pub use client_lag::{ClientLag, CLIENT_LAG_PERIOD};
 pub use concurrency::{
     ConcurrencyConfig, ConcurrencyLimit, ConcurrencyPermit, ConcurrencySnapshot, Outcome,
 };
-pub use throttle::{
-    AdaptiveThrottle, CountedRequest, ThrottleConfig, ThrottleCounts, ThrottleDecision,
-};
+pub use throttle::{AdaptiveThrottle, ThrottleConfig, ThrottleCounts, ThrottleDecision};
 
 /// Whether the adaptive throttle decides first attempts of the command `name`: every command
 /// that starts new work; not the continuations of admitted work

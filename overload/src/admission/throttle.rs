@@ -283,15 +283,6 @@ struct Window {
     history: Tally<HISTORY_WINDOWS>,
 }
 
-/// Where [`AdaptiveThrottle::admit_request`] counted a request: the window's slot (none when a
-/// sparse client's history decided it, which counts it in the history alone) and the history's
-/// bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CountedRequest {
-    window_slot: Option<u64>,
-    history_bucket: u64,
-}
-
 impl AdaptiveThrottle {
     /// A throttle with these options and an empty window.
     ///
@@ -344,47 +335,18 @@ impl AdaptiveThrottle {
     /// clamped into it and NaN sends the request: a broken random source must not reject.
     /// A rejected request also counts as not accepted.
     pub fn admit(&self, now: Instant, jitter: &mut impl Jitter) -> ThrottleDecision {
-        self.admit_request(now, jitter).0
-    }
-
-    /// [`Self::admit`], also saying where the request was counted, so that a request sent on
-    /// the decision but never sent after all can be taken back ([`Self::withdraw`]).
-    pub fn admit_request(
-        &self,
-        now: Instant,
-        jitter: &mut impl Jitter,
-    ) -> (ThrottleDecision, CountedRequest) {
         let mut window = self.window_at(now);
         let (probability, from) = self.probability(&window);
         let draw = jitter.sample();
         let reject = !draw.is_nan() && draw.clamp(0.0, 1.0) < probability;
         window.count_request(from);
-        let counted = CountedRequest {
-            window_slot: (from == Counts::Window).then(|| window.slots.newest()),
-            history_bucket: window.history.newest(),
-        };
-        let decision = if reject {
+        if reject {
             window.count_refusal(from);
             self.note_refusal(&window);
             ThrottleDecision::Reject
         } else {
             ThrottleDecision::Send
-        };
-        (decision, counted)
-    }
-
-    /// Takes back, at `now`, a request that [`Self::admit_request`] let through and that never
-    /// reached the server (its connection checkout failed, on an authentication error say).
-    /// The server neither accepted nor rejected it; left counted, it would count as accepted
-    /// (every request not rejected for overload does), and lower the rejection probability
-    /// while the server may be rejecting everything it receives. A request whose slot of the
-    /// window (or bucket of the history) time has moved past is gone already.
-    pub fn withdraw(&self, counted: CountedRequest, now: Instant) {
-        let mut window = self.window_at(now);
-        if let Some(slot) = counted.window_slot {
-            window.slots.remove_event(slot);
         }
-        window.history.remove_event(counted.history_bucket);
     }
 
     /// Counts, at `now`, a first attempt the server rejected for overload (an error labelled
@@ -706,31 +668,6 @@ mod tests {
         assert_eq!(t.admit(start, &mut || f64::NAN), ThrottleDecision::Send);
         assert_eq!(t.admit(start, &mut || -3.0), ThrottleDecision::Reject);
         assert_eq!(t.admit(start, &mut || 7.0), ThrottleDecision::Send);
-    }
-
-    #[test]
-    fn a_withdrawn_request_is_neither_a_request_nor_an_accept() {
-        let (t, start) = throttle(2.0, 10, 4);
-        let (decision, counted) = t.admit_request(start, &mut || 0.5);
-        assert_eq!(decision, ThrottleDecision::Send);
-        t.withdraw(counted, at(start, 10));
-        assert_eq!(
-            t.counts(at(start, 10)),
-            ThrottleCounts {
-                requests: 0,
-                accepts: 0
-            }
-        );
-        // Four rejected requests alone: 4 / 5, where the withdrawn one left as an accept would
-        // have made (5 − 2) / 6.
-        traffic(&t, at(start, 20), 4, 4);
-        assert!((t.rejection_probability(at(start, 20)) - 0.8).abs() < 1e-9);
-        // Withdrawn once its slot left the window: nothing else is taken back.
-        let (t, start) = throttle(2.0, 10, 0);
-        let (_, late) = t.admit_request(start, &mut || 1.0);
-        traffic(&t, at(start, 15_000), 1, 0);
-        t.withdraw(late, at(start, 15_000));
-        assert_eq!(t.counts(at(start, 15_000)).requests, 1);
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use super::{Controller, Decision, MAX_IDLE_SERVERS};
 use crate::admission::{
-    AdaptiveThrottle, ClientLag, ConcurrencyConfig, ConcurrencyLimit, ConcurrencyPermit,
-    CountedRequest, Outcome, ThrottleConfig, ThrottleDecision,
+    AdaptiveThrottle, ClientLag, ConcurrencyConfig, ConcurrencyLimit, ConcurrencyPermit, Outcome,
+    ThrottleConfig, ThrottleDecision,
 };
 use crate::backoff::Jitter;
 use crate::deadline::{Deadline, ServiceTime};
@@ -268,12 +268,10 @@ where
                 None => return self.no_slot(&server, limit, now),
             },
         };
-        let mut attempt = self.attempt(permit, now);
+        let attempt = self.attempt(permit, now);
         if self.throttled {
             if let Some(ref throttle) = server.throttle {
-                let (decision, counted) = throttle.admit_request(now, jitter);
-                attempt.throttle_request = Some(counted);
-                if decision == ThrottleDecision::Reject {
+                if throttle.admit(now, jitter) == ThrottleDecision::Reject {
                     let probability = throttle.rejection_probability(now);
                     self.controller.publish(Decision::LocalRejection {
                         operation: self.operation,
@@ -389,9 +387,8 @@ where
             server: self.server.take(),
             key: self.key.take(),
             permit,
-            throttle_request: None,
+            throttled: self.throttled,
             started: now,
-            slot_wait: now.saturating_duration_since(self.started),
         }
     }
 }
@@ -414,13 +411,9 @@ pub struct Attempt<'c, K, S: super::ReleaseSignal> {
     /// The server, when the operation runs under a deadline (its service time is sampled).
     key: Option<K>,
     permit: Option<ConcurrencyPermit>,
-    /// Where the throttle counted this attempt as a request, when it did (and so must hear how
-    /// it ended).
-    throttle_request: Option<CountedRequest>,
+    /// Whether the throttle counted this attempt (and so must hear of its overload error).
+    throttled: bool,
     started: Instant,
-    /// How long the attempt waited for its slot, which its connection checkout's bound leaves
-    /// out ([`Controller::checkout_deadline`]).
-    slot_wait: Duration,
 }
 
 impl<K, S> Attempt<'_, K, S>
@@ -433,12 +426,6 @@ where
         self.started
     }
 
-    /// How long the attempt waited for a concurrency slot before it was admitted (zero when
-    /// one was free, or without a limit).
-    pub fn slot_wait(&self) -> Duration {
-        self.slot_wait
-    }
-
     /// Whether [`Self::finish`] has anything to record (a slot, a throttle, a service time to
     /// sample): when not, the caller may drop the attempt without reading the clock.
     pub fn reports(&self) -> bool {
@@ -447,8 +434,8 @@ where
 
     /// The attempt ended at `now` as `end`, having been sent at `sent` (`None`: never sent, the
     /// checkout failed). Tells the throttle whether the server answered or rejected it for
-    /// overload (or takes the request back, when it was never sent), releases the slot with
-    /// the outcome, and samples the service time of a success or of an overload rejection.
+    /// overload, releases the slot with the outcome, and samples the service time of a success
+    /// or of an overload rejection.
     pub fn finish(mut self, end: AttemptEnd, sent: Option<Instant>, now: Instant) {
         let latency = sent.map(|sent| now.saturating_duration_since(sent));
         let overloaded =
@@ -464,19 +451,15 @@ where
         let Some(server) = self.server.take() else {
             return;
         };
-        if let Some(request) = self.throttle_request {
+        if self.throttled {
             if let Some(ref throttle) = server.throttle {
-                match (end, sent) {
-                    // Never sent: the server neither accepted nor rejected it, whatever the
-                    // checkout's error says (an authentication failure is a reply, but not to
-                    // this request).
-                    (_, None) => throttle.withdraw(request, now),
+                match end {
                     _ if overloaded => throttle.record_overload(now),
-                    (AttemptEnd::Succeeded | AttemptEnd::Failed { replied: true, .. }, _) => {
+                    AttemptEnd::Succeeded | AttemptEnd::Failed { replied: true, .. } => {
                         throttle.record_accept(now)
                     }
                     // No answer says nothing about whether the server accepts work.
-                    (AttemptEnd::Failed { replied: false, .. }, _) => {}
+                    AttemptEnd::Failed { replied: false, .. } => {}
                 }
             }
         }

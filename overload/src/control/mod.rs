@@ -40,9 +40,8 @@
 //!
 //! And it is told every outcome: [`Attempt::finish`] after each attempt (the throttle's window,
 //! the limit's latency samples, the service-time estimate), [`Controller::failure`] for each
-//! failure (the statistics), [`Controller::send_retry`] for each retry about to be sent, once
-//! its server is selected, its slot taken and its connection checked out (the budget's charge,
-//! the retry count), and [`Controller::succeeded`] for each operation that
+//! failure (the statistics), [`Controller::send_retry`] for each retry about to be sent (the
+//! budget's charge, the statistics), and [`Controller::succeeded`] for each operation that
 //! succeeded (the budget's refund).
 //!
 //! # The order of gates
@@ -79,10 +78,8 @@
 //! The budget comes after the deadline and the cap so that a retry refused for another reason
 //! never costs anything.
 //!
-//! The budget is *asked* at the decision and *pays* when the retry is sent, after its backoff,
-//! selection, slot wait and checkout: a retry that never reached a server costs nothing and
-//! is not counted as made ([`Controller::send_retry`]; if another operation spent the last
-//! credit meanwhile, the
+//! The budget is *asked* at the decision and *pays* when the retry is sent, after its backoff
+//! ([`Controller::send_retry`]; if another operation spent the last credit meanwhile, the
 //! operation returns its last error then). Paying at the decision would hold a retry's worth
 //! for every retry sleeping its backoff: at 30 % transient errors a freshly started client
 //! holds more than its whole reserve that way, and the lab saw it refuse retries that the
@@ -462,28 +459,17 @@ where
     }
 
     /// Until when an attempt under `deadline` whose server selection started at
-    /// `selection_started`, and which then waited `slot_wait` for a concurrency slot
-    /// ([`Attempt::slot_wait`]), may wait for its connection checkout, establishing a new
-    /// connection included: the CSOT specification's `min(serverSelectionTimeoutMS, remaining
-    /// timeoutMS)`, both counted from the start of selection, so that selection and checkout
-    /// together never outlast `serverSelectionTimeoutMS` either. The slot wait is not
-    /// selection: it has its own end (the deadline, or none under `timeoutMS=0`), and counted
-    /// here it would leave a checkout after a long wait a bound already past, failing at once
-    /// with most of `timeoutMS` left. So `serverSelectionTimeoutMS` is moved on by the wait.
-    /// Past the bound the checkout ends with the timeout error. `None` without `timeoutMS`: the
-    /// checkout then waits as upstream's does.
+    /// `selection_started` may wait for its connection checkout, establishing a new connection
+    /// included: the CSOT specification's `min(serverSelectionTimeoutMS, remaining timeoutMS)`,
+    /// both counted from the start of selection, so that selection and checkout together never
+    /// outlast `serverSelectionTimeoutMS` either. Past it the checkout ends with the timeout
+    /// error. `None` without `timeoutMS`: the checkout then waits as upstream's does.
     pub fn checkout_deadline(
         &self,
         deadline: Option<Deadline>,
         selection_started: Instant,
-        slot_wait: Duration,
     ) -> Option<Deadline> {
-        // A zero serverSelectionTimeoutMS stays what it was: no bound.
-        let selection_budget = match self.server_selection_timeout {
-            Duration::ZERO => Duration::ZERO,
-            timeout => timeout.saturating_add(slot_wait),
-        };
-        let selection = Deadline::start(selection_started, selection_budget);
+        let selection = Deadline::start(selection_started, self.server_selection_timeout);
         deadline.map(|deadline| deadline.min(selection))
     }
 
@@ -574,10 +560,6 @@ where
         let answer = self.retry_gates(state, question, now, jitter);
         let remaining = question.deadline.and_then(|d| d.remaining(now));
         match answer {
-            // The caller sleeps what it is answered, sent or not after it.
-            RetryAnswer::RetryAfter(backoff) if !backoff.is_zero() => {
-                self.stats.record_backoff(backoff)
-            }
             RetryAnswer::RetryAfter(_) => {}
             RetryAnswer::ReturnLastError(reason) => self.publish(Decision::RetryRefused {
                 operation: question.operation,
@@ -685,14 +667,20 @@ where
     }
 
     /// The retry of `operation` that [`Self::may_retry`] admitted for `state` is about to be
-    /// sent at `now`: its server selected, its slot taken, its connection checked out, nothing
-    /// left between it and the wire. A retry after an overload error is paid for here, from
-    /// the budget, and every retry is counted as made here: one that failed selection, was
-    /// rejected locally, timed out waiting for a slot or failed its checkout never reached a
-    /// server, and must neither cost the budget nor count. `false`: the budget ran dry since
-    /// the answer (other operations spent the credit it had been answered with); the
-    /// operation returns its last error instead, and the refusal is published.
-    pub fn send_retry(&self, state: &mut RetryState, operation: &str, now: Instant) -> bool {
+    /// sent at `now`, after sleeping `backoff` (`None`: an ordinary retry, which sleeps none).
+    /// A retry after an overload error is paid for here, from the budget. `false`: the budget
+    /// ran dry while the retry slept (other operations spent the credit it had been answered
+    /// with); the operation returns its last error instead, and the refusal is published.
+    pub fn send_retry(
+        &self,
+        state: &mut RetryState,
+        operation: &str,
+        backoff: Option<Duration>,
+        now: Instant,
+    ) -> bool {
+        if let Some(backoff) = backoff {
+            self.stats.record_backoff(backoff);
+        }
         if let (Some(budget), true) = (&self.budget, state.last_failure().overload.is_overload()) {
             if !budget.withdraw_at(RetryOrigin::Driver, Some(operation), now) {
                 self.publish(Decision::RetryRefused {
