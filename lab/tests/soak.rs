@@ -16,6 +16,11 @@ async fn short_soak_drains_with_nothing_left_behind() {
         instances: 2,
         max_pool_size: 50,
         docs: 500,
+        // The model's limiter alone sheds only when the pools let more than its rate through,
+        // which 150 % of capacity under a 100 ms deadline does on some runs and not on others
+        // (0 overload errors in about one run in four here): the pools' queues expire most of
+        // the excess first. Random rejections make the overload fault happen on every run.
+        random_reject_share: 0.02,
         ..LabConfig::default()
     };
     let mut cfg = SoakConfig::new(Duration::from_secs(12), lab);
